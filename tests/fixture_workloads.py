@@ -1,0 +1,150 @@
+"""Workloads with known behaviour, for tests (referenced as fixture_workloads.py:NAME)."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import Dataset, get_worker_info
+
+from tuner import Workload
+
+
+class Numbers(Dataset):
+    """Deterministic (x, y) pairs: sample i is always the same."""
+
+    def __init__(self, size: int = 64, dim: int = 8):
+        g = torch.Generator().manual_seed(0)
+        self.x = torch.randn(size, dim, generator=g)
+        self.y = torch.randn(size, 1, generator=g)
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int):
+        return self.x[i], self.y[i]
+
+
+def _mse(model, batch):
+    x, y = batch
+    return nn.functional.mse_loss(model(x), y)
+
+
+def linear(size: int = 64, dim: int = 8, lr: float = 0.1) -> Workload:
+    """A linear regression: deterministic, no BatchNorm; gradients comparable across batchings."""
+    return Workload(model=lambda: nn.Linear(dim, 1), dataset=lambda: Numbers(size, dim), loss=_mse,
+                    optimizer=lambda p: torch.optim.SGD(p, lr=lr))
+
+
+def sleepy(step_s: float = 0.02, size: int = 256) -> Workload:
+    """Each micro-batch takes step_s seconds (a sleep in the loss): a known true rate."""
+
+    def loss(model, batch):
+        time.sleep(step_s)
+        return _mse(model, batch)
+
+    return Workload(model=lambda: nn.Linear(8, 1), dataset=lambda: Numbers(size), loss=loss)
+
+
+_HELD = []
+
+
+class HungryInWorkers(Dataset):
+    """Each DataLoader worker allocates (and touches) `mb` MB on its first sample."""
+
+    def __init__(self, mb: int):
+        self.mb = mb
+
+    def __len__(self) -> int:
+        return 256
+
+    def __getitem__(self, i: int):
+        if get_worker_info() is not None and not _HELD:
+            _HELD.append(np.ones(self.mb * 2**20, dtype=np.uint8))
+        return torch.zeros(8), torch.zeros(1)
+
+
+def hungry_workers(mb: int = 300) -> Workload:
+    return Workload(model=lambda: nn.Linear(8, 1), dataset=lambda: HungryInWorkers(mb), loss=_mse)
+
+
+def nan_in(precision_dtype: str = "float16") -> Workload:
+    """Finite in fp32; NaN when the forward runs under autocast to `precision_dtype`."""
+    dtype = getattr(torch, precision_dtype)
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(8, 1)
+
+        def forward(self, x):
+            out = self.lin(x)
+            if out.dtype == dtype:
+                return out * float("nan")
+            return out
+
+    return Workload(model=Model, dataset=lambda: Numbers(), loss=_mse)
+
+
+def oom_above(max_batch: int = 16) -> Workload:
+    """Raises torch.OutOfMemoryError for micro-batches larger than max_batch."""
+
+    def loss(model, batch):
+        if batch[0].shape[0] > max_batch:
+            raise torch.OutOfMemoryError(f"CUDA out of memory (simulated for batch {batch[0].shape[0]})")
+        return _mse(model, batch)
+
+    return Workload(model=lambda: nn.Linear(8, 1), dataset=lambda: Numbers(256), loss=loss)
+
+
+def hangs(when_workers: int = 1) -> Workload:
+    """Hangs forever in the loss (a deadlock stand-in)."""
+
+    def loss(model, batch):
+        while True:
+            time.sleep(1)
+
+    return Workload(model=lambda: nn.Linear(8, 1), dataset=lambda: Numbers(), loss=loss)
+
+
+def raises() -> Workload:
+    raise RuntimeError("my dataset path does not exist")
+
+
+def raises_in_loss() -> Workload:
+    def loss(model, batch):
+        raise KeyError("label")
+
+    return Workload(model=lambda: nn.Linear(8, 1), dataset=lambda: Numbers(), loss=loss)
+
+
+class DtypeProbe(nn.Module):
+    """Records the dtype its inner matmul produced and the memory format of its input."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.lin = nn.Linear(4, 1)
+        self.seen_dtype = None
+        self.seen_channels_last = None
+
+    def forward(self, x):
+        self.seen_channels_last = x.is_contiguous(memory_format=torch.channels_last)
+        h = self.conv(x).mean(dim=(2, 3))
+        out = self.lin(h)
+        self.seen_dtype = out.dtype
+        return out.float()
+
+
+class Images(Dataset):
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i: int):
+        return torch.randn(3, 8, 8), torch.randn(1)
+
+
+def probe() -> Workload:
+    return Workload(model=DtypeProbe, dataset=Images, loss=_mse)

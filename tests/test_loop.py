@@ -1,0 +1,106 @@
+import pytest
+import torch
+
+from tests.helpers import ref
+from tuner import knobs
+from tuner.loop import GroupedBatchSampler, Trainer
+from tuner.workloads import load_workload
+from tuner.workloads.builtin import multisource
+
+CPU = torch.device("cpu")
+
+
+def _config(**kw):
+    ctx = knobs.Context("cpu", 2, has_groups=kw.pop("_groups", False))
+    return knobs.resolve(kw, ctx, strict=True)[0]
+
+
+def test_accumulation_gives_the_gradients_of_one_large_batch():
+    wl = load_workload(ref("linear"), {"lr": 1.0})
+    big = Trainer(wl, _config(micro_batch_size=16, grad_accum_steps=1), CPU, seed=0)
+    acc = Trainer(wl, _config(micro_batch_size=4, grad_accum_steps=4), CPU, seed=0)
+    acc.model.load_state_dict(big.model.state_dict())
+    before = [p.detach().clone() for p in big.model.parameters()]
+    big.start()
+    acc.start()
+    big.step()
+    acc.step()
+    # SGD with lr=1: the update equals the gradient, so equal params mean equal gradients.
+    for b, a, p0 in zip(big.model.parameters(), acc.model.parameters(), before, strict=True):
+        assert not torch.equal(b, p0)
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert all(p.grad is None for p in acc.model.parameters())  # zero_grad(set_to_none=True)
+
+
+@pytest.mark.parametrize("precision,dtype", [("fp32", torch.float32), ("bf16", torch.bfloat16),
+                                             ("fp16", torch.float16)])
+def test_forward_sees_the_autocast_dtype(precision, dtype):
+    t = Trainer(load_workload(ref("probe")), _config(precision=precision, micro_batch_size=4), CPU)
+    t.start()
+    t.step()
+    assert t.model.seen_dtype == dtype
+    assert (t.scaler is not None) == (precision == "fp16")
+
+
+def test_channels_last_reaches_weights_and_inputs():
+    t = Trainer(load_workload(ref("probe")), _config(channels_last=True, micro_batch_size=4), CPU)
+    assert t.model.conv.weight.is_contiguous(memory_format=torch.channels_last)
+    t.start()
+    t.step()
+    assert t.model.seen_channels_last is True
+    off = Trainer(load_workload(ref("probe")), _config(micro_batch_size=4), CPU)
+    off.start()
+    off.step()
+    assert off.model.seen_channels_last is False
+
+
+def test_compile_fused_threads_and_loader_kwargs_reach_torch(restore_threads):
+    cfg = _config(compile="default", fused_optimizer=True, torch_threads=1, num_workers=2,
+                  prefetch_factor=3, persistent_workers=True, micro_batch_size=4)
+    t = Trainer(load_workload(ref("linear")), cfg, CPU)
+    assert isinstance(t.model, torch._dynamo.eval_frame.OptimizedModule)
+    assert t.optimizer.defaults["fused"] is True
+    assert torch.get_num_threads() == 1
+    assert (t.loader.num_workers, t.loader.prefetch_factor, t.loader.persistent_workers) == (2, 3, True)
+
+
+def test_epochs_restart_and_are_timed_apart():
+    t = Trainer(load_workload(ref("linear"), {"size": 32}), _config(micro_batch_size=8), CPU)
+    t.start()
+    for _ in range(9):  # 4 steps per epoch: crosses two epoch boundaries
+        t.step()
+    assert len(t.epoch_start_s) == 2
+    t.set_epoch_limit(16)
+    for _ in range(6):
+        t.step()
+    assert len(t.epoch_start_s) >= 4
+
+
+def test_baseline_syncs_each_step_and_optimized_does_not():
+    wl = load_workload(ref("linear"))
+    base = Trainer(wl, _config(micro_batch_size=8), CPU, baseline=True)
+    base.start()
+    base.step()
+    assert isinstance(base.last_loss, float)
+    opt = Trainer(wl, _config(micro_batch_size=8), CPU)
+    opt.start()
+    opt.step()
+    assert opt.last_loss is None and opt.loss_finite()
+
+
+def test_by_source_batches_hold_one_source():
+    wl = multisource(size=96)
+    t = Trainer(wl, _config(micro_batch_size=8, batch_grouping="by_source", _groups=True), CPU)
+    assert isinstance(t.loader.batch_sampler, GroupedBatchSampler)
+    batches = list(t.loader)
+    assert batches and all(len(b) == 1 for b in batches)
+    mixed = Trainer(wl, _config(micro_batch_size=8, _groups=True), CPU)
+    assert any(len(b) > 1 for b in mixed.loader)
+
+
+def test_nan_loss_is_detected_without_per_step_sync():
+    t = Trainer(load_workload(ref("nan_in"), {"precision_dtype": "bfloat16"}),
+                _config(precision="bf16", micro_batch_size=4), CPU)
+    t.start()
+    t.step()
+    assert t.loss_finite() is False

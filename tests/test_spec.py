@@ -1,0 +1,76 @@
+import textwrap
+
+import pytest
+
+from tuner import spec
+from tuner.errors import UserError
+
+
+def _load(tmp_path, text):
+    p = tmp_path / "space.yaml"
+    p.write_text(textwrap.dedent(text))
+    return spec.load(p)
+
+
+GOOD = """\
+name: t
+workload: conv
+knobs:
+  precision: [fp32, bf16]
+  micro_batch_size: {min: 16, max: 128, log: true}
+  num_workers: 0
+"""
+
+
+def test_valid_space_expands_ranges_and_fixed_values(tmp_path):
+    s = _load(tmp_path, GOOD)
+    assert s.domain["micro_batch_size"] == [16, 32, 64, 128]
+    assert s.searched.keys() == {"precision", "micro_batch_size"}
+    assert s.fixed == {"num_workers": 0}
+    assert s.size() == 8
+    assert s.model.sampler == "guided" and s.model.budget.trials == 12
+
+
+@pytest.mark.parametrize("text,match", [
+    ("name: t\nworkload: conv\nknobz: {}\n", r"space.yaml:3: knobz: unknown field 'knobz'"),
+    ("name: t\nworkload: conv\nbudget:\n  trails: 3\n", r"space.yaml:4: budget.trails: unknown field 'trails'"),
+    ("name: t\nworkload: conv\nbudget:\n  trials: many\n", r"space.yaml:4: budget.trials: .*integer"),
+    ("name: t\nworkload: conv\nknobs:\n  num_workerz: [1]\n", r"space.yaml:4: knobs.num_workerz: unknown knob"),
+    ("name: t\nworkload: conv\nknobs:\n  precision: []\n", r"space.yaml:4: knobs.precision: empty list"),
+    ("name: t\nworkload: conv\nknobs:\n  precision: [fp32,\n    fp8]\n", r"space.yaml:5: knobs.precision.1: .*fp8"),
+    ("workload: conv\n", r"name: required field is missing"),
+    ("name: t\nworkload: conv\nknobs:\n  micro_batch_size: [24, 40]\nconstraints:\n"
+     "  effective_batch_size: 64\n", r"space.yaml:6: constraints.effective_batch_size: 64 is not a multiple"),
+    ("name: t\nworkload: conv\nobjective: {metric: loss}\n", r"objective.metric"),
+    ("name: t\nworkload: conv\nknobs: [a\n", r"space.yaml:\d+: not valid YAML: expected"),
+])
+def test_bad_space_names_field_and_line(tmp_path, text, match):
+    with pytest.raises(UserError, match=match):
+        _load(tmp_path, text)
+
+
+def test_effective_batch_derives_accumulation(tmp_path):
+    s = _load(tmp_path, "name: t\nworkload: conv\nknobs:\n  micro_batch_size: [16, 24, 32]\n"
+                        "constraints:\n  effective_batch_size: 64\n")
+    assert s.domain["micro_batch_size"] == [16, 32]
+    assert s.derive({"micro_batch_size": 16})["grad_accum_steps"] == 4
+    assert s.baseline_config() == {"micro_batch_size": 64, "grad_accum_steps": 1}
+
+
+def test_missing_workload_is_caught_before_running(tmp_path):
+    s = _load(tmp_path, "name: t\nworkload: nowhere.py:make\n")
+    with pytest.raises(UserError, match=r"space.yaml:2: workload 'nowhere.py:make': file .* not found"):
+        spec.check_workload(s)
+    s = _load(tmp_path, "name: t\nworkload: conv\nworkload_args: {colour: red}\n")
+    with pytest.raises(UserError, match="workload_args.*colour"):
+        spec.check_workload(s)
+
+
+def test_shipped_spaces_are_valid():
+    from pathlib import Path
+
+    spaces = sorted((Path(__file__).parent.parent / "search_spaces").glob("*.yaml"))
+    assert len(spaces) >= 4
+    for path in spaces:
+        s = spec.load(path)
+        spec.check_workload(s)

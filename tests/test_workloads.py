@@ -1,0 +1,53 @@
+"""One shared test against every built-in workload."""
+
+import pytest
+import torch
+
+from tuner import knobs
+from tuner.loop import Trainer
+from tuner.workloads import BUILTIN, load_workload
+
+
+@pytest.mark.parametrize("name", sorted(BUILTIN))
+def test_builtin_workload_trains(name):
+    wl = load_workload(name, {"size": 128})
+    ds = wl.dataset()
+    assert len(ds) == 128
+    ctx = knobs.Context("cpu", 2, has_groups=wl.groups is not None)
+    config = knobs.resolve({"micro_batch_size": 8, "precision": "bf16"}, ctx, strict=True)[0]
+    t = Trainer(wl, config, torch.device("cpu"))
+    before = [p.detach().clone() for p in t.model.parameters()]
+    t.start()
+    for _ in range(3):
+        t.step()
+    assert t.loss_finite()
+    assert any(not torch.equal(p, b) for p, b in zip(t.model.parameters(), before, strict=True))
+    if wl.groups is not None:
+        groups = wl.groups(ds)
+        assert sorted(i for g in groups for i in g) == list(range(len(ds)))
+
+
+def test_samples_are_deterministic():
+    for name in BUILTIN:
+        ds = load_workload(name, {"size": 16}).dataset()
+        a, b = ds[3], ds[3]
+        ta = a[0] if isinstance(a, tuple) and torch.is_tensor(a[0]) else (a[1] if isinstance(a, tuple) else a)
+        tb = b[0] if isinstance(b, tuple) and torch.is_tensor(b[0]) else (b[1] if isinstance(b, tuple) else b)
+        assert torch.equal(ta, tb)
+
+
+def test_workload_reference_errors(tmp_path):
+    from tuner.errors import UserError, WorkloadError
+
+    with pytest.raises(UserError, match="expected 'file.py:function'"):
+        load_workload("no_colon")
+    with pytest.raises(UserError, match="module 'not_a_module_xyz' not found"):
+        load_workload("not_a_module_xyz:make")
+    with pytest.raises(UserError, match="no function 'nope'"):
+        load_workload("tuner.workloads.builtin:nope")
+    (tmp_path / "w.py").write_text("def make():\n    return 3\n")
+    with pytest.raises(UserError, match="returned int, not tuner.Workload"):
+        load_workload(f"{tmp_path}/w.py:make")
+    (tmp_path / "r.py").write_text("def make():\n    raise OSError('no data here')\n")
+    with pytest.raises(WorkloadError, match="raised: OSError: no data here"):
+        load_workload(f"{tmp_path}/r.py:make")

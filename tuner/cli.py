@@ -1,0 +1,205 @@
+"""``python -m tuner ...``: the command line.
+
+Heavy imports (torch, ray, optuna) happen inside the commands, so ``--help``
+is instant. Bad input is one line on stderr and exit status 2 (``--debug``
+shows the traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from tuner.errors import UserError, WorkloadError
+
+
+def _parse_sets(items: list[str]) -> dict[str, Any]:
+    import yaml
+
+    from tuner import knobs
+
+    out = {}
+    for item in items:
+        if "=" not in item:
+            raise UserError(f"--set {item!r}: expected knob=value")
+        name, raw = item.split("=", 1)
+        name = name.strip()
+        value = yaml.safe_load(raw) if raw.strip() else raw
+        out[name] = knobs.check_value(name, value)
+    return out
+
+
+def _fmt(value: Any, unit: str = "", digits: int = 1) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:,.{digits}f}{unit}"
+    return f"{value}{unit}"
+
+
+def print_bench(result: dict, out: Any = sys.stdout) -> None:
+    """A readable table of one measurement."""
+    rows = [
+        ("status", result["status"] + (f" ({result['reason']})" if result.get("reason") else "")),
+        ("samples/sec (sustained)", _fmt(result.get("samples_per_sec"))),
+        ("  window spread", _fmt((result.get("samples_per_sec_spread") or 0) * 100, "%")
+         if result.get("samples_per_sec_spread") is not None else "-"),
+        ("  steady (in-epoch)", _fmt(result.get("steady_samples_per_sec"))),
+        ("step time", _fmt(result.get("step_time_ms"), " ms", 2)),
+        ("data wait", _fmt((result.get("data_wait_fraction") or 0) * 100, "% of step")
+         if result.get("data_wait_fraction") is not None else "-"),
+        ("warm-up", _fmt(result.get("warmup_s"), " s", 2)),
+        ("compile", _fmt(result.get("compile_s"), " s", 2)),
+        ("epoch start overhead", _fmt(result.get("epoch_overhead_s"), " s", 3)),
+        ("projected run", _fmt(result.get("projected_run_s"), " s")),
+        ("peak host memory", _fmt(result.get("peak_host_memory_mb"), " MB", 0)),
+        ("peak device memory", _fmt(result.get("peak_device_memory_mb"), " MB", 0)),
+        ("MFU", _fmt((result.get("mfu") or 0) * 100, "%", 2) if result.get("mfu") else "-"),
+        ("loss finite", _fmt(result.get("loss_finite"))),
+    ]
+    width = max(len(r[0]) for r in rows)
+    for name, value in rows:
+        print(f"{name:<{width}}  {value}", file=out)
+    cfg = result.get("config") or {}
+    print("config: " + ", ".join(f"{k}={v}" for k, v in cfg.items()), file=out)
+    for note in result.get("notes") or []:
+        print(f"note: {note}", file=out)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from tuner import knobs, spec
+    from tuner.trial import make_request, resolve_config, run_isolated
+
+    space = spec.load(args.space)
+    spec.check_workload(space)
+    overrides: dict[str, Any] = {}
+    if args.config:
+        overrides.update(load_exported_config(args.config))
+    overrides.update(_parse_sets(args.set))
+    base = make_request(workload=space.model.workload, workload_args=space.model.workload_args,
+                        base_dir=str(space.base_dir), device=space.model.device)
+    _, _, workload, device = resolve_config(base)  # the device and workload decide the defaults
+    if args.baseline:
+        config = space.baseline_config()
+    else:
+        ctx = knobs.context_for(device, has_groups=workload.groups is not None)
+        config = space.recommended_config(ctx)
+    config = space.derive({**config, **overrides})
+    request = make_request(workload=space.model.workload, workload_args=space.model.workload_args,
+                           base_dir=str(space.base_dir), config=config, baseline=args.baseline,
+                           strict=True, device=space.model.device,
+                           measure=space.model.measure.model_dump(), run=space.model.run.model_dump(),
+                           seed=space.model.seed)
+    resolve_config(request)  # a knob that cannot apply here is an error before anything runs
+    progress = None if args.json or not sys.stderr.isatty() else _progress_line
+    result = run_isolated(request, timeout_s=args.timeout or space.model.budget.trial_timeout_s,
+                          progress=progress)
+    if progress:
+        print("\r\033[K", end="", file=sys.stderr, flush=True)
+    result["workload"] = {"ref": space.model.workload, "args": space.model.workload_args}
+    result.setdefault("hardware", _hardware())
+    if result.get("error_kind") in ("workload", "invalid"):
+        if args.debug and result.get("traceback"):
+            print(result["traceback"], file=sys.stderr)
+        print(f"error: {result['reason']}", file=sys.stderr)
+        return 2
+    if args.json:
+        result.pop("traceback", None)
+        print(json.dumps(result, default=str))
+    else:
+        print_bench(result)
+    return 0 if result["status"] == "ok" or result.get("loss_finite") is False else 1
+
+
+def _progress_line(msg: str) -> None:
+    print(f"\r\033[K  {msg}", end="", file=sys.stderr, flush=True)
+
+
+def _hardware() -> dict:
+    from tuner.hardware import describe
+
+    return describe()
+
+
+def load_exported_config(path: str) -> dict:
+    """The knob config of an exported YAML/JSON file (``tuner export``), or a plain mapping."""
+    import yaml
+
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"--config {path}: file not found")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as exc:
+        raise UserError(f"--config {path}: not valid YAML/JSON: {str(exc).splitlines()[0]}") from None
+    if isinstance(data, dict) and isinstance(data.get("config"), dict):
+        data = data["config"]
+    if not isinstance(data, dict):
+        raise UserError(f"--config {path}: expected a mapping of knob: value (or a 'config:' section)")
+    from tuner import knobs
+
+    return {k: knobs.check_value(k, v) for k, v in data.items()}
+
+
+def cmd_knobs(args: argparse.Namespace) -> int:
+    from tuner.knobs import KNOBS
+
+    for k in KNOBS.values():
+        domain = "|".join(k.choices) if k.choices else (k.type.__name__ + (f" >= {k.minimum}" if k.minimum is not None else ""))
+        flags = " [GPU only]" if k.gpu_only else ""
+        print(f"{k.name:<26} {domain:<40} default {k.default!s:<6}{flags}  {k.doc}")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from tuner.search import run_from_cli
+
+    return run_from_cli(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m tuner", description=__doc__.splitlines()[0])
+    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("bench", help="measure one config of a space, without Ray")
+    p.add_argument("space", help="space.yaml")
+    p.add_argument("--set", action="append", default=[], metavar="KNOB=VALUE", help="override a knob")
+    p.add_argument("--config", help="an exported config (tuner export) to re-measure")
+    p.add_argument("--baseline", action="store_true", help="measure the plain PyTorch loop instead")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--timeout", type=float, help="seconds before the trial counts as hung")
+    p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("run", help="search a space with Ray Tune + Optuna")
+    p.add_argument("space", help="space.yaml")
+    p.add_argument("--trials", type=int, help="override budget.trials")
+    p.add_argument("--time-budget", type=float, help="override budget.time_s (seconds)")
+    p.add_argument("--name", help="override the space's name (the results folder)")
+    p.add_argument("--results-dir", default="results", help="where results/<name>/ goes")
+    p.add_argument("--address", help="attach to a running Ray cluster instead of a local one")
+    p.add_argument("--resume", action="store_true", help="continue an interrupted search of this name")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("knobs", help="list the knobs, their values and defaults")
+    p.set_defaults(func=cmd_knobs)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except (UserError, WorkloadError) as exc:
+        if args.debug:
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

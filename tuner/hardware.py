@@ -1,0 +1,69 @@
+"""What a result was measured on: hardware and versions, saved beside every result."""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+from functools import lru_cache
+from importlib import metadata
+
+
+def _version(pkg: str) -> str | None:
+    try:
+        return metadata.version(pkg)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+@lru_cache(maxsize=1)
+def describe() -> dict:
+    """Hardware and software of this process: host, CPU, GPU, versions."""
+    import torch
+
+    info = {
+        "hostname": socket.gethostname(),
+        "cpu": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "ray": _version("ray"),
+        "optuna": _version("optuna"),
+        "gpu": None,
+        "gpu_count": 0,
+        "gpu_memory_mb": None,
+    }
+    if torch.cuda.is_available():
+        idx = torch.cuda.current_device()
+        props = torch.cuda.get_device_properties(idx)
+        info.update(gpu=props.name, gpu_count=torch.cuda.device_count(),
+                    gpu_memory_mb=props.total_memory / 2**20,
+                    cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))
+    return info
+
+
+def pick_device(requested: str) -> str:
+    """``auto`` -> ``cuda`` when a GPU is visible, else ``cpu``."""
+    import torch
+
+    if requested == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if requested == "cuda" and not torch.cuda.is_available():
+        from tuner.errors import UserError
+
+        raise UserError("device: 'cuda' was asked for but no CUDA GPU is visible here")
+    return requested

@@ -1,0 +1,315 @@
+"""The one table of throughput knobs, and one small function per knob.
+
+The table (``KNOBS``) is read by validation (``resolve``), by the search space,
+by the docs (``python -m tuner knobs``) and by the report. A new knob is one
+entry here and, if it changes the run, one ``apply_*`` function called by
+``tuner.loop.build`` (which owns the order in which they are applied).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from tuner.errors import UserError
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune")
+GROUPINGS = ("mixed", "by_source")
+
+
+@dataclass(frozen=True)
+class Context:
+    """What a knob's validity and recommended value depend on."""
+
+    device: str  # "cpu" or "cuda"
+    cpu_count: int
+    has_groups: bool = False  # the workload has several sources (batch_grouping)
+    bf16_ok: bool = True
+    fp16_ok: bool = True
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One knob: its domain, PyTorch's default, the guides' pick, when it applies."""
+
+    name: str
+    type: type
+    doc: str
+    default: Any  # what plain PyTorch does: the baseline
+    recommended: Callable[[Context], Any]  # the guides' advice, the search's start
+    choices: tuple | None = None  # for str knobs
+    minimum: int | None = None  # for int knobs
+    nullable: bool = False  # None means "leave PyTorch's setting alone"
+    gpu_only: bool = False
+    # (config, ctx) -> reason the knob does not apply, or None. When it does not
+    # apply, the knob is held at its default (and a non-default value is an error
+    # for an explicit --set, a note for a search).
+    inactive: Callable[[dict, Context], str | None] | None = None
+    cost: str = ""  # what the knob costs, for docs and report
+
+
+def _needs_workers(config: dict, ctx: Context) -> str | None:
+    return "needs num_workers > 0" if config.get("num_workers", 0) == 0 else None
+
+
+def _needs_groups(config: dict, ctx: Context) -> str | None:
+    return None if ctx.has_groups else "the workload has a single source"
+
+
+def _recommended_precision(ctx: Context) -> str:
+    if ctx.bf16_ok:
+        return "bf16"
+    return "fp16" if ctx.device == "cuda" and ctx.fp16_ok else "fp32"
+
+
+def _recommended_workers(ctx: Context) -> int:
+    # Leave one core for the training process itself.
+    return max(1, min(4, ctx.cpu_count - 1))
+
+
+_TABLE = [
+    Knob("precision", str, "autocast dtype of the forward pass; fp16 adds a GradScaler",
+         "fp32", _recommended_precision, choices=PRECISIONS,
+         cost="bf16/fp16 may change numerics; fp16 needs loss scaling"),
+    Knob("micro_batch_size", int, "samples per forward/backward pass",
+         32, lambda ctx: 32, minimum=1, cost="memory grows with it"),
+    Knob("grad_accum_steps", int, "micro-batches accumulated per optimizer step (loss / steps)",
+         1, lambda ctx: 1, minimum=1),
+    Knob("num_workers", int, "DataLoader worker processes",
+         0, _recommended_workers, minimum=0,
+         cost="1 CPU and host memory per worker; the trial reserves 1 + num_workers CPUs"),
+    Knob("prefetch_factor", int, "batches loaded in advance per worker",
+         None, lambda ctx: 2, minimum=1, nullable=True, inactive=_needs_workers,
+         cost="host memory"),
+    Knob("persistent_workers", bool, "keep DataLoader workers alive across epochs",
+         False, lambda ctx: True, inactive=_needs_workers,
+         cost="workers hold their memory between epochs"),
+    Knob("pin_memory", bool, "page-locked host buffers for host-to-device copies",
+         False, lambda ctx: True, gpu_only=True, cost="pinned host memory"),
+    Knob("non_blocking", bool, "asynchronous host-to-device copies",
+         False, lambda ctx: True, gpu_only=True),
+    Knob("compile", str, "torch.compile mode",
+         "off", lambda ctx: "default" if ctx.device == "cuda" else "off", choices=COMPILE_MODES,
+         cost="one-time compile seconds, measured as compile_s"),
+    Knob("channels_last", bool, "NHWC memory format for the model and 4-D inputs",
+         False, lambda ctx: False, cost="helps conv nets, can slow others"),
+    Knob("cudnn_benchmark", bool, "cudnn autotuner for fixed input shapes",
+         False, lambda ctx: True, gpu_only=True, cost="autotuning in the first steps"),
+    Knob("tf32", bool, "TF32 matmuls and convolutions on Ampere and newer",
+         False, lambda ctx: True, gpu_only=True, cost="lower matmul precision"),
+    Knob("fused_optimizer", bool, "fused optimizer kernels (fused=True)",
+         False, lambda ctx: True),
+    Knob("activation_checkpointing", bool, "recompute block activations in backward",
+         False, lambda ctx: False, cost="about one extra forward pass of compute"),
+    Knob("torch_threads", int, "intra-op threads of the training process (null: PyTorch's default)",
+         None, lambda ctx: None, minimum=1, nullable=True),
+    Knob("batch_grouping", str, "multi-source data: mixed batches, or each batch from one source",
+         "mixed", lambda ctx: "by_source" if ctx.has_groups else "mixed", choices=GROUPINGS,
+         inactive=_needs_groups),
+]
+
+KNOBS: dict[str, Knob] = {k.name: k for k in _TABLE}
+
+
+def defaults() -> dict[str, Any]:
+    """PyTorch's defaults for every knob: the baseline config."""
+    return {k.name: k.default for k in _TABLE}
+
+
+def recommended(ctx: Context) -> dict[str, Any]:
+    """The performance guides' recommended config on this hardware."""
+    return {k.name: k.recommended(ctx) for k in _TABLE}
+
+
+def check_value(name: str, value: Any) -> Any:
+    """Check one knob value against the table; return it coerced (``"true"`` -> True).
+
+    Raises UserError naming the knob, the value and what is allowed.
+    """
+    knob = KNOBS.get(name)
+    if knob is None:
+        raise UserError(f"unknown knob '{name}'; known knobs: {', '.join(KNOBS)}")
+    if value is None or (isinstance(value, str) and value.lower() in ("null", "none")):
+        if knob.nullable:
+            return None
+        raise UserError(f"knob '{name}': null is not allowed")
+    if knob.type is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "on", "off", "1", "0"):
+            return value.lower() in ("true", "on", "1")
+        raise UserError(f"knob '{name}': {value!r} is not a boolean (true/false)")
+    if knob.type is int:
+        if isinstance(value, bool):
+            raise UserError(f"knob '{name}': {value!r} is not an integer")
+        try:
+            ivalue = int(value)
+        except (TypeError, ValueError):
+            raise UserError(f"knob '{name}': {value!r} is not an integer") from None
+        if isinstance(value, float) and value != ivalue:
+            raise UserError(f"knob '{name}': {value!r} is not an integer")
+        if knob.minimum is not None and ivalue < knob.minimum:
+            raise UserError(f"knob '{name}': {ivalue} is below the minimum {knob.minimum}")
+        return ivalue
+    if knob.type is str:
+        if value is False and "off" in (knob.choices or ()):  # YAML reads `off` as False
+            value = "off"
+        if not isinstance(value, str) or value not in (knob.choices or ()):
+            raise UserError(f"knob '{name}': {value!r} is not one of {', '.join(knob.choices or ())}")
+        return value
+    raise AssertionError(f"knob {name} has unsupported type {knob.type}")
+
+
+def resolve(config: dict, ctx: Context, *, strict: bool) -> tuple[dict, list[str]]:
+    """Fill in defaults and hold inapplicable knobs at their default.
+
+    ``strict`` (an explicit user setting, e.g. ``bench --set``): a knob set to a
+    non-default value where it cannot apply is an error. Otherwise (a search
+    sampling a combination) it is normalized and a note says so, so that no
+    config silently runs as something else.
+    Returns the full config and the notes.
+    """
+    full = defaults()
+    for name, value in config.items():
+        full[name] = check_value(name, value)
+    notes: list[str] = []
+    for knob in _TABLE:
+        value = full[knob.name]
+        reason = None
+        if knob.gpu_only and ctx.device != "cuda":
+            reason = f"is a GPU knob and this run is on {ctx.device}"
+        elif knob.inactive is not None:
+            reason = knob.inactive(full, ctx)
+        if reason is None or value == knob.default:
+            continue
+        if strict:
+            raise UserError(f"knob '{knob.name}={value}' {reason}")
+        notes.append(f"{knob.name}={value} ignored: {reason}")
+        full[knob.name] = knob.default
+    precision = full["precision"]
+    if precision == "bf16" and not ctx.bf16_ok:
+        raise UserError(f"knob 'precision=bf16' is not supported on this {ctx.device}")
+    if precision == "fp16" and not ctx.fp16_ok:
+        raise UserError(f"knob 'precision=fp16' is not supported on this {ctx.device}")
+    return full, notes
+
+
+def context_for(device: torch.device, has_groups: bool = False) -> Context:
+    """The Context of this process's hardware."""
+    bf16_ok = True
+    if device.type == "cuda":
+        bf16_ok = torch.cuda.is_bf16_supported()
+    return Context(device=device.type, cpu_count=os.cpu_count() or 1,
+                   has_groups=has_groups, bf16_ok=bf16_ok, fp16_ok=True)
+
+
+# --- one function per knob -------------------------------------------------------------
+
+
+def apply_threads(threads: int | None) -> None:
+    """Intra-op threads of this process (None: leave PyTorch's default)."""
+    if threads is not None:
+        torch.set_num_threads(threads)
+
+
+def apply_backend_flags(device: torch.device, cudnn_benchmark: bool, tf32: bool) -> None:
+    """cudnn autotuner and TF32; these are process-wide, so always set both ways."""
+    if device.type != "cuda":
+        return
+    torch.backends.cudnn.benchmark = cudnn_benchmark
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
+
+
+def apply_channels_last(model: torch.nn.Module, enabled: bool) -> torch.nn.Module:
+    """NHWC weights; the loop converts 4-D inputs to match."""
+    return model.to(memory_format=torch.channels_last) if enabled else model
+
+
+class _Checkpointed(torch.nn.Module):
+    """Runs the wrapped block under activation checkpointing."""
+
+    def __init__(self, inner: torch.nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        # use_reentrant=False: works with kwargs, compile and inputs that need no grad.
+        return torch.utils.checkpoint.checkpoint(self.inner, *args, use_reentrant=False, **kwargs)
+
+
+def apply_activation_checkpointing(model: torch.nn.Module, enabled: bool) -> int:
+    """Wrap the model's repeated blocks (entries of every ModuleList; else the
+    children of a top-level Sequential) in activation checkpointing.
+
+    Returns how many blocks were wrapped; 0 means the model has no blocks to wrap.
+    """
+    if not enabled:
+        return 0
+    wrapped = 0
+    for module in list(model.modules()):
+        if isinstance(module, torch.nn.ModuleList):
+            for i, block in enumerate(module):
+                if not isinstance(block, _Checkpointed):
+                    module[i] = _Checkpointed(block)
+                    wrapped += 1
+    if wrapped == 0 and isinstance(model, torch.nn.Sequential):
+        for i, block in enumerate(model):
+            if any(True for _ in block.parameters()):
+                model[i] = _Checkpointed(block)
+                wrapped += 1
+    return wrapped
+
+
+def apply_fused_optimizer(optimizer: torch.optim.Optimizer, fused: bool) -> torch.optim.Optimizer:
+    """Rebuild the user's optimizer with ``fused=True``, same class and hyperparameters."""
+    if not fused:
+        return optimizer
+    cls = type(optimizer)
+    if "fused" not in optimizer.defaults:
+        raise UserError(f"knob 'fused_optimizer': {cls.__name__} has no fused implementation")
+    groups = [{k: v for k, v in g.items() if k not in ("fused", "foreach")}
+              for g in optimizer.param_groups]
+    accepted = inspect.signature(cls.__init__).parameters
+    kwargs = {k: v for k, v in optimizer.defaults.items()
+              if k in accepted and k not in ("fused", "foreach", "params")}
+    return cls(groups, **kwargs, fused=True)
+
+
+def apply_compile(model: torch.nn.Module, mode: str) -> torch.nn.Module:
+    """torch.compile; applied last, after checkpointing and memory format."""
+    if mode == "off":
+        return model
+    return torch.compile(model, mode=None if mode == "default" else mode)
+
+
+def autocast_context(device: torch.device, precision: str) -> Callable[[], contextlib.AbstractContextManager]:
+    """A factory of the forward pass's autocast context."""
+    if precision == "fp32":
+        return contextlib.nullcontext
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    return lambda: torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def grad_scaler(device: torch.device, precision: str) -> torch.amp.GradScaler | None:
+    """fp16 needs loss scaling; bf16 and fp32 do not."""
+    return torch.amp.GradScaler(device.type) if precision == "fp16" else None
+
+
+def loader_kwargs(config: dict, device: torch.device) -> dict[str, Any]:
+    """The DataLoader arguments that the knobs decide."""
+    kwargs: dict[str, Any] = {"num_workers": config["num_workers"]}
+    if config["num_workers"] > 0:
+        kwargs["persistent_workers"] = config["persistent_workers"]
+        if config["prefetch_factor"] is not None:
+            kwargs["prefetch_factor"] = config["prefetch_factor"]
+    if device.type == "cuda":
+        kwargs["pin_memory"] = config["pin_memory"]
+    return kwargs

@@ -1,0 +1,244 @@
+"""The optimized training loop a trial runs, and the plain loop it is compared with.
+
+``Trainer`` applies the knobs in one order (see ``Trainer.__init__``) and then
+exposes ``step()``: one optimizer step over ``grad_accum_steps`` micro-batches.
+The guides' habits are always on: ``zero_grad(set_to_none=True)``, no
+``.item()`` or other host sync per step, no ``isinstance`` chains in the hot
+path, tensors moved in place. ``baseline=True`` is what a plain loop does:
+PyTorch's defaults and a ``loss.item()`` every step.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, IterableDataset, Sampler
+
+from tuner import knobs
+from tuner.errors import UserError, WorkloadError
+from tuner.workloads import Workload
+
+perf_counter = time.perf_counter
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for queued device work (CUDA); a no-op on the CPU."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class EpochSampler(Sampler[int]):
+    """Random order over the dataset, with an adjustable number of samples per epoch.
+
+    The measurement shortens epochs so that every trial crosses epoch boundaries
+    (where worker respawn and dataset reopening cost time); the DataLoader reads
+    the sampler in the main process at each new epoch, so a new limit applies
+    from the next epoch on, with persistent workers too.
+    """
+
+    def __init__(self, size: int, limit: int | None = None, seed: int = 0):
+        self.size, self.limit, self.epoch = size, limit, 0
+        self.seed = seed
+
+    def __len__(self) -> int:
+        return min(self.size, self.limit or self.size)
+
+    def __iter__(self) -> Iterator[int]:
+        g = torch.Generator().manual_seed(self.seed + self.epoch)
+        self.epoch += 1
+        return iter(torch.randperm(self.size, generator=g)[: len(self)].tolist())
+
+
+class GroupedBatchSampler(Sampler[list[int]]):
+    """Batches that each hold samples of one source (``batch_grouping=by_source``)."""
+
+    def __init__(self, groups: list[list[int]], batch_size: int, limit: int | None = None, seed: int = 0):
+        self.groups, self.batch_size, self.limit = groups, batch_size, limit
+        self.seed, self.epoch = seed, 0
+
+    def _all_batches(self) -> list[list[int]]:
+        rng = random.Random(self.seed + self.epoch)
+        batches = []
+        for group in self.groups:
+            idx = list(group)
+            rng.shuffle(idx)
+            batches += [idx[i:i + self.batch_size] for i in range(0, len(idx) - self.batch_size + 1, self.batch_size)]
+        rng.shuffle(batches)
+        return batches
+
+    def __len__(self) -> int:
+        n = sum(len(g) // self.batch_size for g in self.groups)
+        return n if self.limit is None else min(n, max(1, self.limit // self.batch_size))
+
+    def __iter__(self) -> Iterator[list[int]]:
+        batches = self._all_batches()[: len(self)]
+        self.epoch += 1
+        return iter(batches)
+
+
+def _to_device(obj: Any, device: torch.device, non_blocking: bool, channels_last: bool) -> Any:
+    t = type(obj)
+    if t is torch.Tensor or torch.is_tensor(obj):
+        if channels_last and obj.dim() == 4:
+            return obj.to(device, non_blocking=non_blocking, memory_format=torch.channels_last)
+        return obj.to(device, non_blocking=non_blocking)
+    if t is dict:
+        for k in obj:  # in place: no new dict per step
+            obj[k] = _to_device(obj[k], device, non_blocking, channels_last)
+        return obj
+    if t is list:
+        for i in range(len(obj)):
+            obj[i] = _to_device(obj[i], device, non_blocking, channels_last)
+        return obj
+    if t is tuple:
+        return tuple(_to_device(x, device, non_blocking, channels_last) for x in obj)
+    return obj
+
+
+class Trainer:
+    """One workload trained under one knob config.
+
+    >>> t = Trainer(workload, config, torch.device("cpu"))
+    >>> t.step()  # one optimizer step
+    """
+
+    def __init__(self, workload: Workload, config: dict, device: torch.device, *,
+                 baseline: bool = False, seed: int = 0):
+        self.workload, self.config, self.device, self.baseline = workload, config, device, baseline
+        self.accum = config["grad_accum_steps"]
+        self.samples_per_step = config["micro_batch_size"] * self.accum
+        torch.manual_seed(seed)
+
+        # The order matters:
+        # 1. threads and backend flags before any kernel runs;
+        knobs.apply_threads(config["torch_threads"])
+        knobs.apply_backend_flags(device, config["cudnn_benchmark"], config["tf32"])
+        # 2. the model on its device, then its memory format (weights must exist there);
+        model = _call(workload.model, "model").to(device)
+        model = knobs.apply_channels_last(model, config["channels_last"])
+        # 3. checkpointing wraps the eager blocks, before compile traces them
+        #    (as torchtitan does: compile after activation checkpointing);
+        self.checkpointed_blocks = knobs.apply_activation_checkpointing(model, config["activation_checkpointing"])
+        if config["activation_checkpointing"] and self.checkpointed_blocks == 0:
+            raise UserError("knob 'activation_checkpointing': the model has no ModuleList or "
+                            "Sequential blocks to checkpoint")
+        model.train()
+        # 4. the optimizer holds the eager module's parameters (compile shares them);
+        self.optimizer = knobs.apply_fused_optimizer(
+            _call(lambda: workload.make_optimizer(model.parameters()), "optimizer"),
+            config["fused_optimizer"])
+        # 5. compile last, over the final module.
+        self.model = knobs.apply_compile(model, config["compile"])
+        self.autocast = knobs.autocast_context(device, config["precision"])
+        self.scaler = knobs.grad_scaler(device, config["precision"])
+        self.non_blocking = config["non_blocking"] and device.type == "cuda"
+        self.channels_last = config["channels_last"]
+        self.loss_fn = workload.loss
+
+        self.dataset = _call(workload.dataset, "dataset")
+        self.loader, self.sampler = self._make_loader(seed)
+        self._it: Iterator | None = None
+        # Accounting read by tuner.measure; plain floats and ints, no syncs.
+        self.data_wait_s = 0.0      # time blocked in next(loader), epoch starts included
+        self.epoch_start_s: list[float] = []  # each epoch start (iter() + its first batch)
+        self.micro_batches = 0
+        self.loss_sum = torch.zeros((), device=device)
+        self.last_loss: float | None = None
+
+    def _make_loader(self, seed: int) -> tuple[DataLoader, Sampler | None]:
+        cfg, ds, wl = self.config, self.dataset, self.workload
+        kwargs = knobs.loader_kwargs(cfg, self.device)
+        bs = cfg["micro_batch_size"]
+        if isinstance(ds, IterableDataset) or not hasattr(ds, "__len__"):
+            return DataLoader(ds, batch_size=bs, drop_last=True, collate_fn=wl.collate, **kwargs), None
+        if len(ds) < bs:
+            raise UserError(f"knob 'micro_batch_size={bs}' is larger than the dataset ({len(ds)} samples)")
+        if cfg["batch_grouping"] == "by_source":
+            groups = _call(lambda: wl.groups(ds), "groups")
+            sampler = GroupedBatchSampler(groups, bs, seed=seed)
+            if len(sampler) == 0:
+                raise UserError(f"knob 'micro_batch_size={bs}' is larger than every source of the dataset")
+            return DataLoader(ds, batch_sampler=sampler, collate_fn=wl.collate, **kwargs), sampler
+        sampler = EpochSampler(len(ds), seed=seed)
+        loader = DataLoader(ds, batch_size=bs, sampler=sampler, drop_last=True, collate_fn=wl.collate, **kwargs)
+        return loader, sampler
+
+    def set_epoch_limit(self, samples: int | None) -> None:
+        """Samples per epoch from the next epoch on (None: the whole dataset)."""
+        if self.sampler is not None:
+            self.sampler.limit = samples
+
+    def _new_epoch(self) -> Any:
+        synchronize(self.device)  # queued device work is charged to steps, not to the epoch start
+        t0 = perf_counter()
+        self._it = iter(self.loader)
+        try:
+            batch = next(self._it)
+        except StopIteration:
+            raise UserError("the dataset yields no full batch; lower micro_batch_size") from None
+        self.epoch_start_s.append(perf_counter() - t0)
+        return batch
+
+    def start(self) -> None:
+        """Start the first epoch (DataLoader workers are spawned here): a one-time cost."""
+        self._it = iter(self.loader)
+
+    def step(self) -> None:
+        """One optimizer step over ``grad_accum_steps`` micro-batches."""
+        for _ in range(self.accum):
+            t0 = perf_counter()
+            try:
+                batch = next(self._it)
+            except StopIteration:
+                batch = self._new_epoch()
+            self.data_wait_s += perf_counter() - t0
+            batch = _to_device(batch, self.device, self.non_blocking, self.channels_last)
+            try:  # free in the hot path (3.11's zero-cost exceptions)
+                with self.autocast():
+                    loss = self.loss_fn(self.model, batch)
+            except Exception as exc:
+                err = _as_workload_error(exc)
+                if err is exc:
+                    raise
+                raise err from exc
+            if self.accum > 1:
+                loss = loss / self.accum  # gradients equal to one large batch's
+            if self.scaler is not None:
+                self.scaler.scale(loss).backward()
+            else:
+                loss.backward()
+            self.loss_sum += loss.detach()
+        self.micro_batches += self.accum
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.baseline:
+            self.last_loss = loss.item()  # what a plain loop does to log: a host sync per step
+
+    def loss_finite(self) -> bool:
+        """Whether every loss so far was finite (one host sync; call at window edges)."""
+        return bool(torch.isfinite(self.loss_sum).item())
+
+
+def _as_workload_error(exc: Exception) -> Exception:
+    """The user's loss raised: say so, unless it is an OOM or a compile failure."""
+    module = type(exc).__module__ or ""
+    if isinstance(exc, (torch.OutOfMemoryError, UserError)) or module.startswith(("torch._dynamo", "torch._inductor")):
+        return exc
+    return WorkloadError(f"workload loss raised {type(exc).__name__}: {exc}")
+
+
+def _call(fn: Any, what: str) -> Any:
+    try:
+        return fn()
+    except (UserError, torch.OutOfMemoryError):
+        raise
+    except Exception as exc:
+        raise WorkloadError(f"workload {what} raised {type(exc).__name__}: {exc}") from exc

@@ -1,0 +1,321 @@
+"""space.yaml: schema, validation with field-level errors (file and line), defaults.
+
+Every section is a typed model; unknown keys and wrong types are errors that
+name the field and its line::
+
+    space.yaml:7: knobs.num_workerz: unknown knob 'num_workerz'; known knobs: ...
+
+See ``search_spaces/quickstart.yaml`` for a commented example.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from tuner import knobs
+from tuner.errors import UserError
+from tuner.measure import MeasureSettings, RunPlan
+
+OBJECTIVE_METRICS = {"samples_per_sec": "max", "projected_run_s": "min"}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=False)
+
+
+class Objective(_Strict):
+    metric: Literal["samples_per_sec", "projected_run_s"] = "samples_per_sec"
+    """What to optimize: throughput (maximize) or the planned run's time (minimize)."""
+    memory: bool = False
+    """Also minimize peak memory: a two-objective search with a Pareto front."""
+
+
+class Constraints(_Strict):
+    max_memory_mb: float | None = Field(None, gt=0)
+    """Configs whose peak memory (device on GPU, host on CPU) exceeds this are infeasible."""
+    effective_batch_size: int | None = Field(None, gt=0)
+    """micro_batch_size x grad_accum_steps held fixed; accumulation is derived."""
+
+
+class Budget(_Strict):
+    trials: int = Field(12, ge=1)
+    """Configs tried (the final re-measurements of the top configs come on top)."""
+    time_s: float | None = Field(None, gt=0)
+    """Wall-clock budget of the search; no new trial starts after it."""
+    trial_timeout_s: float = Field(300.0, gt=0)
+    """A trial running longer is stopped and recorded as hung."""
+
+
+class Resources(_Strict):
+    gpus_per_trial: int = Field(1, ge=0)
+    """Whole GPUs per trial when the search runs on GPUs."""
+    max_concurrent: int | None = Field(None, ge=1)
+    """Trials at once; default one per GPU, or one at a time on a CPU-only cluster."""
+
+
+class Confirm(_Strict):
+    top: int = Field(3, ge=0)
+    """How many of the best configs are re-measured at the end."""
+    repeats: int = Field(2, ge=0)
+    """Extra measurements of each; the winner is chosen on the median of all."""
+
+
+class Measure(_Strict):
+    warmup_steps: int = Field(3, ge=1)
+    window_s: float = Field(1.0, gt=0)
+    min_windows: int = Field(5, ge=1)
+    max_windows: int = Field(12, ge=1)
+    target_error: float = Field(0.01, gt=0)
+    epoch_steps: int | None = Field(None, ge=1)
+    max_timed_s: float = Field(60.0, gt=0)
+
+
+class Run(_Strict):
+    epochs: int = Field(1, ge=1)
+    epoch_size: int | None = Field(None, ge=1)
+
+
+class SpaceModel(_Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    workload: str
+    workload_args: dict[str, Any] = {}
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    knobs: dict[str, Any] = {}
+    baseline: dict[str, Any] = {}
+    """Knob values of the baseline beyond PyTorch's defaults (e.g. its micro_batch_size)."""
+    objective: Objective = Objective()
+    constraints: Constraints = Constraints()
+    budget: Budget = Budget()
+    resources: Resources = Resources()
+    sampler: Literal["guided", "tpe", "random", "grid", "nsga2"] | None = None
+    """None: guided (one objective) or nsga2 (two objectives)."""
+    seed: int = 0
+    confirm: Confirm = Confirm()
+    measure: Measure = Measure()
+    run: Run = Run()
+
+    @field_validator("objective", mode="before")
+    @classmethod
+    def _objective_shorthand(cls, v: Any) -> Any:
+        return {"metric": v} if isinstance(v, str) else v
+
+
+@dataclass
+class Space:
+    """A validated space file."""
+
+    model: SpaceModel
+    path: Path | None
+    domain: dict[str, list] = field(default_factory=dict)
+    """Searched knobs (two or more values) and fixed ones (one value), each a list."""
+    where: _Where | None = None
+
+    @property
+    def name(self) -> str:
+        return self.model.name
+
+    @property
+    def base_dir(self) -> Path:
+        return self.path.parent if self.path else Path.cwd()
+
+    @property
+    def searched(self) -> dict[str, list]:
+        return {k: v for k, v in self.domain.items() if len(v) > 1}
+
+    @property
+    def fixed(self) -> dict[str, Any]:
+        return {k: v[0] for k, v in self.domain.items() if len(v) == 1}
+
+    def measure_settings(self) -> MeasureSettings:
+        return MeasureSettings(**self.model.measure.model_dump())
+
+    def run_plan(self) -> RunPlan:
+        return RunPlan(**self.model.run.model_dump())
+
+    def size(self) -> int:
+        return math.prod(len(v) for v in self.domain.values()) if self.domain else 1
+
+    def derive(self, config: dict) -> dict:
+        """Apply derived knobs: accumulation from a fixed effective batch size."""
+        eff = self.model.constraints.effective_batch_size
+        if eff is not None and "micro_batch_size" in config:
+            config = dict(config, grad_accum_steps=eff // config["micro_batch_size"])
+        return config
+
+    def recommended_config(self, ctx: knobs.Context) -> dict:
+        """The guides' pick for each searched or fixed knob, where the space allows it;
+        else the knob's first listed value."""
+        rec = knobs.recommended(ctx)
+        config = {k: (rec[k] if rec[k] in values else values[0]) for k, values in self.domain.items()}
+        return self.derive(config)
+
+    def baseline_config(self) -> dict:
+        """PyTorch's defaults, with the space's micro-batch (first value) unless set."""
+        config = {"micro_batch_size": self.domain.get("micro_batch_size", [32])[0]}
+        eff = self.model.constraints.effective_batch_size
+        if eff is not None:
+            config = {"micro_batch_size": eff, "grad_accum_steps": 1}
+        config.update(self.model.baseline)
+        return config
+
+
+# ---- loading with line numbers -----------------------------------------------------------
+
+
+def _node_lines(node: yaml.Node, path: tuple = (), out: dict | None = None) -> dict[tuple, int]:
+    """Map each key path of a YAML document to its 1-based line."""
+    out = {} if out is None else out
+    out.setdefault(path, node.start_mark.line + 1)
+    if isinstance(node, yaml.MappingNode):
+        for key, value in node.value:
+            sub = path + (key.value,)
+            out[sub] = key.start_mark.line + 1
+            _node_lines(value, sub, out)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _node_lines(item, path + (i,), out)
+    return out
+
+
+class _Where:
+    def __init__(self, source: str, lines: dict[tuple, int]):
+        self.source, self.lines = source, lines
+
+    def __call__(self, path: tuple) -> str:
+        p = tuple(path)
+        while p and p not in self.lines:
+            p = p[:-1]
+        line = self.lines.get(p)
+        return f"{self.source}:{line}" if line else self.source
+
+
+def _fail(where: _Where, path: tuple, msg: str) -> UserError:
+    dotted = ".".join(str(p) for p in path)
+    return UserError(f"{where(path)}: {dotted + ': ' if dotted else ''}{msg}")
+
+
+def _expand_knob(name: str, raw: Any, where: _Where) -> list:
+    path = ("knobs", name)
+    if name not in knobs.KNOBS:
+        raise _fail(where, path, f"unknown knob '{name}'; known knobs: {', '.join(knobs.KNOBS)}")
+    if isinstance(raw, dict):
+        allowed = {"min", "max", "step", "log"}
+        if set(raw) - allowed or not {"min", "max"} <= set(raw):
+            raise _fail(where, path, "a range is {min: A, max: B} with optional step or log: true")
+        if knobs.KNOBS[name].type is not int:
+            raise _fail(where, path, "a range needs an integer knob")
+        lo, hi = knobs.check_value(name, raw["min"]), knobs.check_value(name, raw["max"])
+        if lo > hi:
+            raise _fail(where, path, f"min {lo} is above max {hi}")
+        if raw.get("log"):
+            values, v = [], lo
+            while v <= hi:
+                values.append(v)
+                v = v * 2 if v > 0 else 1
+            if values[-1] != hi:
+                values.append(hi)
+        else:
+            step = int(raw.get("step", 1))
+            if step < 1:
+                raise _fail(where, path, "step must be >= 1")
+            values = list(range(lo, hi + 1, step))
+        return values
+    values = raw if isinstance(raw, list) else [raw]
+    if not values:
+        raise _fail(where, path, "empty list of values")
+    out = []
+    for i, v in enumerate(values):
+        try:
+            cv = knobs.check_value(name, v)
+        except UserError as exc:
+            raise _fail(where, path + ((i,) if isinstance(raw, list) else ()), str(exc)) from None
+        if cv not in out:
+            out.append(cv)
+    return out
+
+
+def parse(data: Any, source: str = "<space>", lines: dict | None = None, path: Path | None = None) -> Space:
+    """Validate a space given as a dict; raises UserError naming the field."""
+    where = _Where(source, lines or {})
+    if not isinstance(data, dict):
+        raise UserError(f"{source}: a space file is a mapping with at least 'name' and 'workload'")
+    try:
+        model = SpaceModel.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            parent = SpaceModel
+            for p in loc[:-1]:
+                ann = parent.model_fields.get(p) if isinstance(p, str) else None
+                parent = ann.annotation if ann is not None and isinstance(ann.annotation, type) else parent
+            msg = f"unknown field '{loc[-1]}' (allowed: {', '.join(parent.model_fields)})"
+        elif err["type"] == "missing":
+            msg = "required field is missing"
+        elif "input" in err and err["type"] not in ("missing",):
+            msg = f"{msg} (got {err['input']!r})"
+        raise _fail(where, loc, msg) from None
+
+    domain = {name: _expand_knob(name, raw, where) for name, raw in model.knobs.items()}
+    for name, value in model.baseline.items():
+        try:
+            knobs.check_value(name, value)
+        except UserError as exc:
+            raise _fail(where, ("baseline", name), str(exc)) from None
+
+    eff = model.constraints.effective_batch_size
+    if eff is not None:
+        if "grad_accum_steps" in domain:
+            raise _fail(where, ("knobs", "grad_accum_steps"),
+                        "grad_accum_steps is derived from constraints.effective_batch_size; remove one")
+        micro = domain.get("micro_batch_size", [eff])
+        fitting = [m for m in micro if eff % m == 0]
+        if not fitting:
+            raise _fail(where, ("constraints", "effective_batch_size"),
+                        f"{eff} is not a multiple of any micro_batch_size {micro}")
+        domain["micro_batch_size"] = fitting
+    if model.sampler is None:
+        model.sampler = "nsga2" if model.objective.memory else "guided"
+    elif model.objective.memory and model.sampler == "guided":
+        raise _fail(where, ("sampler",), "the guided sampler has one objective; with "
+                    "objective.memory use nsga2, tpe, random or grid")
+    if model.measure.max_windows < model.measure.min_windows:
+        raise _fail(where, ("measure", "max_windows"), "must be >= min_windows")
+    return Space(model=model, path=path, domain=domain, where=where)
+
+
+def load(path: str | Path) -> Space:
+    """Read and validate a space file (workload reference not yet imported)."""
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"space file {p} not found")
+    text = p.read_text()
+    try:
+        node = yaml.compose(text)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f":{mark.line + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise UserError(f"{p}{line}: not valid YAML: {problem}") from None
+    lines = _node_lines(node) if node is not None else {}
+    return parse(data, str(p), lines, path=p.resolve())
+
+
+def check_workload(space: Space) -> None:
+    """Import the workload function and check its arguments (before anything starts)."""
+    from tuner.workloads import check_args, resolve_factory
+
+    where = space.where or _Where(str(space.path or "<space>"), {})
+    try:
+        func = resolve_factory(space.model.workload, space.base_dir)
+        check_args(space.model.workload, func, space.model.workload_args)
+    except UserError as exc:
+        raise UserError(f"{where(('workload',))}: {exc}") from None

@@ -1,0 +1,206 @@
+"""Run one config in its own process: timeout, crash and OOM become results.
+
+``run_isolated(request)`` forks a fresh process (from a forkserver that has
+torch imported already, so a trial starts in well under a second), measures
+the config there and returns a plain dict. The parent samples the host memory
+of the child's whole process tree (DataLoader workers included), kills the
+tree when the trial exceeds its time limit, and turns every failure into a
+result with ``status: infeasible`` and a one-line ``reason``.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import shutil
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import psutil
+
+from tuner.errors import UserError, WorkloadError
+from tuner.measure import HostMemorySampler
+
+_PRELOAD = ["torch", "tuner.loop", "tuner.measure"]
+
+
+def make_request(*, workload: str, workload_args: dict | None = None, base_dir: str | None = None,
+                 config: dict | None = None, baseline: bool = False, strict: bool = False,
+                 device: str = "auto", measure: dict | None = None, run: dict | None = None,
+                 seed: int = 0, env: dict | None = None, isolate_compile_cache: bool = True) -> dict:
+    """A trial request: plain data, picklable, saved beside the result."""
+    return {
+        "workload": workload, "workload_args": dict(workload_args or {}), "base_dir": base_dir,
+        "config": dict(config or {}), "baseline": baseline, "strict": strict, "device": device,
+        "measure": dict(measure or {}), "run": dict(run or {}), "seed": seed,
+        "env": dict(env or {}), "isolate_compile_cache": isolate_compile_cache,
+    }
+
+
+def resolve_config(request: dict) -> tuple[dict, list[str], Any, Any]:
+    """Load the workload and resolve the request's knobs on this machine's device.
+
+    Returns (config, notes, workload, device); raises UserError for a bad knob.
+    """
+    from pathlib import Path
+
+    import torch
+
+    from tuner import knobs
+    from tuner.hardware import pick_device
+    from tuner.workloads import load_workload
+
+    device = torch.device(pick_device(request["device"]))
+    base = Path(request["base_dir"]) if request["base_dir"] else None
+    workload = load_workload(request["workload"], request["workload_args"], base)
+    ctx = knobs.context_for(device, has_groups=workload.groups is not None)
+    config, notes = knobs.resolve(request["config"], ctx, strict=request["strict"])
+    return config, notes, workload, device
+
+
+def execute(request: dict, progress: Callable[[str], None] | None = None) -> dict:
+    """Build and measure the request's config in this process; return metrics + context."""
+    import torch
+
+    from tuner.hardware import describe
+    from tuner.loop import Trainer
+    from tuner.measure import MeasureSettings, RunPlan, measure
+
+    t0 = time.perf_counter()
+    config, notes, workload, device = resolve_config(request)
+    cache_dir = None
+    if config["compile"] != "off" and request["isolate_compile_cache"]:
+        # A cold inductor cache per trial: compile_s must not depend on what ran before.
+        cache_dir = tempfile.mkdtemp(prefix="tuner-inductor-")
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache_dir
+        torch._dynamo.reset()
+    try:
+        trainer = Trainer(workload, config, device, baseline=request["baseline"], seed=request["seed"])
+        metrics = measure(trainer, MeasureSettings(**request["measure"]), RunPlan(**request["run"]),
+                          startup_s=time.perf_counter() - t0, progress=progress)
+    finally:
+        if cache_dir:
+            shutil.rmtree(cache_dir, ignore_errors=True)
+    status, reason = "ok", None
+    if not metrics["loss_finite"]:
+        status, reason = "infeasible", metrics.pop("reason")
+    return {"status": status, "reason": reason, **metrics, "config": config, "notes": notes,
+            "baseline": request["baseline"], "device": str(device), "hardware": describe()}
+
+
+def classify(exc: BaseException) -> tuple[str, str]:
+    """(kind, one-line reason) for an exception raised by a trial."""
+    import torch
+
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    text = text[:300]
+    module = type(exc).__module__ or ""
+    if isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower():
+        return "oom", f"out of memory: {text}"
+    if isinstance(exc, UserError):
+        return "invalid", f"invalid config: {text}"
+    if isinstance(exc, WorkloadError):
+        return "workload", text
+    if module.startswith(("torch._dynamo", "torch._inductor")):
+        return "compile", f"compile failed: {type(exc).__name__}: {text}"
+    return "error", f"raised {type(exc).__name__}: {text}"
+
+
+def _child(conn: Any, request: dict) -> None:
+    os.environ.update(request["env"])
+    # A forkserver child inherits "forkserver" as its default start method; put back
+    # the platform default so DataLoader workers start as in the user's own script.
+    mp.set_start_method(mp.get_all_start_methods()[0], force=True)
+    try:
+        result = execute(request, progress=lambda msg: conn.send(("progress", msg)))
+        conn.send(("result", result))
+    except BaseException as exc:  # every failure is a result
+        kind, reason = classify(exc)
+        conn.send(("error", kind, reason, traceback.format_exc()))
+    finally:
+        conn.close()
+
+
+def kill_tree(pid: int) -> None:
+    """Kill a process and all its descendants, by id."""
+    try:
+        root = psutil.Process(pid)
+        procs = root.children(recursive=True) + [root]
+    except psutil.Error:
+        return
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(procs, timeout=5)
+
+
+def _infeasible(kind: str, reason: str, request: dict, **extra: Any) -> dict:
+    return {"status": "infeasible", "error_kind": kind, "reason": reason, "samples_per_sec": None,
+            "loss_finite": None, "config": request["config"], "baseline": request["baseline"], **extra}
+
+
+def _run_once(request: dict, timeout_s: float, progress: Callable[[str], None] | None) -> dict:
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(_PRELOAD)
+    recv, send = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_child, args=(send, request), daemon=False)
+    t0 = time.perf_counter()
+    proc.start()
+    send.close()
+    result: dict | None = None
+    with HostMemorySampler(proc.pid) as mem:
+        deadline = t0 + timeout_s
+        while result is None:
+            remaining = deadline - time.perf_counter()
+            if remaining <= 0:
+                kill_tree(proc.pid)
+                result = _infeasible("timeout", f"hung: no result within the trial time limit "
+                                     f"of {timeout_s:.0f} s", request)
+                break
+            try:
+                if not recv.poll(min(remaining, 0.5)):
+                    continue
+                msg = recv.recv()
+            except (EOFError, OSError):
+                proc.join(5)
+                code = proc.exitcode
+                why = (f"killed by signal {-code}" if code is not None and code < 0
+                       else f"exit code {code}")
+                hint = " (host out of memory?)" if code == -9 else ""
+                result = _infeasible("died", f"trial process died: {why}{hint}", request)
+                break
+            if msg[0] == "progress":
+                if progress:
+                    progress(msg[1])
+            elif msg[0] == "result":
+                result = msg[1]
+            else:
+                _, kind, reason, tb = msg
+                result = _infeasible(kind, reason, request, traceback=tb)
+    proc.join(10)
+    if proc.is_alive():
+        kill_tree(proc.pid)
+    result["peak_host_memory_mb"] = mem.peak / 2**20
+    result["trial_wall_s"] = time.perf_counter() - t0
+    return result
+
+
+def run_isolated(request: dict, timeout_s: float = 600.0,
+                 progress: Callable[[str], None] | None = None, retries: int = 1) -> dict:
+    """Measure ``request`` in a fresh process; never raises for a failing trial.
+
+    A process that dies (a signal, not an exception) is retried ``retries`` times.
+    """
+    for attempt in range(retries + 1):
+        result = _run_once(request, timeout_s, progress)
+        if result.get("error_kind") != "died" or attempt == retries:
+            result["attempts"] = attempt + 1
+            return result
+        if progress:
+            progress(f"{result['reason']}; retrying")
+    raise AssertionError("unreachable")

@@ -1,0 +1,150 @@
+"""The Workload interface: the user's model, data and loss, and how to load one.
+
+A workload is what a function returns::
+
+    # my_workload.py
+    from tuner import Workload
+
+    def make(seq_len: int = 128) -> Workload:
+        return Workload(
+            model=lambda: MyModel(),                      # built fresh in each trial
+            dataset=lambda: MyDataset(seq_len),           # map-style or iterable
+            loss=lambda model, batch: model(batch).loss,  # batch already on the device
+        )
+
+and space.yaml names it as ``my_workload.py:make`` (a file, relative to the
+space file) or ``my_pkg.workloads:make`` (an importable module). The loop owns
+the DataLoader, device moves, autocast, accumulation and the optimizer step.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tuner.errors import UserError, WorkloadError
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass
+class Workload:
+    """A model, its data and its loss.
+
+    Attributes:
+        model: builds the model (a fresh one each call); the loop moves it to the device.
+        dataset: builds the dataset, map-style (``__getitem__`` + ``__len__``) or iterable.
+        loss: ``loss(model, batch) -> scalar tensor``; ``batch`` is already on the device.
+        collate: optional ``collate_fn`` for the DataLoader.
+        optimizer: optional ``optimizer(params) -> Optimizer``; default AdamW(lr=1e-3).
+        flops_per_sample: optional training FLOPs per sample (forward + backward), for MFU.
+        groups: optional ``groups(dataset) -> list[list[int]]``: the indices of each
+            source of a multi-source dataset. It enables the ``batch_grouping`` knob
+            (``by_source`` batches samples of one source together).
+        epoch_size: optional samples per epoch, for iterable datasets without ``len``.
+    """
+
+    model: Callable[[], torch.nn.Module]
+    dataset: Callable[[], Any]
+    loss: Callable[[torch.nn.Module, Any], torch.Tensor]
+    collate: Callable[[list], Any] | None = None
+    optimizer: Callable[[Any], torch.optim.Optimizer] | None = None
+    flops_per_sample: float | None = None
+    groups: Callable[[Any], list[list[int]]] | None = None
+    epoch_size: int | None = None
+
+    def make_optimizer(self, params: Any) -> torch.optim.Optimizer:
+        if self.optimizer is None:
+            import torch
+
+            return torch.optim.AdamW(params, lr=1e-3)
+        return self.optimizer(params)
+
+
+BUILTIN = {
+    "conv": "tuner.workloads.builtin:conv",
+    "transformer": "tuner.workloads.builtin:transformer",
+    "multisource": "tuner.workloads.builtin:multisource",
+}
+
+
+def _import_file(path: Path) -> Any:
+    # A stable module name per file, registered in sys.modules so that pickling
+    # (spawned DataLoader workers, Ray) can find classes defined in the file.
+    name = "tuner_user_" + path.stem + "_" + hashlib.sha1(str(path).encode()).hexdigest()[:8]
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise UserError(f"workload: cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        del sys.modules[name]
+        raise WorkloadError(f"workload file {path} raised on import: {type(exc).__name__}: {exc}") from exc
+    return module
+
+
+def resolve_factory(ref: str, base_dir: Path | None = None) -> Callable[..., Workload]:
+    """Find the workload function named by ``ref``.
+
+    ``ref`` is a built-in name (``conv``), ``path/to/file.py:function`` (relative
+    to ``base_dir``) or ``package.module:function``.
+    """
+    ref = BUILTIN.get(ref, ref)
+    if ":" not in ref:
+        raise UserError(f"workload '{ref}': expected 'file.py:function', 'module:function' "
+                        f"or a built-in ({', '.join(BUILTIN)})")
+    target, func_name = ref.rsplit(":", 1)
+    if target.endswith(".py"):
+        path = Path(target)
+        if not path.is_absolute() and base_dir is not None:
+            path = base_dir / path
+        path = path.resolve()
+        if not path.is_file():
+            raise UserError(f"workload '{ref}': file {path} not found")
+        module = _import_file(path)
+    else:
+        try:
+            module = importlib.import_module(target)
+        except ModuleNotFoundError as exc:
+            raise UserError(f"workload '{ref}': module '{target}' not found ({exc})") from None
+        except Exception as exc:
+            raise WorkloadError(f"workload module '{target}' raised on import: "
+                                f"{type(exc).__name__}: {exc}") from exc
+    func = getattr(module, func_name, None)
+    if not callable(func):
+        raise UserError(f"workload '{ref}': no function '{func_name}' in {target}")
+    return func
+
+
+def check_args(ref: str, func: Callable, args: dict) -> None:
+    """Check ``workload_args`` against the function's signature before anything runs."""
+    try:
+        inspect.signature(func).bind(**args)
+    except TypeError as exc:
+        raise UserError(f"workload_args for '{ref}': {exc}") from None
+
+
+def load_workload(ref: str, args: dict | None = None, base_dir: Path | None = None) -> Workload:
+    """Call the workload function and check that it returned a Workload."""
+    args = args or {}
+    func = resolve_factory(ref, base_dir)
+    check_args(ref, func, args)
+    try:
+        workload = func(**args)
+    except Exception as exc:
+        raise WorkloadError(f"workload '{ref}' raised: {type(exc).__name__}: {exc}") from exc
+    if not isinstance(workload, Workload):
+        raise UserError(f"workload '{ref}' returned {type(workload).__name__}, not tuner.Workload")
+    return workload
