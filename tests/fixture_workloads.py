@@ -148,3 +148,39 @@ class Images(Dataset):
 
 def probe() -> Workload:
     return Workload(model=DtypeProbe, dataset=Images, loss=_mse)
+
+
+def faulty(oom_above: int = 32, hang_at: int = 8, step_s: float = 0.01) -> Workload:
+    """Behaviour by knob: micro-batch > oom_above OOMs, == hang_at hangs, fp16 gives NaN."""
+
+    def loss(model, batch):
+        n = batch[0].shape[0]
+        if n > oom_above:
+            raise torch.OutOfMemoryError(f"out of memory (simulated, batch {n})")
+        if n == hang_at:
+            while True:
+                time.sleep(1)
+        time.sleep(step_s)
+        out = model(batch[0])
+        if torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.float16:
+            out = out * float("nan")
+        return nn.functional.mse_loss(out.float(), batch[1])
+
+    return Workload(model=lambda: nn.Linear(8, 1), dataset=lambda: Numbers(512), loss=loss)
+
+
+_BALLAST = []
+
+
+def ballast(mb_per_sample: int = 4, step_s: float = 0.02) -> Workload:
+    """Host memory grows with the micro-batch (mb_per_sample MB held per sample);
+    a fixed time per micro-batch, so larger batches are faster: a memory/speed trade-off."""
+
+    def loss(model, batch):
+        n = batch[0].shape[0]
+        if not _BALLAST:
+            _BALLAST.append(np.ones(n * mb_per_sample * 2**20, dtype=np.uint8))
+        time.sleep(step_s)
+        return _mse(model, batch)
+
+    return Workload(model=lambda: nn.Linear(8, 1), dataset=lambda: Numbers(512), loss=loss)

@@ -183,6 +183,14 @@ class Trainer:
         self.epoch_start_s.append(perf_counter() - t0)
         return batch
 
+    def feed(self, batches: list) -> None:
+        """Train on these batches, already in memory, over and over: no data loading at all
+        (for the compute-only ceiling). Batches are moved to the device once, here."""
+        import itertools
+
+        moved = [_to_device(b, self.device, False, self.channels_last) for b in batches]
+        self._it = itertools.cycle(moved)
+
     def start(self) -> None:
         """Start the first epoch (DataLoader workers are spawned here): a one-time cost."""
         self._it = iter(self.loader)

@@ -28,12 +28,14 @@ from tuner.workloads import Workload
 
 
 class SyntheticImages(Dataset):
-    """Compressed images decoded and augmented on every access."""
+    """Compressed images decoded and augmented on every access: zlib "decode" at four
+    times the training resolution, sensor noise, random crop, 4x downscale, flip,
+    brightness and contrast jitter, normalization."""
 
     def __init__(self, size: int = 2048, image_size: int = 32, classes: int = 10, seed: int = 0):
         rng = np.random.default_rng(seed)
         self.image_size = image_size
-        self.raw = image_size + 8  # stored larger: random crops
+        self.raw = 4 * image_size + 16  # stored larger: random crops, then a downscale
         self.labels = rng.integers(0, classes, size)
         # Smooth images compress like photos do; keep a few distinct ones to bound memory.
         base = rng.integers(0, 256, (16, self.raw // 4, self.raw // 4, 3), dtype=np.uint8)
@@ -49,13 +51,17 @@ class SyntheticImages(Dataset):
         rng = np.random.default_rng(i)
         img = np.frombuffer(zlib.decompress(self.blobs[i % len(self.blobs)]), np.uint8)
         img = img.reshape(self.raw, self.raw, 3).astype(np.float32)
-        img = img + rng.normal(0.0, 8.0, img.shape).astype(np.float32)  # sensor noise
-        y, x = rng.integers(0, self.raw - self.image_size + 1, 2)
-        img = img[y:y + self.image_size, x:x + self.image_size]
+        img += rng.normal(0.0, 8.0, img.shape).astype(np.float32)  # sensor noise
+        crop = 4 * self.image_size
+        y, x = rng.integers(0, self.raw - crop + 1, 2)
+        img = img[y:y + crop, x:x + crop]
+        img = img.reshape(self.image_size, 4, self.image_size, 4, 3).mean(axis=(1, 3))  # resize
         if rng.random() < 0.5:
             img = img[:, ::-1]
-        img = (img - self.mean) / self.std
-        return torch.from_numpy(np.ascontiguousarray(img.transpose(2, 0, 1))), int(self.labels[i])
+        brightness, contrast = rng.uniform(0.8, 1.2, 2)
+        img = (img - img.mean()) * contrast + img.mean() * brightness
+        img = (np.clip(img, 0, 255) - self.mean) / self.std
+        return torch.from_numpy(np.ascontiguousarray(img.transpose(2, 0, 1), dtype=np.float32)), int(self.labels[i])
 
 
 class SmallConvNet(nn.Module):
@@ -162,7 +168,7 @@ def _lm_loss(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
     return nn.functional.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
 
 
-def transformer(size: int = 2048, seq_len: int = 128, dim: int = 128, layers: int = 2) -> Workload:
+def transformer(size: int = 2048, seq_len: int = 64, dim: int = 128, layers: int = 2) -> Workload:
     """A small causal LM on generated, tokenized text."""
     params = layers * 12 * dim * dim + 2 * 4096 * dim
     return Workload(

@@ -1,0 +1,154 @@
+"""The optimized loop at good settings vs the plain PyTorch loop, and vs the hardware limit.
+
+For each built-in workload, on this machine:
+
+- naive: the plain loop (fp32, num_workers=0, a .item() each step), ``bench --baseline``;
+- good: the best of a small grid of settings (workers, threads, batch, precision),
+  each measured the way every trial is (``tuner.trial.run_isolated``);
+- limit: on a GPU the compute-only ceiling (same step, data already on the device);
+  on a CPU, where loading and compute share the cores, the work bound
+  cores / (preprocessing s/sample + compute s/sample), each measured alone on one core;
+- repeatability: the good config measured ``--repeats`` times; coefficient of variation.
+
+Prints a table and writes JSON (default benchmarks/out/loop_vs_naive.json).
+
+    python benchmarks/loop_vs_naive.py [--workloads conv,transformer,multisource] [--repeats 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from torch.utils.data import default_collate
+
+from tuner import knobs
+from tuner.hardware import describe
+from tuner.loop import Trainer, synchronize
+from tuner.trial import make_request, run_isolated
+from tuner.workloads import load_workload
+
+MEASURE = {"warmup_steps": 3, "window_s": 1.0, "min_windows": 5, "max_windows": 12}
+GRIDS = {
+    # the knobs that matter on a CPU; on a GPU add pin_memory/non_blocking/compile
+    "cpu": {"num_workers": [1, 2], "torch_threads": [1, 2], "channels_last": [False, True],
+            "micro_batch_size": [64], "precision": ["bf16"], "persistent_workers": [True]},
+    "cuda": {"num_workers": [2, 4, 8], "micro_batch_size": [128, 256], "precision": ["bf16"],
+             "persistent_workers": [True], "pin_memory": [True], "non_blocking": [True]},
+}
+
+
+def measure(workload: str, config: dict, baseline: bool = False, args: dict | None = None) -> dict:
+    req = make_request(workload=workload, workload_args=args or {}, config=config, baseline=baseline,
+                       device="auto", measure=MEASURE)
+    return run_isolated(req, timeout_s=600)
+
+
+def prep_seconds_per_sample(workload: str, args: dict, n: int = 512) -> float:
+    """Dataset __getitem__ + collate, one core, in this process."""
+    wl = load_workload(workload, args)
+    ds = wl.dataset()
+    collate = wl.collate or default_collate
+    t = time.perf_counter()
+    for i in range(0, n, 64):
+        collate([ds[j % len(ds)] for j in range(i, i + 64)])
+    return (time.perf_counter() - t) / n
+
+
+def compute_seconds_per_sample(workload: str, args: dict, config: dict, device: torch.device,
+                               threads: int | None) -> float:
+    """The training step alone, data already in memory (on the device), ``threads`` threads."""
+    wl = load_workload(workload, args)
+    ctx = knobs.context_for(device, has_groups=wl.groups is not None)
+    cfg = knobs.resolve({**config, "num_workers": 0, "torch_threads": threads}, ctx, strict=False)[0]
+    t = Trainer(wl, cfg, device)
+    ds = t.dataset
+    collate = wl.collate or default_collate
+    bs = cfg["micro_batch_size"]
+    batches = [collate([ds[j] for j in range(i * bs, (i + 1) * bs)]) for i in range(4)]
+    t.feed(batches)
+    for _ in range(3):
+        t.step()
+    rates = []
+    for _ in range(5):
+        synchronize(device)
+        t0 = time.perf_counter()
+        for _ in range(5):
+            t.step()
+        synchronize(device)
+        rates.append((time.perf_counter() - t0) / (5 * t.samples_per_step))
+    return statistics.median(rates)
+
+
+def run(workload: str, args: dict, repeats: int) -> dict:
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    grid = GRIDS[device.type]
+    print(f"\n== {workload} on {device.type}")
+    naive = measure(workload, {"micro_batch_size": 64}, baseline=True, args=args)
+    print(f"  naive: {naive['samples_per_sec']:.1f} samples/s")
+    best, trials = None, []
+    for values in itertools.product(*grid.values()):
+        config = dict(zip(grid, values, strict=True))
+        if workload == "multisource":
+            config["batch_grouping"] = "by_source"
+        r = measure(workload, config, args=args)
+        trials.append({"config": config, "samples_per_sec": r["samples_per_sec"], "status": r["status"]})
+        print(f"  {config}: {r['samples_per_sec'] or 0:.1f}")
+        if r["status"] == "ok" and (best is None or r["samples_per_sec"] > best[1]["samples_per_sec"]):
+            best = (config, r)
+    config, good = best
+    reps = [measure(workload, config, args=args)["samples_per_sec"] for _ in range(repeats)]
+    cv = statistics.stdev(reps) / statistics.mean(reps) if len(reps) > 1 else None
+    if device.type == "cuda":
+        compute = compute_seconds_per_sample(workload, args, config, device, None)
+        limit, prep = 1.0 / compute, None
+        limit_kind = "compute-only ceiling (data on the device)"
+    else:
+        cores = os.cpu_count() or 1
+        prep = prep_seconds_per_sample(workload, args)
+        compute = compute_seconds_per_sample(workload, args, config, device, threads=1)
+        limit = cores / (prep + compute)
+        limit_kind = f"work bound: {cores} cores / (prep + compute s/sample, each alone on one core)"
+    good_rate = statistics.median(reps)
+    out = {
+        "workload": workload, "args": args, "device": device.type,
+        "naive_samples_per_sec": naive["samples_per_sec"],
+        "good_config": config, "good_samples_per_sec": good_rate,
+        "good_repeats": reps, "good_cv": cv,
+        "prep_s_per_sample": prep, "compute_s_per_sample": compute,
+        "limit_samples_per_sec": limit, "limit_kind": limit_kind,
+        "good_over_naive": good_rate / naive["samples_per_sec"],
+        "good_over_limit": good_rate / limit,
+        "grid": trials,
+    }
+    print(f"  good {good_rate:.1f} (cv {cv:.1%} over {repeats}) | naive {naive['samples_per_sec']:.1f} | "
+          f"limit {limit:.1f} | good/naive {out['good_over_naive']:.2f} | good/limit {out['good_over_limit']:.2f}")
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workloads", default="conv,transformer,multisource")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--out", default="benchmarks/out/loop_vs_naive.json")
+    a = ap.parse_args()
+    results = [run(w, {}, a.repeats) for w in a.workloads.split(",")]
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps({"hardware": describe(), "measure": MEASURE, "results": results},
+                                      indent=2, default=str))
+    print(f"\n{'workload':<12} {'naive':>8} {'good':>8} {'limit':>8} {'good/naive':>10} {'good/limit':>10} {'cv':>6}")
+    for r in results:
+        print(f"{r['workload']:<12} {r['naive_samples_per_sec']:>8.1f} {r['good_samples_per_sec']:>8.1f} "
+              f"{r['limit_samples_per_sec']:>8.1f} {r['good_over_naive']:>10.2f} {r['good_over_limit']:>10.2f} "
+              f"{r['good_cv']:>6.1%}")
+    print(f"wrote {a.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,189 @@
+"""The search end to end with a real local Ray, real Optuna and real torch trials."""
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import FIXTURES
+from tuner import spec
+from tuner.search import aggregate, pareto_front, plan_resources, rank, run_search
+
+pytestmark = pytest.mark.slow
+
+FAST = """\
+measure: {warmup_steps: 2, window_s: 0.2, min_windows: 3, max_windows: 4, max_timed_s: 4}
+"""
+
+
+def _space(tmp_path, text):
+    p = tmp_path / "space.yaml"
+    p.write_text(textwrap.dedent(text) + FAST)
+    return spec.load(p)
+
+
+@pytest.fixture
+def ray_local():
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+def _records(out: Path):
+    return [json.loads(x) for x in (out / "trials.jsonl").read_text().splitlines()]
+
+
+def test_end_to_end_on_a_builtin_workload(tmp_path):
+    space = _space(tmp_path, """\
+        name: e2e
+        workload: conv
+        workload_args: {size: 512}
+        knobs:
+          precision: [fp32, bf16]
+          num_workers: [0, 1]
+          micro_batch_size: [32]
+        budget: {trials: 3, trial_timeout_s: 120}
+        confirm: {top: 1, repeats: 1}
+        """)
+    summary = run_search(space, results_root=tmp_path / "results", quiet=True)
+    out = tmp_path / "results" / "e2e"
+    for f in ("trials.jsonl", "summary.json", "optuna.journal", "space.yaml"):
+        assert (out / f).is_file(), f
+    assert (out / "ray").is_dir()
+    records = _records(out)
+    phases = [r["phase"] for r in records]
+    assert phases.count("baseline") == 1 and phases.count("search") == 3 and phases.count("confirm") >= 1
+    for r in records:
+        assert r["hardware"]["cpu_count"] >= 1 and "config" in r
+    # the guided sampler starts at the recommended config
+    first = next(r for r in records if r["phase"] == "search")
+    assert first["config"]["precision"] == "bf16" and first["config"]["num_workers"] == 1
+    saved = json.loads((out / "summary.json").read_text())
+    assert saved["best"]["samples_per_sec"] >= saved["baseline"]["samples_per_sec"]
+    assert saved["speedup_vs_baseline"] >= 1.0
+    assert saved["best"]["measurements"] >= 2  # chosen on repeated figures
+    assert summary["trials"] == 3
+    # Optuna's own tools open the study
+    import optuna
+
+    storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(out / "optuna.journal")))
+    study = optuna.load_study(study_name="e2e", storage=storage)
+    assert len(study.trials) == 3
+    # a second run of the same name refuses and points at resume
+    from tuner.errors import UserError
+
+    with pytest.raises(UserError, match="already exist.*resume"):
+        run_search(space, results_root=tmp_path / "results", quiet=True)
+
+
+def test_faulty_trials_are_recorded_and_the_search_finishes(tmp_path, ray_local):
+    space = _space(tmp_path, f"""\
+        name: faults
+        workload: {FIXTURES}:faulty
+        workload_args: {{oom_above: 32, hang_at: 8}}
+        knobs:
+          micro_batch_size: [8, 16, 64]
+          precision: [fp32, fp16]
+        sampler: grid
+        budget: {{trials: 6, trial_timeout_s: 15}}
+        confirm: {{top: 0}}
+        """)
+    summary = run_search(space, results_root=tmp_path / "r", quiet=True)
+    records = [r for r in _records(tmp_path / "r" / "faults") if r["phase"] == "search"]
+    assert len(records) == 6
+    by = {(r["config"]["micro_batch_size"], r["config"]["precision"]): r for r in records}
+    assert by[(64, "fp32")]["reason"].startswith("out of memory")
+    assert by[(8, "fp32")]["reason"].startswith("hung")
+    assert "non-finite" in by[(16, "fp16")]["reason"]
+    assert by[(16, "fp32")]["status"] == "ok"
+    assert summary["best"]["config"]["micro_batch_size"] == 16
+    assert summary["best"]["config"]["precision"] == "fp32"
+    assert len(summary["infeasible"]) == 5
+
+
+def test_two_objectives_write_a_pareto_front_and_a_memory_cap_excludes(tmp_path, ray_local):
+    text = f"""\
+        name: pareto
+        workload: {FIXTURES}:ballast
+        workload_args: {{mb_per_sample: 8}}
+        knobs:
+          micro_batch_size: [4, 32]
+        objective: {{metric: samples_per_sec, memory: true}}
+        sampler: grid
+        budget: {{trials: 2, trial_timeout_s: 60}}
+        """
+    summary = run_search(_space(tmp_path, text), results_root=tmp_path / "r", quiet=True)
+    front = summary["pareto"]
+    assert [r["config"]["micro_batch_size"] for r in front] == [4, 32]  # low memory first
+    assert front[0]["memory_mb"] < front[1]["memory_mb"] and front[0]["samples_per_sec"] < front[1]["samples_per_sec"]
+    cap = (front[0]["memory_mb"] + front[1]["memory_mb"]) / 2
+    capped = _space(tmp_path, text.replace("name: pareto", "name: capped") + f"constraints: {{max_memory_mb: {cap}}}\n")
+    summary = run_search(capped, results_root=tmp_path / "r", quiet=True)
+    assert [r["config"]["micro_batch_size"] for r in summary["pareto"]] == [4]
+    assert any("exceeds max_memory_mb" in r["reason"] for r in summary["infeasible"])
+
+
+def test_placement_on_logical_gpus_across_two_nodes(tmp_path):
+    """Logical GPUs on a CPU machine (Ray's num_gpus): the trials' torch runs on the CPU."""
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 3, "num_gpus": 2})
+    cluster.add_node(num_cpus=3, num_gpus=2)
+    try:
+        space = _space(tmp_path, f"""\
+            name: placement
+            workload: {FIXTURES}:sleepy
+            workload_args: {{step_s: 0.01}}
+            knobs:
+              num_workers: [0, 1, 2]
+              micro_batch_size: [4, 8]
+            sampler: grid
+            budget: {{trials: 6, trial_timeout_s: 60}}
+            confirm: {{top: 0}}
+            """)
+        summary = run_search(space, results_root=tmp_path / "r", address=cluster.address, quiet=True)
+        records = [r for r in _records(tmp_path / "r" / "placement") if r["phase"] == "search"]
+        assert summary["device"] == "cuda" and len(records) == 6
+        for r in records:
+            assert len(r["gpu_ids"]) == 1 and r["node"]
+            assert r["cpus_reserved"] == 1 + r["config"]["num_workers"]
+        slots = {}
+        for r in records:
+            slots.setdefault((r["node"], r["gpu_ids"][0]), []).append((r["started_at"], r["ended_at"]))
+        for intervals in slots.values():
+            intervals.sort()
+            for (_, end), (start, _) in zip(intervals, intervals[1:], strict=False):
+                assert start >= end - 0.05, "two trials shared a GPU"
+        assert len({r["node"] for r in records}) >= 1
+    finally:
+        import ray
+
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def test_plan_resources_and_aggregation(tmp_path):
+    space = _space(tmp_path, "name: t\nworkload: conv\nknobs:\n  num_workers: [0, 3]\n")
+    device, cpus, gpus, concurrent = plan_resources(space, {"max_node_cpus": 8, "gpus": 4, "nodes": 1})
+    assert (device, gpus, concurrent) == ("cuda", 1, 4)
+    assert cpus({"num_workers": 0}) == 1 and cpus({"num_workers": 3}) == 4
+    device, cpus, gpus, concurrent = plan_resources(space, {"max_node_cpus": 2, "gpus": 0, "nodes": 1})
+    assert (device, gpus, concurrent) == ("cpu", 0, 1) and cpus({"num_workers": 0}) == 2
+    recs = [
+        {"phase": "search", "key": "a", "config": {"x": 1}, "status": "ok", "samples_per_sec": 100.0,
+         "peak_host_memory_mb": 50.0},
+        {"phase": "confirm", "key": "a", "config": {"x": 1}, "status": "ok", "samples_per_sec": 90.0,
+         "peak_host_memory_mb": 52.0},
+        {"phase": "search", "key": "b", "config": {"x": 2}, "status": "ok", "samples_per_sec": 95.0,
+         "peak_host_memory_mb": 10.0},
+        {"phase": "search", "key": "c", "config": {"x": 3}, "status": "infeasible", "reason": "oom"},
+    ]
+    rows = aggregate(recs, "samples_per_sec")
+    ranked = rank(rows, "samples_per_sec")
+    assert [r["key"] for r in ranked] == ["a", "b"] and ranked[0]["samples_per_sec"] == 95.0
+    assert ranked[0]["spread"] == pytest.approx(10 / 95)
+    front = pareto_front(rows, "samples_per_sec")
+    assert [r["key"] for r in front] == ["b"]  # b: as fast as a's median? no: 95 vs 95, less memory

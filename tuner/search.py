@@ -1,0 +1,627 @@
+"""``tuner run``: the search, with Ray Tune scheduling trials and Optuna choosing them.
+
+Order of a search:
+
+1. validate the space and import the workload (errors before Ray starts);
+2. start Ray (in-process) or attach to ``--address``;
+3. measure the baseline (the plain PyTorch loop) as a Ray task;
+4. ``Tuner.fit`` with ``OptunaSearch`` (our ``GuidedSampler`` by default, Optuna's
+   study kept in a journal file); one trial per config, resources from the config;
+   every trial runs in its own process (``tuner.trial.run_isolated``) so that a
+   hang, crash or OOM is a result, and is written to ``trials.jsonl`` as it lands;
+5. re-measure the top configs (``confirm``) and choose the winner on the median of
+   all of its measurements;
+6. write ``summary.json`` and print the top configs against the baseline.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tuner import knobs, spec
+from tuner.errors import UserError
+
+PENALTY = {"max": 0.0, "min": 1e18}  # what Optuna is told for an infeasible trial
+
+
+# ---- plain helpers (no Ray): keys, objectives, aggregation, Pareto ----------------------
+
+
+def canonical(config: dict, ctx: knobs.Context) -> str:
+    """A key of what a config really runs: inactive knobs held at their default."""
+    full, _ = knobs.resolve(config, ctx, strict=False)
+    return json.dumps(full, sort_keys=True)
+
+
+def memory_mb(record: dict) -> float | None:
+    """The memory a constraint or objective speaks of: device peak on a GPU, else host peak."""
+    dev = record.get("peak_device_memory_mb")
+    return dev if dev is not None else record.get("peak_host_memory_mb")
+
+
+def apply_constraints(record: dict, constraints: spec.Constraints) -> dict:
+    """Mark a measured record infeasible when it breaks a constraint."""
+    cap = constraints.max_memory_mb
+    mem = memory_mb(record)
+    if record.get("status") == "ok" and cap is not None and mem is not None and mem > cap:
+        record["status"] = "infeasible"
+        record["reason"] = f"peak memory {mem:.0f} MB exceeds max_memory_mb {cap:.0f}"
+    return record
+
+
+def objective_values(record: dict, objective: spec.Objective) -> dict[str, float]:
+    """What Optuna is told: the metric, or a penalty for an infeasible trial."""
+    metric = objective.metric
+    mode = spec.OBJECTIVE_METRICS[metric]
+    ok = record.get("status") == "ok" and record.get(metric) is not None
+    out = {"objective": float(record[metric]) if ok else PENALTY[mode]}
+    if objective.memory:
+        mem = memory_mb(record)
+        out["memory"] = float(mem) if ok and mem is not None else 1e18
+    return out
+
+
+def aggregate(records: list[dict], metric: str) -> list[dict]:
+    """One row per distinct config: the median of its measurements and their spread."""
+    groups: dict[str, list[dict]] = {}
+    for r in records:
+        if r.get("phase") == "baseline":
+            continue
+        groups.setdefault(r["key"], []).append(r)
+    rows = []
+    for key, rs in groups.items():
+        ok = [r for r in rs if r.get("status") == "ok" and r.get(metric) is not None]
+        values = [r[metric] for r in ok]
+        row = {
+            "key": key, "config": rs[0]["config"], "measurements": len(rs),
+            "feasible": bool(ok) and len(ok) == len(rs),
+            "reason": next((r.get("reason") for r in rs if r.get("status") != "ok"), None),
+            metric: statistics.median(values) if values else None,
+            "values": values,
+            "spread": (max(values) - min(values)) / statistics.median(values) if len(values) > 1 else None,
+            "trial_numbers": [r.get("trial_number") for r in rs],
+        }
+        for m in ("samples_per_sec", "projected_run_s", "peak_host_memory_mb", "peak_device_memory_mb",
+                  "compile_s", "data_wait_fraction", "samples_per_sec_spread", "step_time_ms"):
+            vals = [r[m] for r in ok if r.get(m) is not None]
+            if m != metric:
+                row[m] = statistics.median(vals) if vals else None
+        row["memory_mb"] = memory_mb(row) if ok else None
+        row["hardware"] = rs[0].get("hardware")
+        rows.append(row)
+    return rows
+
+
+def rank(rows: list[dict], metric: str) -> list[dict]:
+    """Feasible rows best first."""
+    sign = -1.0 if spec.OBJECTIVE_METRICS[metric] == "max" else 1.0
+    return sorted((r for r in rows if r["feasible"]), key=lambda r: sign * r[metric])
+
+
+def pareto_front(rows: list[dict], metric: str) -> list[dict]:
+    """Feasible rows not dominated in (metric, memory)."""
+    better = (lambda a, b: a >= b) if spec.OBJECTIVE_METRICS[metric] == "max" else (lambda a, b: a <= b)
+    feas = [r for r in rows if r["feasible"] and r.get("memory_mb") is not None]
+    front = []
+    for r in feas:
+        dominated = any(
+            better(o[metric], r[metric]) and o["memory_mb"] <= r["memory_mb"]
+            and (o[metric] != r[metric] or o["memory_mb"] != r["memory_mb"])
+            for o in feas)
+        if not dominated:
+            front.append(r)
+    return sorted(front, key=lambda r: r["memory_mb"])
+
+
+# ---- the trial, as Ray runs it -----------------------------------------------------------
+
+
+def _measure(knob_config: dict, job: dict, baseline: bool = False) -> dict:
+    """Measure one config in a child process; returns the record (never raises)."""
+    from tuner.trial import make_request, run_isolated
+
+    env = {}
+    cpus = job["cpus_per_trial"](knob_config)
+    env["OMP_NUM_THREADS"] = str(int(cpus))
+    if "CUDA_VISIBLE_DEVICES" in os.environ:
+        env["CUDA_VISIBLE_DEVICES"] = os.environ["CUDA_VISIBLE_DEVICES"]
+    request = make_request(workload=job["workload"], workload_args=job["workload_args"],
+                           base_dir=job["base_dir"], config=knob_config, baseline=baseline,
+                           device=job["device"], measure=job["measure"], run=job["run"],
+                           seed=job["seed"], env=env)
+    started = time.time()
+    record = run_isolated(request, timeout_s=job["trial_timeout_s"])
+    record.update(started_at=started, ended_at=time.time())
+    record.pop("traceback", None)
+    try:
+        import ray
+
+        record["node"] = ray.get_runtime_context().get_node_id()
+        record["node_ip"] = ray.util.get_node_ip_address()
+        record["gpu_ids"] = [str(g) for g in ray.get_gpu_ids()]
+    except Exception:  # outside Ray (tests of this function)
+        record["node"], record["gpu_ids"] = None, []
+    record["cpus_reserved"] = cpus
+    hw = record.get("hardware") or {}
+    record["gpu_model"] = hw.get("gpu")
+    return apply_constraints(record, job["constraints"])
+
+
+def _trainable(config: dict, job: dict) -> None:
+    from ray import tune
+
+    knob_config = job["derive"]({**job["fixed"], **config})
+    record = _measure(knob_config, job)
+    record["phase"] = "search"
+    record["trial_id"] = tune.get_context().get_trial_id()
+    report = objective_values(record, job["objective"])
+    report["record"] = json.dumps(record, default=str)
+    tune.report(report)
+
+
+# ---- the search ------------------------------------------------------------------------
+
+
+class Recorder:
+    """Appends every measurement to trials.jsonl as it lands (fsync'd: a kill loses nothing)."""
+
+    def __init__(self, path: Path, ctx: knobs.Context):
+        self.path, self.ctx = path, ctx
+        self.records: list[dict] = []
+        if path.exists():
+            for line in path.read_text().splitlines():
+                if line.strip():
+                    try:
+                        self.records.append(json.loads(line))
+                    except json.JSONDecodeError:
+                        pass  # a line cut by a kill
+
+    def add(self, record: dict) -> dict:
+        record.setdefault("key", canonical(record["config"], self.ctx))
+        record["time"] = time.time()
+        with self.path.open("a") as f:
+            f.write(json.dumps(record, default=str) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        self.records.append(record)
+        return record
+
+
+class Progress:
+    """One status line: trials done/total, best so far and its speedup, elapsed."""
+
+    def __init__(self, total: int, metric: str, quiet: bool):
+        self.total, self.metric, self.quiet = total, metric, quiet
+        self.tty = sys.stderr.isatty()
+        self.t0 = time.time()
+        self.done = 0
+        self.best: float | None = None
+        self.baseline: float | None = None
+
+    def update(self, record: dict | None = None, msg: str | None = None) -> None:
+        if record is not None and record.get("phase") == "search":
+            self.done += 1
+            v = record.get(self.metric)
+            if record.get("status") == "ok" and v is not None:
+                if self.best is None or (v > self.best if spec.OBJECTIVE_METRICS[self.metric] == "max" else v < self.best):
+                    self.best = v
+        if self.quiet:
+            return
+        elapsed = time.time() - self.t0
+        parts = [f"[{self.done}/{self.total}]"]
+        if self.best is not None:
+            parts.append(f"best {self.best:,.1f} {self.metric}")
+            if self.baseline:
+                ratio = self.best / self.baseline if self.metric == "samples_per_sec" else self.baseline / self.best
+                parts.append(f"({ratio:.2f}x baseline)")
+        parts.append(f"elapsed {int(elapsed // 60)}:{int(elapsed % 60):02d}")
+        if msg:
+            parts.append(msg)
+        if record is not None and record.get("status") not in (None, "ok"):
+            parts.append(f"trial infeasible: {record.get('reason')}")
+        line = "  ".join(parts)
+        if self.tty:
+            print("\r\033[K" + line, end="", file=sys.stderr, flush=True)
+        else:
+            print(line, file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.tty and not self.quiet:
+            print(file=sys.stderr)
+
+
+def _start_ray(address: str | None, results: Path) -> Any:
+    import logging
+
+    import ray
+
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # the old engine honours verbose=0
+    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
+    # Our tuner package must be importable by Ray workers when the driver runs from a checkout.
+    if ray.is_initialized():
+        return ray
+    kwargs: dict[str, Any] = {"logging_level": logging.ERROR, "log_to_driver": False,
+                              "configure_logging": True}
+    if address:
+        ray.init(address=address, **kwargs)
+    else:
+        ray.init(include_dashboard=False, **kwargs)
+    return ray
+
+
+def cluster_shape(ray: Any) -> dict:
+    """CPUs per node (the largest node), GPUs in all, GPUs per node."""
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    cpus = max((n["Resources"].get("CPU", 0) for n in nodes), default=1)
+    gpus = sum(n["Resources"].get("GPU", 0) for n in nodes)
+    return {"nodes": len(nodes), "max_node_cpus": int(cpus), "gpus": int(gpus)}
+
+
+def plan_resources(space: spec.Space, shape: dict) -> tuple[str, Callable[[dict], float], int, int]:
+    """(device, cpus_per_trial(config), gpus_per_trial, max_concurrent)."""
+    requested = space.model.device
+    gpus_total = shape["gpus"]
+    device = "cuda" if (requested == "cuda" or (requested == "auto" and gpus_total > 0)) else "cpu"
+    if device == "cuda" and gpus_total == 0:
+        raise UserError("device: 'cuda' was asked for but the Ray cluster has no GPUs")
+    node_cpus = max(1, shape["max_node_cpus"])
+    gpt = space.model.resources.gpus_per_trial if device == "cuda" else 0
+    if device == "cuda" and gpt == 0:
+        raise UserError("resources.gpus_per_trial: a GPU search needs at least 1 GPU per trial")
+    if gpt > gpus_total:
+        raise UserError(f"resources.gpus_per_trial: {gpt} GPUs per trial but the cluster has {gpus_total}")
+    if space.model.resources.max_concurrent:
+        concurrent = space.model.resources.max_concurrent
+    elif device == "cuda":
+        concurrent = max(1, gpus_total // gpt)  # one trial per GPU (or GPU group)
+    else:
+        concurrent = 1  # CPU trials disturb each other's timing: one at a time
+    exclusive = device == "cpu" and concurrent == 1
+
+    def cpus_per_trial(config: dict) -> float:
+        if exclusive:
+            return node_cpus  # the trial owns the machine; its threads may use every core
+        return min(node_cpus, 1 + int(config.get("num_workers", 0)))
+
+    return device, cpus_per_trial, gpt, concurrent
+
+
+class SearchSpace:
+    """Optuna's define-by-run space: conditional knobs asked only where they apply.
+
+    A class rather than a closure: Ray pickles the searcher into its experiment folder.
+    """
+
+    def __init__(self, space: spec.Space, ctx: knobs.Context):
+        self.searched, self.fixed, self.ctx = space.searched, space.fixed, ctx
+        # knobs that others depend on (num_workers) are asked first
+        self.order = sorted(self.searched, key=lambda k: (knobs.KNOBS[k].inactive is not None, k))
+
+    def _applies(self, name: str, chosen: dict) -> bool:
+        inactive = knobs.KNOBS[name].inactive
+        return inactive is None or not inactive({**knobs.defaults(), **chosen}, self.ctx)
+
+    def __call__(self, trial: Any) -> None:
+        chosen: dict[str, Any] = dict(self.fixed)
+        for name in self.order:
+            if self._applies(name, chosen):
+                chosen[name] = trial.suggest_categorical(name, self.searched[name])
+
+    def active(self, config: dict) -> dict:
+        """The searched params that apply to ``config`` (what Optuna would be asked)."""
+        chosen: dict[str, Any] = dict(self.fixed)
+        out = {}
+        for name in self.order:
+            if self._applies(name, {**chosen, **config}):
+                out[name] = chosen[name] = config[name]
+        return out
+
+
+class Canonical:
+    """Picklable ``config -> key`` for the guided sampler (fixed knobs and derivations applied)."""
+
+    def __init__(self, space: spec.Space, ctx: knobs.Context):
+        self.space, self.ctx = space, ctx
+
+    def __call__(self, config: dict) -> str:
+        return canonical(self.space.derive({**self.space.fixed, **config}), self.ctx)
+
+
+def make_sampler(space: spec.Space, ctx: knobs.Context, start: dict) -> Any:
+    import optuna
+
+    m = space.model
+    seed = m.seed
+    if m.sampler == "guided":
+        direction = "maximize" if spec.OBJECTIVE_METRICS[m.objective.metric] == "max" else "minimize"
+        from tuner.sampler import GuidedSampler
+
+        return GuidedSampler(space.searched, start, Canonical(space, ctx), direction=direction, seed=seed)
+    if m.sampler == "tpe":
+        return optuna.samplers.TPESampler(seed=seed)
+    if m.sampler == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if m.sampler == "nsga2":
+        return optuna.samplers.NSGAIISampler(seed=seed)
+    if m.sampler == "grid":
+        return optuna.samplers.RandomSampler(seed=seed)  # the grid's points are enqueued in _fit
+    raise AssertionError(m.sampler)
+
+
+def run_search(space: spec.Space, *, results_root: Path, address: str | None = None,
+               resume: bool = False, quiet: bool = False) -> dict:
+    """Run the search and write results/<name>/; returns the summary."""
+    import optuna
+    import ray
+
+
+    m = space.model
+    out = (results_root / m.name).resolve()
+    trials_path = out / "trials.jsonl"
+    if trials_path.exists() and not resume:
+        raise UserError(f"name: results for '{m.name}' already exist in {out}; continue them with "
+                        f"`python -m tuner resume {out}` or pick another --name")
+    if resume and not trials_path.exists():
+        raise UserError(f"{out} holds no search to resume (no trials.jsonl)")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "space.yaml").write_text(json.dumps(m.model_dump(), indent=1, default=str)
+                                    if space.path is None else space.path.read_text())
+
+    progress = Progress(m.budget.trials, m.objective.metric, quiet)
+    progress.update(msg="starting Ray")
+    t_ray = time.time()
+    _start_ray(address, out)
+    ray_start_s = time.time() - t_ray
+    shape = cluster_shape(ray)
+    device, cpus_per_trial, gpus_per_trial, concurrent = plan_resources(space, shape)
+
+    from tuner.trial import make_request, resolve_config
+
+    # The knob context of the trial machines: device kind, cores, whether the workload has sources.
+    _, _, workload, _ = resolve_config(make_request(
+        workload=m.workload, workload_args=m.workload_args, base_dir=str(space.base_dir), device="cpu"))
+    ctx = knobs.Context(device=device, cpu_count=shape["max_node_cpus"], has_groups=workload.groups is not None)
+    for name, values in space.domain.items():  # a GPU knob searched on CPUs is a wasted trial
+        if knobs.KNOBS[name].gpu_only and device != "cuda" and len(values) > 1:
+            raise UserError(f"knobs.{name}: a GPU knob, but this search runs on CPUs; remove it or fix it")
+    start = space.recommended_config(ctx)
+
+    recorder = Recorder(trials_path, ctx)
+    job = {
+        "workload": m.workload, "workload_args": m.workload_args, "base_dir": str(space.base_dir),
+        "device": m.device, "measure": m.measure.model_dump(), "run": m.run.model_dump(), "seed": m.seed,
+        "trial_timeout_s": m.budget.trial_timeout_s, "constraints": m.constraints, "objective": m.objective,
+        "fixed": space.fixed, "derive": space.derive, "cpus_per_trial": cpus_per_trial,
+    }
+
+    def remote_measure(config: dict, baseline: bool = False) -> Any:
+        return ray.remote(_measure).options(
+            num_cpus=cpus_per_trial(config), num_gpus=gpus_per_trial, max_retries=1,
+        ).remote(config, job, baseline)
+
+    t_search = time.time()
+    previous = [r for r in recorder.records if r.get("phase") == "search"]
+    baseline_rec = next((r for r in recorder.records if r.get("phase") == "baseline"), None)
+    if baseline_rec is None:
+        progress.update(msg="measuring the baseline (plain PyTorch loop)")
+        baseline_rec = ray.get(remote_measure(space.baseline_config(), baseline=True))
+        baseline_rec["phase"] = "baseline"
+        recorder.add(baseline_rec)
+    if baseline_rec.get("status") == "ok":
+        progress.baseline = baseline_rec.get(m.objective.metric)
+
+    # -- the search proper
+    remaining = max(0, m.budget.trials - len(previous))
+    metric_names = ["objective", "memory"] if m.objective.memory else "objective"
+    mode = spec.OBJECTIVE_METRICS[m.objective.metric]
+    modes = [mode, "min"] if m.objective.memory else mode
+    storage = optuna.storages.JournalStorage(
+        optuna.storages.journal.JournalFileBackend(str(out / "optuna.journal")))
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    if remaining > 0:
+        _fit(space, ctx, start, job, out, storage, metric_names, modes, remaining, concurrent,
+             cpus_per_trial, gpus_per_trial, recorder, progress, previous, t_search)
+
+    # -- confirm: re-measure the top configs, choose on the median of all measurements
+    metric = m.objective.metric
+    rows = rank(aggregate(recorder.records, metric), metric)
+    if m.confirm.top and m.confirm.repeats and not m.objective.memory:
+        for row in rows[: m.confirm.top]:
+            have = row["measurements"]
+            need = 1 + m.confirm.repeats - have
+            for i in range(max(0, need)):
+                progress.update(msg=f"re-measuring the top {m.confirm.top} ({i + 1}/{need})")
+                rec = ray.get(remote_measure(row["config"]))
+                rec["phase"] = "confirm"
+                recorder.add(rec)
+    search_wall_s = time.time() - t_search
+    progress.close()
+
+    summary = summarize(space, recorder.records, baseline_rec, describe_cluster=shape,
+                        search_wall_s=search_wall_s, ray_start_s=ray_start_s, device=device)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    if not address:
+        ray.shutdown()
+    return summary
+
+
+def _fit(space: spec.Space, ctx: knobs.Context, start: dict, job: dict, out: Path, storage: Any,
+         metric_names: Any, modes: Any, remaining: int, concurrent: int, cpus_per_trial: Callable,
+         gpus_per_trial: int, recorder: Recorder, progress: Progress, previous: list[dict],
+         t_search: float) -> None:
+    from ray import tune
+    from ray.tune.search.optuna import OptunaSearch
+
+    m = space.model
+    sampler = make_sampler(space, ctx, start)
+    search_space = SearchSpace(space, ctx)
+    done = {r["key"] for r in previous}
+    points = []
+    if m.sampler == "grid":
+        # Every distinct config once, in a fixed order (Optuna's GridSampler may repeat
+        # points under Ray's ask/tell), skipping what a resumed search already measured.
+        canon = Canonical(space, ctx)
+        seen = set(done)
+        for values in itertools.product(*space.searched.values()):
+            point = search_space.active(dict(zip(space.searched, values, strict=True)))
+            key = canon(point)
+            if key not in seen:
+                seen.add(key)
+                points.append(point)
+        remaining = min(remaining, len(points))
+        if remaining == 0:
+            return
+    elif m.sampler != "guided" and not previous:
+        # The guides' recommended config first, as the guided sampler does.
+        points = [search_space.active(start)]
+    searcher = OptunaSearch(space=search_space, metric=metric_names, mode=modes,
+                            sampler=sampler, storage=storage, study_name=m.name,
+                            points_to_evaluate=points or None, seed=m.seed)
+
+    class OnResult(tune.Callback):
+        def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
+            if "record" in result:
+                rec = json.loads(result["record"])
+                rec["trial_number"] = len([r for r in recorder.records if r.get("phase") == "search"])
+                recorder.add(rec)
+                progress.update(rec)
+
+        def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+            rec = {"phase": "search", "status": "infeasible", "reason": f"trial crashed in Ray: {trial.error_file}",
+                   "config": job["derive"]({**job["fixed"], **trial.config}), "samples_per_sec": None}
+            recorder.add(rec)
+            progress.update(rec)
+
+    def resources(config: dict) -> Any:
+        knob_config = job["derive"]({**job["fixed"], **config})
+        bundle = {"CPU": cpus_per_trial(knob_config)}
+        if gpus_per_trial:
+            bundle["GPU"] = gpus_per_trial
+        return tune.PlacementGroupFactory([bundle])
+
+    time_left = None
+    if m.budget.time_s is not None:
+        time_left = max(1.0, m.budget.time_s - (time.time() - t_search))
+    tuner = tune.Tuner(
+        tune.with_resources(tune.with_parameters(_trainable, job=job), resources=resources),
+        tune_config=tune.TuneConfig(search_alg=searcher, num_samples=remaining,
+                                    max_concurrent_trials=concurrent, time_budget_s=time_left,
+                                    reuse_actors=True),
+        run_config=tune.RunConfig(name="ray", storage_path=str(out), verbose=0, callbacks=[OnResult()],
+                                  failure_config=tune.FailureConfig(max_failures=1)),
+    )
+    tuner.fit()
+
+
+def summarize(space: spec.Space, records: list[dict], baseline: dict, *, describe_cluster: dict,
+              search_wall_s: float, ray_start_s: float, device: str) -> dict:
+    """summary.json: best (config + metrics), baseline, speedup, pareto, hardware, search figures."""
+    m = space.model
+    metric = m.objective.metric
+    rows = aggregate(records, metric)
+    ranked = rank(rows, metric)
+    confirmed = [r for r in ranked if r["measurements"] > 1]
+    best = ranked[0] if not confirmed else rank(confirmed, metric)[0]
+    base_value = baseline.get(metric) if baseline.get("status") == "ok" else None
+    speedup = None
+    if best is not None and base_value:
+        speedup = best[metric] / base_value if spec.OBJECTIVE_METRICS[metric] == "max" else base_value / best[metric]
+    in_trial = sum(r.get("trial_wall_s") or 0.0 for r in records)
+    search = [r for r in records if r.get("phase") == "search"]
+    summary = {
+        "name": m.name,
+        "objective": m.objective.model_dump(),
+        "best": _public(best) if ranked else None,
+        "baseline": {k: baseline.get(k) for k in ("config", "status", "reason", "samples_per_sec",
+                                                     "samples_per_sec_spread", "projected_run_s",
+                                                     "peak_host_memory_mb", "peak_device_memory_mb")},
+        "speedup_vs_baseline": speedup,
+        "top": [_public(r) for r in ranked[:5]],
+        "pareto": [_public(r) for r in pareto_front(rows, metric)] if m.objective.memory else None,
+        "infeasible": [{"config": r["config"], "reason": r["reason"]} for r in rows if not r["feasible"]],
+        "trials": len(search),
+        "measurements": len(records),
+        "device": device,
+        "cluster": describe_cluster,
+        "hardware": (best or {}).get("hardware") or baseline.get("hardware"),
+        "search_wall_s": search_wall_s,
+        "ray_start_s": ray_start_s,
+        "in_trial_s": in_trial,
+        "overhead_ratio": search_wall_s / in_trial if in_trial > 0 else None,
+        "sampler": m.sampler,
+        "workload": {"ref": m.workload, "args": m.workload_args},
+    }
+    if ranked:
+        by_model: dict[str, dict] = {}
+        for r in ranked:
+            model = (r.get("hardware") or {}).get("gpu") or "cpu"
+            by_model.setdefault(model, _public(r))
+        summary["best_per_device_model"] = by_model
+    return summary
+
+
+def _public(row: dict | None) -> dict | None:
+    if row is None:
+        return None
+    return {k: v for k, v in row.items() if k not in ("key",)}
+
+
+# ---- terminal ---------------------------------------------------------------------------
+
+
+def print_summary(summary: dict, out: Any = sys.stdout) -> None:
+    metric = summary["objective"]["metric"]
+    base = summary["baseline"]
+    print(f"\n{summary['name']}: {summary['trials']} trials, {summary['measurements']} measurements, "
+          f"{summary['search_wall_s']:.0f} s", file=out)
+    header = f"{'#':>2}  {metric:>16}  {'spread':>7}  {'n':>2}  {'speedup':>7}  {'memory MB':>9}  config"
+    print(header, file=out)
+    base_v = base.get(metric)
+
+    def speed(v: float | None) -> str:
+        if v is None or not base_v:
+            return "-"
+        return f"{v / base_v if metric == 'samples_per_sec' else base_v / v:.2f}x"
+
+    for i, r in enumerate(summary["top"], 1):
+        spread = f"{r['spread'] * 100:.1f}%" if r.get("spread") is not None else "-"
+        mem = r.get("memory_mb")
+        diff = ", ".join(f"{k}={v}" for k, v in r["config"].items() if base["config"] is None or
+                         base["config"].get(k, knobs.KNOBS[k].default if k in knobs.KNOBS else None) != v)
+        print(f"{i:>2}  {r[metric]:>16,.1f}  {spread:>7}  {r['measurements']:>2}  {speed(r[metric]):>7}  "
+              f"{mem if mem is None else f'{mem:,.0f}':>9}  {diff}", file=out)
+    bv = "-" if base_v is None else f"{base_v:,.1f}"
+    print(f"{'b':>2}  {bv:>16}  {'':>7}  {1:>2}  {'1.00x':>7}  {'':>9}  baseline (plain PyTorch loop)"
+          + (f" {base['status']}: {base['reason']}" if base.get("status") != "ok" else ""), file=out)
+    for r in summary["infeasible"][:10]:
+        print(f"infeasible: {r['reason']}  ({', '.join(f'{k}={v}' for k, v in r['config'].items() if k in ('precision', 'micro_batch_size', 'num_workers', 'compile'))})", file=out)
+    if summary.get("overhead_ratio"):
+        print(f"search overhead: wall {summary['search_wall_s']:.0f} s / in-trial {summary['in_trial_s']:.0f} s"
+              f" = {summary['overhead_ratio']:.2f}", file=out)
+
+
+def run_from_cli(args: Any) -> int:
+    space = spec.load(args.space)
+    if args.trials is not None:
+        if args.trials < 1:
+            raise UserError("--trials must be >= 1")
+        space.model.budget.trials = args.trials
+    if args.time_budget is not None:
+        space.model.budget.time_s = args.time_budget
+    if args.name:
+        space.model.name = args.name
+    spec.check_workload(space)
+    summary = run_search(space, results_root=Path(args.results_dir), address=args.address,
+                         resume=args.resume, quiet=args.quiet)
+    print_summary(summary)
+    out = Path(args.results_dir) / space.model.name
+    print(f"results: {out}/ (summary.json, trials.jsonl, optuna.journal, ray/)")
+    return 0
