@@ -160,6 +160,71 @@ def cmd_run(args: argparse.Namespace) -> int:
     return run_from_cli(args)
 
 
+def cmd_show(args: argparse.Namespace) -> int:
+    from tuner.report import print_show
+    from tuner.results import open_results
+
+    print_show(open_results(args.results), limit=args.limit)
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from tuner.results import export_payload, open_results, pick, render
+
+    res = open_results(args.results)
+    how, mb = args.pick[0], None
+    if how == "fastest-under-memory":
+        if len(args.pick) != 2:
+            raise UserError("--pick fastest-under-memory takes a memory limit in MB, e.g. "
+                            "--pick fastest-under-memory 8000")
+        try:
+            mb = float(args.pick[1])
+        except ValueError:
+            raise UserError(f"--pick fastest-under-memory {args.pick[1]!r}: not a number of MB") from None
+    elif len(args.pick) != 1:
+        raise UserError(f"--pick {how} takes no value")
+    payloads = [export_payload(res, row) for row in pick(res, how, mb)]
+    text = render(payloads, args.format)
+    for p in payloads:
+        if p["memory_headroom"].get("fraction_free") is not None and p["memory_headroom"]["fraction_free"] < 0.10:
+            print(f"warning: {p['memory_headroom']['note']}", file=sys.stderr)
+    if args.output:
+        Path(args.output).write_text(text)
+        print(f"wrote {args.output}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from tuner.report import write_report
+    from tuner.results import open_results
+
+    md = write_report(open_results(args.results))
+    print(f"wrote {md} and its plots")
+    return 0
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    from tuner import spec
+    from tuner.results import open_results
+    from tuner.search import print_summary, run_search
+
+    res = open_results(args.results)
+    space = spec.load(res.path / "space.yaml")
+    if res.meta.get("base_dir"):
+        space.base = Path(res.meta["base_dir"])
+    if args.trials:
+        space.model.budget.trials = args.trials
+    spec.check_workload(space)
+    done = len([r for r in res.records if r.get("phase") == "search"])
+    print(f"resuming {space.model.name}: {done}/{space.model.budget.trials} trials done", file=sys.stderr)
+    summary = run_search(space, results_root=res.path.resolve().parent, address=args.address,
+                         resume=True, quiet=args.quiet)
+    print_summary(summary)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m tuner", description=__doc__.splitlines()[0])
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
@@ -184,6 +249,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="continue an interrupted search of this name")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("show", help="the trials of a results folder (also while the search runs)")
+    p.add_argument("results", help="results/<name>")
+    p.add_argument("--limit", type=int, help="show only the first N configs")
+    p.set_defaults(func=cmd_show)
+
+    p = sub.add_parser("export", help="export the best (or Pareto-optimal) config")
+    p.add_argument("results", help="results/<name>")
+    p.add_argument("--pick", nargs="+", default=["best"], metavar="HOW",
+                   help="best | pareto | fastest-under-memory MB")
+    p.add_argument("--format", default="yaml", choices=["yaml", "json", "python"])
+    p.add_argument("-o", "--output", help="write to this file instead of stdout")
+    p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("report", help="write report.md with plots into the results folder")
+    p.add_argument("results", help="results/<name>")
+    p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("resume", help="continue an interrupted search")
+    p.add_argument("results", help="results/<name>")
+    p.add_argument("--trials", type=int, help="raise the trial budget")
+    p.add_argument("--address", help="a running Ray cluster")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=cmd_resume)
 
     p = sub.add_parser("knobs", help="list the knobs, their values and defaults")
     p.set_defaults(func=cmd_knobs)

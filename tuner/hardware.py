@@ -27,6 +27,15 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def _host_memory_mb() -> float | None:
+    try:
+        import psutil
+
+        return psutil.virtual_memory().total / 2**20
+    except Exception:
+        return None
+
+
 @lru_cache(maxsize=1)
 def describe() -> dict:
     """Hardware and software of this process: host, CPU, GPU, versions."""
@@ -36,6 +45,7 @@ def describe() -> dict:
         "hostname": socket.gethostname(),
         "cpu": _cpu_model(),
         "cpu_count": os.cpu_count(),
+        "host_memory_mb": _host_memory_mb(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "python": platform.python_version(),
         "torch": torch.__version__,

@@ -26,6 +26,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from tuner import knobs, spec
 from tuner.errors import UserError
 
@@ -372,8 +374,13 @@ def run_search(space: spec.Space, *, results_root: Path, address: str | None = N
     if resume and not trials_path.exists():
         raise UserError(f"{out} holds no search to resume (no trials.jsonl)")
     out.mkdir(parents=True, exist_ok=True)
-    (out / "space.yaml").write_text(json.dumps(m.model_dump(), indent=1, default=str)
-                                    if space.path is None else space.path.read_text())
+    if not resume:
+        # The resolved space (CLI overrides applied) and where its workload lives: resume reads these.
+        (out / "space.yaml").write_text(yaml.safe_dump(m.model_dump(mode="json"), sort_keys=False))
+        (out / "meta.json").write_text(json.dumps({
+            "space_file": str(space.path) if space.path else None, "base_dir": str(space.base_dir),
+            "created": time.time(), "tuner": __import__("tuner").__version__}, indent=1))
+    sessions = len(list(out.glob("ray*")))
 
     progress = Progress(m.budget.trials, m.objective.metric, quiet)
     progress.update(msg="starting Ray")
@@ -426,9 +433,12 @@ def run_search(space: spec.Space, *, results_root: Path, address: str | None = N
     storage = optuna.storages.JournalStorage(
         optuna.storages.journal.JournalFileBackend(str(out / "optuna.journal")))
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    if previous:
+        _repair_study(space, ctx, storage, previous)
     if remaining > 0:
         _fit(space, ctx, start, job, out, storage, metric_names, modes, remaining, concurrent,
-             cpus_per_trial, gpus_per_trial, recorder, progress, previous, t_search)
+             cpus_per_trial, gpus_per_trial, recorder, progress, previous, t_search,
+             ray_name="ray" if sessions == 0 else f"ray-resume-{sessions}")
 
     # -- confirm: re-measure the top configs, choose on the median of all measurements
     metric = m.objective.metric
@@ -453,10 +463,36 @@ def run_search(space: spec.Space, *, results_root: Path, address: str | None = N
     return summary
 
 
+def _repair_study(space: spec.Space, ctx: knobs.Context, storage: Any, previous: list[dict]) -> None:
+    """After a kill: close the trials the kill cut, and tell Optuna every measured trial it
+    missed (a record is written before Optuna is told), so none is run twice."""
+    import optuna
+    from optuna.distributions import CategoricalDistribution
+    from optuna.trial import TrialState
+
+    try:
+        study = optuna.load_study(study_name=space.model.name, storage=storage)
+    except KeyError:
+        return  # killed before the study was created: Ray's searcher will create it
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.WAITING)):
+        study.tell(t.number, state=TrialState.FAIL)
+    canon, search_space = Canonical(space, ctx), SearchSpace(space, ctx)
+    known = {canon(t.params) for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))}
+    for r in previous:
+        if r["key"] in known:
+            continue
+        params = search_space.active({k: r["config"].get(k) for k in space.searched})
+        values = list(objective_values(r, space.model.objective).values())
+        study.add_trial(optuna.trial.create_trial(
+            params=params, distributions={k: CategoricalDistribution(space.searched[k]) for k in params},
+            values=values))
+        known.add(r["key"])
+
+
 def _fit(space: spec.Space, ctx: knobs.Context, start: dict, job: dict, out: Path, storage: Any,
          metric_names: Any, modes: Any, remaining: int, concurrent: int, cpus_per_trial: Callable,
          gpus_per_trial: int, recorder: Recorder, progress: Progress, previous: list[dict],
-         t_search: float) -> None:
+         t_search: float, ray_name: str) -> None:
     from ray import tune
     from ray.tune.search.optuna import OptunaSearch
 
@@ -515,7 +551,7 @@ def _fit(space: spec.Space, ctx: knobs.Context, start: dict, job: dict, out: Pat
         tune_config=tune.TuneConfig(search_alg=searcher, num_samples=remaining,
                                     max_concurrent_trials=concurrent, time_budget_s=time_left,
                                     reuse_actors=True),
-        run_config=tune.RunConfig(name="ray", storage_path=str(out), verbose=0, callbacks=[OnResult()],
+        run_config=tune.RunConfig(name=ray_name, storage_path=str(out), verbose=0, callbacks=[OnResult()],
                                   failure_config=tune.FailureConfig(max_failures=1)),
     )
     tuner.fit()
@@ -610,6 +646,12 @@ def print_summary(summary: dict, out: Any = sys.stdout) -> None:
 
 def run_from_cli(args: Any) -> int:
     space = spec.load(args.space)
+    if args.resume:
+        from tuner.cli import cmd_resume
+
+        name = args.name or space.model.name
+        args.results = str(Path(args.results_dir) / name)
+        return cmd_resume(args)
     if args.trials is not None:
         if args.trials < 1:
             raise UserError("--trials must be >= 1")

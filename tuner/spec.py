@@ -115,6 +115,8 @@ class Space:
     domain: dict[str, list] = field(default_factory=dict)
     """Searched knobs (two or more values) and fixed ones (one value), each a list."""
     where: _Where | None = None
+    base: Path | None = None
+    """Where relative workload files are found; default: the space file's folder."""
 
     @property
     def name(self) -> str:
@@ -122,6 +124,8 @@ class Space:
 
     @property
     def base_dir(self) -> Path:
+        if self.base is not None:
+            return self.base
         return self.path.parent if self.path else Path.cwd()
 
     @property

@@ -1,0 +1,236 @@
+"""Terminal tables, ``report.md`` and its PNG plots for a results folder."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from tuner import knobs, spec
+from tuner.errors import UserError
+from tuner.results import Results
+
+
+def _fmt(v: Any, digits: int = 1) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:,.{digits}f}"
+    return str(v)
+
+
+def diff_from_default(config: dict) -> str:
+    """The knobs a config sets away from PyTorch's defaults (what makes it different)."""
+    d = knobs.defaults()
+    parts = [f"{k}={v}" for k, v in config.items() if k not in d or d[k] != v]
+    return ", ".join(parts) or "PyTorch defaults"
+
+
+def table_rows(res: Results) -> list[dict]:
+    """Every config: feasible ones sorted by the objective, then the infeasible ones."""
+    rows = res.rows()
+    ranked = res.ranked()
+    feasible_keys = {r["key"] for r in ranked}
+    return ranked + [r for r in rows if r["key"] not in feasible_keys]
+
+
+def print_show(res: Results, out: Any = sys.stdout, limit: int | None = None) -> None:
+    metric = res.metric
+    searched = [r for r in res.records if r.get("phase") == "search"]
+    state = "finished" if res.summary else "running or interrupted"
+    print(f"{res.space.name}: {len(searched)}/{res.space.budget.trials} trials ({state}), "
+          f"objective {metric} ({spec.OBJECTIVE_METRICS[metric]})", file=out)
+    print(f"{'#':>3}  {'status':<10} {metric:>16} {'spread':>7} {'n':>2} {'speedup':>7} {'memory MB':>9}  config / reason",
+          file=out)
+    rows = table_rows(res)
+    for i, r in enumerate(rows[:limit] if limit else rows, 1):
+        status = "ok" if r["feasible"] else "infeasible"
+        spread = f"{r['spread'] * 100:.1f}%" if r.get("spread") is not None else "-"
+        sp = res.speedup(r)
+        detail = diff_from_default(r["config"])
+        if not r["feasible"]:
+            detail += f"  -- {r['reason']}"
+        print(f"{i:>3}  {status:<10} {_fmt(r.get(metric)):>16} {spread:>7} {r['measurements']:>2} "
+              f"{(f'{sp:.2f}x' if sp else '-'):>7} {_fmt(r.get('memory_mb'), 0):>9}  {detail}", file=out)
+    base = res.baseline
+    if base:
+        extra = "" if base.get("status") == "ok" else f"  -- {base.get('reason')}"
+        mem = base.get("peak_device_memory_mb") or base.get("peak_host_memory_mb")
+        print(f"{'b':>3}  {base.get('status', '-'):<10} {_fmt(base.get(metric)):>16} {'':>7} {1:>2} "
+              f"{'1.00x':>7} {_fmt(mem, 0):>9}  baseline: plain PyTorch loop, {diff_from_default(base['config'])}{extra}",
+              file=out)
+
+
+# ---- report.md and plots ------------------------------------------------------------------
+
+
+def _pyplot() -> Any:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise UserError("report: plots need matplotlib; install it with `pip install matplotlib` "
+                        "(or `pip install -e '.[plots]'`)") from None
+    return plt
+
+
+def plot_best_so_far(res: Results, path: Path) -> None:
+    plt = _pyplot()
+    metric = res.metric
+    better = max if spec.OBJECTIVE_METRICS[metric] == "max" else min
+    xs, ys, best = [], [], None
+    for i, r in enumerate([r for r in res.records if r.get("phase") == "search"], 1):
+        v = r.get(metric) if r.get("status") == "ok" else None
+        if v is not None:
+            best = v if best is None else better(best, v)
+        xs.append(i)
+        ys.append(best)
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.step(xs, [y if y is not None else float("nan") for y in ys], where="post", label="best so far")
+    raw = [r.get(metric) if r.get("status") == "ok" else None
+           for r in res.records if r.get("phase") == "search"]
+    ax.scatter([x for x, v in zip(xs, raw, strict=True) if v is not None], [v for v in raw if v is not None],
+               s=12, alpha=0.6, label="trial")
+    base = res.baseline
+    if base and base.get(metric):
+        ax.axhline(base[metric], color="gray", ls="--", label="baseline")
+    ax.set_xlabel("trial")
+    ax.set_ylabel(metric)
+    ax.legend(loc="best", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_speed_vs_memory(res: Results, path: Path) -> None:
+    from tuner.search import pareto_front
+
+    plt = _pyplot()
+    metric = res.metric
+    rows = [r for r in res.rows() if r["feasible"] and r.get("memory_mb") is not None]
+    front = pareto_front(res.rows(), metric)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.scatter([r["memory_mb"] for r in rows], [r[metric] for r in rows], s=18, alpha=0.7, label="config")
+    if front:
+        ax.plot([r["memory_mb"] for r in front], [r[metric] for r in front], "r-o", ms=5, label="Pareto front")
+    base = res.baseline
+    if base and base.get(metric):
+        mem = base.get("peak_device_memory_mb") or base.get("peak_host_memory_mb")
+        ax.scatter([mem], [base[metric]], marker="x", color="black", s=40, label="baseline")
+    ax.set_xlabel("peak memory (MB)")
+    ax.set_ylabel(metric)
+    ax.legend(loc="best", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_knob_effects(res: Results, path: Path) -> list[str]:
+    """Per searched knob: the objective of every feasible config, by the knob's value."""
+    plt = _pyplot()
+    metric = res.metric
+    rows = [r for r in res.rows() if r["feasible"]]
+    names = [k for k, v in res.space.knobs.items() if isinstance(v, (list, dict)) and
+             len({str(r["config"].get(k)) for r in rows}) > 1]
+    if not names:
+        return []
+    fig, axes = plt.subplots(1, len(names), figsize=(2.6 * len(names), 3.2), squeeze=False)
+    for ax, name in zip(axes[0], names, strict=True):
+        values = sorted({str(r["config"].get(name)) for r in rows})
+        data = [[r[metric] for r in rows if str(r["config"].get(name)) == v] for v in values]
+        ax.boxplot(data)
+        ax.set_xticks(range(1, len(values) + 1), values, rotation=30, fontsize=7)
+        ax.set_title(name, fontsize=9)
+    axes[0][0].set_ylabel(metric)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return names
+
+
+def plot_importance(res: Results, path: Path) -> str | None:
+    """Knob importance from Optuna's PED-ANOVA evaluator over the study; None if it cannot."""
+    plt = _pyplot()
+    import optuna
+    from optuna.importance import PedAnovaImportanceEvaluator
+    from optuna.visualization.matplotlib import plot_param_importances
+
+    journal = res.path / "optuna.journal"
+    if not journal.is_file():
+        return "no Optuna study in the results folder"
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(journal)))
+    try:
+        study = optuna.load_study(study_name=res.space.name, storage=storage)
+        complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+        if len(complete) < 3:
+            return f"knob importance needs 3 or more completed trials (have {len(complete)})"
+        target = (lambda t: t.values[0]) if len(study.directions) > 1 else None
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ax = plot_param_importances(study, evaluator=PedAnovaImportanceEvaluator(), target=target,
+                                        target_name=res.metric)
+        ax.figure.set_size_inches(6, 3.5)
+        ax.figure.tight_layout()
+        ax.figure.savefig(path, dpi=110)
+        plt.close(ax.figure)
+    except Exception as exc:  # too few distinct values, conditional params...: say why, keep the report
+        return f"knob importance unavailable: {type(exc).__name__}: {exc}"
+    return None
+
+
+def write_report(res: Results) -> Path:
+    """report.md and its PNGs in the results folder; returns the markdown's path."""
+    out = res.path
+    metric = res.metric
+    notes: list[str] = []
+    plot_best_so_far(res, out / "best_so_far.png")
+    plot_speed_vs_memory(res, out / "speed_vs_memory.png")
+    effects = plot_knob_effects(res, out / "knob_effects.png")
+    imp = plot_importance(res, out / "importance.png")
+    if imp:
+        notes.append(imp)
+    best = res.best()
+    lines = [f"# tuner report: {res.space.name}", ""]
+    hw = (best or res.baseline or {}).get("hardware") or {}
+    lines.append(f"Workload `{res.space.workload}` {res.space.workload_args or ''}, objective **{metric}** "
+                 f"({spec.OBJECTIVE_METRICS[metric]}), on {hw.get('gpu') or hw.get('cpu')} "
+                 f"({hw.get('cpu_count')} CPUs), torch {hw.get('torch')}.")
+    lines.append("")
+    if best:
+        sp = res.speedup(best)
+        lines.append(f"**Best**: {_fmt(best[metric])} {metric}"
+                     + (f", **{sp:.2f}x** the plain PyTorch loop" if sp else "")
+                     + f" (median of {best['measurements']} measurement(s)"
+                     + (f", spread {best['spread'] * 100:.1f}%" if best.get("spread") is not None else "") + ").")
+        lines.append("")
+        lines.append(f"`{diff_from_default(best['config'])}`")
+        lines.append("")
+    lines += ["## Configs", "", f"| # | status | {metric} | spread | n | speedup | memory MB | config |",
+              "|---|---|---|---|---|---|---|---|"]
+    for i, r in enumerate(table_rows(res), 1):
+        sp = res.speedup(r)
+        detail = diff_from_default(r["config"]) + ("" if r["feasible"] else f" — {r['reason']}")
+        spread = f"{r['spread'] * 100:.1f}%" if r.get("spread") is not None else "-"
+        lines.append(f"| {i} | {'ok' if r['feasible'] else 'infeasible'} | {_fmt(r.get(metric))} | {spread} | "
+                     f"{r['measurements']} | {f'{sp:.2f}x' if sp else '-'} | {_fmt(r.get('memory_mb'), 0)} | {detail} |")
+    base = res.baseline
+    if base:
+        lines.append(f"| b | {base.get('status')} | {_fmt(base.get(metric))} | - | 1 | 1.00x | "
+                     f"{_fmt(base.get('peak_device_memory_mb') or base.get('peak_host_memory_mb'), 0)} | "
+                     f"baseline (plain loop) |")
+    lines += ["", "## Plots", "", "Best so far over trials:", "", "![best so far](best_so_far.png)", "",
+              "Throughput against peak memory, Pareto front in red:", "", "![speed vs memory](speed_vs_memory.png)", ""]
+    if effects:
+        lines += ["Per-knob effect (each box: the configs with that value):", "", "![knob effects](knob_effects.png)", ""]
+    if imp is None:
+        lines += ["Knob importance (Optuna, PED-ANOVA):", "", "![importance](importance.png)", ""]
+    if notes:
+        lines += ["## Notes", ""] + [f"- {n}" for n in notes] + [""]
+    md = out / "report.md"
+    md.write_text("\n".join(lines))
+    return md
