@@ -184,3 +184,27 @@ def ballast(mb_per_sample: int = 4, step_s: float = 0.02) -> Workload:
         return _mse(model, batch)
 
     return Workload(model=lambda: nn.Linear(8, 1), dataset=lambda: Numbers(512), loss=loss)
+
+
+class SlowData(Dataset):
+    """Each sample takes sample_s seconds to load (a sleep: it costs no CPU)."""
+
+    def __init__(self, sample_s: float):
+        self.sample_s = sample_s
+
+    def __len__(self) -> int:
+        return 512
+
+    def __getitem__(self, i: int):
+        time.sleep(self.sample_s)
+        return torch.ones(8) * (i % 7), torch.zeros(1)
+
+
+def slow_data(sample_s: float = 0.002, step_s: float = 0.01) -> Workload:
+    """Loading a batch of 8 takes 8 * sample_s; the step takes step_s (both sleeps)."""
+
+    def loss(model, batch):
+        time.sleep(step_s)
+        return _mse(model, batch)
+
+    return Workload(model=lambda: nn.Linear(8, 1), dataset=lambda: SlowData(sample_s), loss=loss)

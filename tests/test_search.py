@@ -157,7 +157,7 @@ def test_placement_on_logical_gpus_across_two_nodes(tmp_path):
             intervals.sort()
             for (_, end), (start, _) in zip(intervals, intervals[1:], strict=False):
                 assert start >= end - 0.05, "two trials shared a GPU"
-        assert len({r["node"] for r in records}) >= 1
+        assert len({r["node"] for r in records}) == 2  # both nodes ran trials
     finally:
         import ray
 

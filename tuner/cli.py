@@ -67,20 +67,26 @@ def print_bench(result: dict, out: Any = sys.stdout) -> None:
     print("config: " + ", ".join(f"{k}={v}" for k, v in cfg.items()), file=out)
     for note in result.get("notes") or []:
         print(f"note: {note}", file=out)
+    if result["status"] == "ok":
+        from tuner.diagnose import diagnose
+        from tuner.report import print_diagnosis
+
+        print_diagnosis("bottleneck", diagnose(result), out)
 
 
-def cmd_bench(args: argparse.Namespace) -> int:
-    from tuner import knobs, spec
-    from tuner.trial import make_request, resolve_config, run_isolated
+def _bench_request(space: Any, args: argparse.Namespace, extra: dict | None = None) -> dict:
+    """The measurement request of ``bench``/``profile``: the space's recommended config
+    (or the baseline), an exported config, then --set overrides; checked strictly."""
+    from tuner import knobs
+    from tuner.trial import make_request, resolve_config
 
-    space = spec.load(args.space)
-    spec.check_workload(space)
-    overrides: dict[str, Any] = {}
-    if args.config:
+    overrides: dict[str, Any] = dict(extra or {})
+    if getattr(args, "config", None):
         overrides.update(load_exported_config(args.config))
     overrides.update(_parse_sets(args.set))
-    base = make_request(workload=space.model.workload, workload_args=space.model.workload_args,
-                        base_dir=str(space.base_dir), device=space.model.device)
+    m = space.model
+    base = make_request(workload=m.workload, workload_args=m.workload_args,
+                        base_dir=str(space.base_dir), device=m.device)
     _, _, workload, device = resolve_config(base)  # the device and workload decide the defaults
     if args.baseline:
         config = space.baseline_config()
@@ -88,12 +94,21 @@ def cmd_bench(args: argparse.Namespace) -> int:
         ctx = knobs.context_for(device, has_groups=workload.groups is not None)
         config = space.recommended_config(ctx)
     config = space.derive({**config, **overrides})
-    request = make_request(workload=space.model.workload, workload_args=space.model.workload_args,
+    request = make_request(workload=m.workload, workload_args=m.workload_args,
                            base_dir=str(space.base_dir), config=config, baseline=args.baseline,
-                           strict=True, device=space.model.device,
-                           measure=space.model.measure.model_dump(), run=space.model.run.model_dump(),
-                           seed=space.model.seed)
+                           strict=True, device=m.device, measure=m.measure.model_dump(),
+                           run=m.run.model_dump(), seed=m.seed)
     resolve_config(request)  # a knob that cannot apply here is an error before anything runs
+    return request
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from tuner import spec
+    from tuner.trial import run_isolated
+
+    space = spec.load(args.space)
+    spec.check_workload(space)
+    request = _bench_request(space, args)
     progress = None if args.json or not sys.stderr.isatty() else _progress_line
     result = run_isolated(request, timeout_s=args.timeout or space.model.budget.trial_timeout_s,
                           progress=progress)
@@ -108,6 +123,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return 2
     if args.json:
         result.pop("traceback", None)
+        if result["status"] == "ok":
+            from tuner.diagnose import diagnose
+
+            result["diagnosis"] = diagnose(result).as_dict()
         print(json.dumps(result, default=str))
     else:
         print_bench(result)
@@ -142,6 +161,43 @@ def load_exported_config(path: str) -> dict:
     from tuner import knobs
 
     return {k: knobs.check_value(k, v) for k, v in data.items()}
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    from tuner import spec
+    from tuner.profile import print_profile, profile_config
+
+    target = Path(args.target)
+    extra: dict[str, Any] = {}
+    if target.is_dir():  # a trial of a results folder
+        from tuner.results import open_results
+
+        res = open_results(target)
+        space = spec.load(res.path / "space.yaml")
+        if res.meta.get("base_dir"):
+            space.base = Path(res.meta["base_dir"])
+        if args.trial is None:
+            row = res.best()
+            if row is None:
+                raise UserError(f"{target}: no feasible trial to profile; pick one with --trial N")
+            extra = dict(row["config"])
+        else:
+            rec = next((r for r in res.records if r.get("trial_number") == args.trial), None)
+            if rec is None:
+                raise UserError(f"--trial {args.trial}: no such trial in {target}")
+            extra = dict(rec["config"])
+        out = Path(args.out or target / "profile")
+    else:
+        space = spec.load(target)
+        out = Path(args.out or Path("results") / space.model.name / "profile")
+    spec.check_workload(space)
+    request = _bench_request(space, args, extra)
+    summary = profile_config(request, out, steps=args.steps)
+    if args.json:
+        print(json.dumps(summary, default=str))
+    else:
+        print_profile(summary, sys.stdout)
+    return 0
 
 
 def cmd_knobs(args: argparse.Namespace) -> int:
@@ -183,7 +239,7 @@ def cmd_export(args: argparse.Namespace) -> int:
             raise UserError(f"--pick fastest-under-memory {args.pick[1]!r}: not a number of MB") from None
     elif len(args.pick) != 1:
         raise UserError(f"--pick {how} takes no value")
-    payloads = [export_payload(res, row) for row in pick(res, how, mb)]
+    payloads = [export_payload(res, row) for row in pick(res, how, mb, args.device_model)]
     text = render(payloads, args.format)
     for p in payloads:
         if p["memory_headroom"].get("fraction_free") is not None and p["memory_headroom"]["fraction_free"] < 0.10:
@@ -225,6 +281,25 @@ def cmd_resume(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_submit(args: argparse.Namespace) -> int:
+    from tuner import spec
+    from tuner.cluster import submit
+
+    space = spec.load(args.space)
+    if args.name:
+        space.model.name = args.name
+    if args.trials:
+        space.model.budget.trials = args.trials
+    spec.check_workload(space)
+    return submit(space, args.address, args.results_dir, follow=args.follow, wait=args.wait)
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from tuner.cluster import doctor
+
+    return doctor(args.address)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m tuner", description=__doc__.splitlines()[0])
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
@@ -260,6 +335,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pick", nargs="+", default=["best"], metavar="HOW",
                    help="best | pareto | fastest-under-memory MB")
     p.add_argument("--format", default="yaml", choices=["yaml", "json", "python"])
+    p.add_argument("--device-model", help="on a mixed cluster: the GPU model to export for (default: each)")
     p.add_argument("-o", "--output", help="write to this file instead of stdout")
     p.set_defaults(func=cmd_export)
 
@@ -273,6 +349,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--address", help="a running Ray cluster")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=cmd_resume)
+
+    p = sub.add_parser("submit", help="submit the search to a running Ray cluster as a Ray Job")
+    p.add_argument("space", help="space.yaml")
+    p.add_argument("--address", required=True, help="the cluster's dashboard, e.g. http://HEAD:8265")
+    p.add_argument("--results-dir", default="/tmp/tuner-results",
+                   help="where results/<name>/ goes on the cluster (a shared filesystem is easiest)")
+    p.add_argument("--name", help="override the space's name")
+    p.add_argument("--trials", type=int, help="override budget.trials")
+    p.add_argument("--follow", action="store_true", help="stream the job's logs")
+    p.add_argument("--wait", action="store_true", help="wait for the job to end; exit 0 only if it succeeded")
+    p.set_defaults(func=cmd_submit)
+
+    p = sub.add_parser("doctor", help="check torch, CUDA, GPUs, compile, Ray: OK or what to fix")
+    p.add_argument("--address", help="also check a running Ray cluster")
+    p.set_defaults(func=cmd_doctor)
+
+    p = sub.add_parser("profile", help="a config under torch.profiler: Chrome trace + summary")
+    p.add_argument("target", help="space.yaml, or a results folder (its best, or --trial N)")
+    p.add_argument("--set", action="append", default=[], metavar="KNOB=VALUE", help="override a knob")
+    p.add_argument("--trial", type=int, help="with a results folder: the trial number to profile")
+    p.add_argument("--steps", type=int, default=6, help="optimizer steps under the profiler")
+    p.add_argument("--out", help="folder for trace.json and summary.json")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_profile, baseline=False, config=None)
 
     p = sub.add_parser("knobs", help="list the knobs, their values and defaults")
     p.set_defaults(func=cmd_knobs)
@@ -292,3 +392,5 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `tuner show ... | head`
+        return 0

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner import knobs, spec
+from tuner.diagnose import Diagnosis, diagnose
 from tuner.errors import UserError
 from tuner.results import Results
 
@@ -40,9 +41,10 @@ def print_show(res: Results, out: Any = sys.stdout, limit: int | None = None) ->
     state = "finished" if res.summary else "running or interrupted"
     print(f"{res.space.name}: {len(searched)}/{res.space.budget.trials} trials ({state}), "
           f"objective {metric} ({spec.OBJECTIVE_METRICS[metric]})", file=out)
-    print(f"{'#':>3}  {'status':<10} {metric:>16} {'spread':>7} {'n':>2} {'speedup':>7} {'memory MB':>9}  config / reason",
-          file=out)
+    print(f"{'#':>3}  {'status':<10} {metric:>16} {'spread':>7} {'n':>2} {'speedup':>7} {'memory MB':>9}  "
+          f"{'bottleneck':<15}  config / reason", file=out)
     rows = table_rows(res)
+    cap = res.space.constraints.max_memory_mb
     for i, r in enumerate(rows[:limit] if limit else rows, 1):
         status = "ok" if r["feasible"] else "infeasible"
         spread = f"{r['spread'] * 100:.1f}%" if r.get("spread") is not None else "-"
@@ -50,15 +52,35 @@ def print_show(res: Results, out: Any = sys.stdout, limit: int | None = None) ->
         detail = diff_from_default(r["config"])
         if not r["feasible"]:
             detail += f"  -- {r['reason']}"
+        verdict = diagnose(r, cap).verdict if r["feasible"] else "-"
         print(f"{i:>3}  {status:<10} {_fmt(r.get(metric)):>16} {spread:>7} {r['measurements']:>2} "
-              f"{(f'{sp:.2f}x' if sp else '-'):>7} {_fmt(r.get('memory_mb'), 0):>9}  {detail}", file=out)
+              f"{(f'{sp:.2f}x' if sp else '-'):>7} {_fmt(r.get('memory_mb'), 0):>9}  {verdict:<15}  {detail}",
+              file=out)
+    models = {r["device_model"] for r in rows if r["feasible"]}
+    if len(models) > 1:  # a mixed cluster: each GPU model has its own winner
+        print("best per device model:", file=out)
+        for model in sorted(models):
+            r = next(r for r in res.ranked() if r["device_model"] == model)
+            print(f"  {model}: {_fmt(r.get(metric))} {metric}  {diff_from_default(r['config'])}", file=out)
     base = res.baseline
     if base:
         extra = "" if base.get("status") == "ok" else f"  -- {base.get('reason')}"
         mem = base.get("peak_device_memory_mb") or base.get("peak_host_memory_mb")
         print(f"{'b':>3}  {base.get('status', '-'):<10} {_fmt(base.get(metric)):>16} {'':>7} {1:>2} "
-              f"{'1.00x':>7} {_fmt(mem, 0):>9}  baseline: plain PyTorch loop, {diff_from_default(base['config'])}{extra}",
-              file=out)
+              f"{'1.00x':>7} {_fmt(mem, 0):>9}  {diagnose(base, cap).verdict:<15}  "
+              f"baseline: plain PyTorch loop, {diff_from_default(base['config'])}{extra}", file=out)
+    best = res.best()
+    if best is not None:
+        print_diagnosis("best config", diagnose(best, cap), out)
+
+
+def print_diagnosis(what: str, d: Diagnosis, out: Any = sys.stdout) -> None:
+    """The verdict and the recommendations, each with the figure that triggered it."""
+    print(f"{what}: {d.verdict} ({d.evidence})", file=out)
+    for r in d.recommendations:
+        print(f"  try: {r}", file=out)
+    for f in d.flags:
+        print(f"  note: {f}", file=out)
 
 
 # ---- report.md and plots ------------------------------------------------------------------
@@ -210,19 +232,26 @@ def write_report(res: Results) -> Path:
         lines.append("")
         lines.append(f"`{diff_from_default(best['config'])}`")
         lines.append("")
-    lines += ["## Configs", "", f"| # | status | {metric} | spread | n | speedup | memory MB | config |",
-              "|---|---|---|---|---|---|---|---|"]
+    cap = res.space.constraints.max_memory_mb
+    if best:
+        d = diagnose(best, cap)
+        lines += [f"**Bottleneck of the best config**: {d.verdict} ({d.evidence}).", ""]
+        lines += [f"- try: {r}" for r in d.recommendations] + [f"- note: {f}" for f in d.flags] + [""]
+    lines += ["## Configs", "", f"| # | status | {metric} | spread | n | speedup | memory MB | bottleneck | config |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for i, r in enumerate(table_rows(res), 1):
         sp = res.speedup(r)
         detail = diff_from_default(r["config"]) + ("" if r["feasible"] else f" — {r['reason']}")
         spread = f"{r['spread'] * 100:.1f}%" if r.get("spread") is not None else "-"
+        verdict = diagnose(r, cap).verdict if r["feasible"] else "-"
         lines.append(f"| {i} | {'ok' if r['feasible'] else 'infeasible'} | {_fmt(r.get(metric))} | {spread} | "
-                     f"{r['measurements']} | {f'{sp:.2f}x' if sp else '-'} | {_fmt(r.get('memory_mb'), 0)} | {detail} |")
+                     f"{r['measurements']} | {f'{sp:.2f}x' if sp else '-'} | {_fmt(r.get('memory_mb'), 0)} | "
+                     f"{verdict} | {detail} |")
     base = res.baseline
     if base:
         lines.append(f"| b | {base.get('status')} | {_fmt(base.get(metric))} | - | 1 | 1.00x | "
                      f"{_fmt(base.get('peak_device_memory_mb') or base.get('peak_host_memory_mb'), 0)} | "
-                     f"baseline (plain loop) |")
+                     f"{diagnose(base, cap).verdict} | baseline (plain loop) |")
     lines += ["", "## Plots", "", "Best so far over trials:", "", "![best so far](best_so_far.png)", "",
               "Throughput against peak memory, Pareto front in red:", "", "![speed vs memory](speed_vs_memory.png)", ""]
     if effects:

@@ -18,7 +18,7 @@ import yaml
 
 from tuner import spec
 from tuner.errors import UserError
-from tuner.search import aggregate, pareto_front, rank
+from tuner.search import aggregate, best_of, pareto_front, rank
 
 
 @dataclass
@@ -41,16 +41,11 @@ class Results:
         return aggregate(self.records, self.metric)
 
     def ranked(self) -> list[dict]:
-        """Feasible configs best first; configs measured several times (confirmed) first
-        among near-equals is not attempted: the median of all measurements decides."""
+        """Feasible configs best first, by the median of each config's measurements."""
         return rank(self.rows(), self.metric)
 
     def best(self) -> dict | None:
-        ranked = self.ranked()
-        confirmed = [r for r in ranked if r["measurements"] > 1]
-        if confirmed and self.summary is not None:
-            return confirmed[0]  # chosen on repeated figures, as the search did
-        return ranked[0] if ranked else None
+        return best_of(self.ranked(), finished=self.summary is not None)
 
     def speedup(self, row: dict) -> float | None:
         base = self.baseline
@@ -85,16 +80,25 @@ def open_results(path: str | Path) -> Results:
     return Results(path=p, space=model, records=records, summary=summary, meta=meta)
 
 
-def pick(res: Results, how: str, memory_mb: float | None = None) -> list[dict]:
+def pick(res: Results, how: str, memory_mb: float | None = None, device_model: str | None = None) -> list[dict]:
     """The rows that ``export --pick`` chooses: best, the Pareto front, or the fastest
-    config whose peak memory is under ``memory_mb``."""
-    ranked = res.ranked()
+    config whose peak memory is under ``memory_mb``; on one device model if given."""
+    rows = res.rows()
+    models = sorted({r["device_model"] for r in rows})
+    if device_model is not None:
+        if device_model not in models:
+            raise UserError(f"--device-model {device_model!r}: measured on {', '.join(models)}")
+        rows = [r for r in rows if r["device_model"] == device_model]
+    elif len(models) > 1 and how != "pareto":
+        # a mixed cluster: the winner of each model
+        return [p for m in models for p in pick(res, how, memory_mb, m)]
+    ranked = rank(rows, res.metric)
     if not ranked:
         raise UserError(f"{res.path}: no feasible trial to pick from (see `tuner show {res.path}`)")
     if how == "best":
-        return [res.best()]
+        return [best_of(ranked, finished=res.summary is not None)]
     if how == "pareto":
-        return pareto_front(res.rows(), res.metric)
+        return pareto_front(rows, res.metric)
     if how == "fastest-under-memory":
         if memory_mb is None or memory_mb <= 0:
             raise UserError("--pick fastest-under-memory needs a memory limit in MB > 0")

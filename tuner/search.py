@@ -71,19 +71,25 @@ def objective_values(record: dict, objective: spec.Objective) -> dict[str, float
     return out
 
 
+def device_model(record: dict) -> str:
+    """The GPU model a record was measured on, or "cpu"."""
+    return (record.get("hardware") or {}).get("gpu") or record.get("gpu_model") or "cpu"
+
+
 def aggregate(records: list[dict], metric: str) -> list[dict]:
     """One row per distinct config: the median of its measurements and their spread."""
-    groups: dict[str, list[dict]] = {}
+    groups: dict[tuple[str, str], list[dict]] = {}
     for r in records:
         if r.get("phase") == "baseline":
             continue
-        groups.setdefault(r["key"], []).append(r)
+        # the same config on two GPU models is two results (mixed clusters)
+        groups.setdefault((r["key"], device_model(r)), []).append(r)
     rows = []
-    for key, rs in groups.items():
+    for (key, model), rs in groups.items():
         ok = [r for r in rs if r.get("status") == "ok" and r.get(metric) is not None]
         values = [r[metric] for r in ok]
         row = {
-            "key": key, "config": rs[0]["config"], "measurements": len(rs),
+            "key": key, "device_model": model, "config": rs[0]["config"], "measurements": len(rs),
             "feasible": bool(ok) and len(ok) == len(rs),
             "reason": next((r.get("reason") for r in rs if r.get("status") != "ok"), None),
             metric: statistics.median(values) if values else None,
@@ -92,12 +98,14 @@ def aggregate(records: list[dict], metric: str) -> list[dict]:
             "trial_numbers": [r.get("trial_number") for r in rs],
         }
         for m in ("samples_per_sec", "projected_run_s", "peak_host_memory_mb", "peak_device_memory_mb",
-                  "compile_s", "data_wait_fraction", "samples_per_sec_spread", "step_time_ms"):
+                  "compile_s", "data_wait_fraction", "samples_per_sec_spread", "step_time_ms",
+                  "gpu_util_pct"):
             vals = [r[m] for r in ok if r.get(m) is not None]
             if m != metric:
                 row[m] = statistics.median(vals) if vals else None
         row["memory_mb"] = memory_mb(row) if ok else None
         row["hardware"] = rs[0].get("hardware")
+        row["has_groups"] = rs[0].get("has_groups")
         rows.append(row)
     return rows
 
@@ -106,6 +114,15 @@ def rank(rows: list[dict], metric: str) -> list[dict]:
     """Feasible rows best first."""
     sign = -1.0 if spec.OBJECTIVE_METRICS[metric] == "max" else 1.0
     return sorted((r for r in rows if r["feasible"]), key=lambda r: sign * r[metric])
+
+
+def best_of(ranked: list[dict], finished: bool = True) -> dict | None:
+    """The winner: once the search has finished, the best of the re-measured configs
+    (chosen on repeated figures); before that, the best so far."""
+    confirmed = [r for r in ranked if r["measurements"] > 1]
+    if confirmed and finished:
+        return confirmed[0]
+    return ranked[0] if ranked else None
 
 
 def pareto_front(rows: list[dict], metric: str) -> list[dict]:
@@ -564,8 +581,7 @@ def summarize(space: spec.Space, records: list[dict], baseline: dict, *, describ
     metric = m.objective.metric
     rows = aggregate(records, metric)
     ranked = rank(rows, metric)
-    confirmed = [r for r in ranked if r["measurements"] > 1]
-    best = ranked[0] if not confirmed else rank(confirmed, metric)[0]
+    best = best_of(ranked)
     base_value = baseline.get(metric) if baseline.get("status") == "ok" else None
     speedup = None
     if best is not None and base_value:
@@ -598,8 +614,7 @@ def summarize(space: spec.Space, records: list[dict], baseline: dict, *, describ
     if ranked:
         by_model: dict[str, dict] = {}
         for r in ranked:
-            model = (r.get("hardware") or {}).get("gpu") or "cpu"
-            by_model.setdefault(model, _public(r))
+            by_model.setdefault(r["device_model"], _public(r))
         summary["best_per_device_model"] = by_model
     return summary
 

@@ -88,6 +88,7 @@ def execute(request: dict, progress: Callable[[str], None] | None = None) -> dic
     if not metrics["loss_finite"]:
         status, reason = "infeasible", metrics.pop("reason")
     return {"status": status, "reason": reason, **metrics, "config": config, "notes": notes,
+            "has_groups": workload.groups is not None,
             "baseline": request["baseline"], "device": str(device), "hardware": describe()}
 
 

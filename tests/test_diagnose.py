@@ -1,0 +1,67 @@
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers import FAST_MEASURE, ref
+from tuner.diagnose import diagnose
+from tuner.trial import make_request, run_isolated
+
+
+def _measure(workers):
+    req = make_request(workload=ref("slow_data"), workload_args={"sample_s": 0.002, "step_s": 0.01},
+                       config={"micro_batch_size": 8, "num_workers": workers,
+                               "persistent_workers": workers > 0},
+                       device="cpu", measure=FAST_MEASURE)
+    r = run_isolated(req, timeout_s=120)
+    assert r["status"] == "ok", r.get("reason")
+    return r
+
+
+def test_slow_dataset_is_input_bound_until_there_are_enough_workers():
+    slow = _measure(0)
+    d = diagnose(slow)
+    assert d.verdict == "input-bound" and slow["data_wait_fraction"] > 0.4
+    assert any(r.startswith("num_workers=") for r in d.recommendations)
+    assert f"{slow['data_wait_fraction']:.0%}" in d.recommendations[0]  # the figure that triggered it
+    fed = _measure(4)
+    assert fed["data_wait_fraction"] < 0.25
+    assert diagnose(fed).verdict == "compute-bound"
+
+
+def test_memory_near_the_cap_and_noise_flags():
+    rec = {"status": "ok", "samples_per_sec": 10.0, "config": {"micro_batch_size": 64},
+           "peak_host_memory_mb": 950.0, "peak_device_memory_mb": None, "hardware": {"host_memory_mb": 64000},
+           "data_wait_fraction": 0.5, "samples_per_sec_spread": 0.4}
+    d = diagnose(rec, max_memory_mb=1000)
+    assert d.verdict == "memory-bound"
+    assert any("activation_checkpointing" in r for r in d.recommendations)
+    assert any("micro_batch_size=32 with grad_accum_steps=2" in r for r in d.recommendations)
+    assert any("spread 40%" in f for f in d.flags)
+
+
+def test_gpu_idle_with_little_data_wait_is_host_sync_bound():
+    rec = {"status": "ok", "samples_per_sec": 10.0, "config": {}, "peak_device_memory_mb": 1000.0,
+           "hardware": {"gpu_memory_mb": 80000}, "data_wait_fraction": 0.02, "gpu_util_pct": 35.0}
+    d = diagnose(rec)
+    assert d.verdict == "host-sync-bound" and ".item()" in d.recommendations[0]
+
+
+@pytest.mark.slow
+def test_profile_writes_a_trace_and_honest_figures(tmp_path):
+    space = tmp_path / "s.yaml"
+    space.write_text(f"name: p\nworkload: {ref('slow_data')}\nworkload_args: {{sample_s: 0.001, step_s: 0.05}}\n"
+                     "knobs:\n  micro_batch_size: [4]\n"
+                     "measure: {warmup_steps: 2, window_s: 0.3, min_windows: 3, max_windows: 4}\n")
+    r = subprocess.run([sys.executable, "-m", "tuner", "profile", str(space), "--out", str(tmp_path / "prof"),
+                        "--json", "--steps", "4"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    summary = json.loads(r.stdout)
+    trace = json.loads((tmp_path / "prof" / "trace.json").read_text())
+    assert trace["traceEvents"] and any(e.get("name") == "tuner::data_wait" for e in trace["traceEvents"])
+    names = {op["name"] for op in summary["top_ops"]}
+    assert names & {"aten::addmm", "aten::mm", "aten::linear", "aten::mse_loss"}, names
+    assert summary["data_loading_ms"] > 4 * 4 * 1.0 * 0.9  # 4 steps of 4 samples of >= 1 ms
+    # throughput from the unprofiled measurement: 4 samples per (50 ms step + 4 ms data)
+    assert summary["samples_per_sec"] == pytest.approx(4 / 0.054, rel=0.06)

@@ -1,0 +1,187 @@
+"""Ray Jobs submission of a search to a running cluster, and ``tuner doctor``.
+
+``submit`` ships the space file, the user's workload file and this ``tuner``
+package in the job's runtime environment and runs ``python -m tuner run`` on
+the cluster against it (``--address auto``). Results land on the cluster, in
+``--results-dir`` (a shared filesystem path is the easy way to read them back).
+Token authentication (``RAY_AUTH_MODE=token`` with ``RAY_AUTH_TOKEN`` or
+``~/.ray/auth_token``) is picked up by Ray's client as it is.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from tuner import spec
+from tuner.errors import UserError
+
+TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
+
+
+def stage(space: spec.Space, staging: Path) -> str:
+    """Copy what the job needs into ``staging``: the space and a workload file.
+
+    Returns the space file's name inside the staging folder. A workload given as a
+    module path must be importable on the cluster (installed there, or put it in a file).
+    """
+    m = space.model
+    ref = m.workload
+    if ":" in ref:
+        target, func = ref.rsplit(":", 1)
+        if target.endswith(".py"):
+            src = Path(target)
+            src = src if src.is_absolute() else space.base_dir / src
+            shutil.copy2(src, staging / src.name)
+            m = m.model_copy(update={"workload": f"{src.name}:{func}"})
+    import yaml
+
+    (staging / "space.yaml").write_text(yaml.safe_dump(m.model_dump(mode="json"), sort_keys=False))
+    return "space.yaml"
+
+
+def _client(address: str) -> Any:
+    from ray.job_submission import JobSubmissionClient
+
+    try:
+        return JobSubmissionClient(address)
+    except Exception as exc:
+        msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UserError(f"--address {address}: cannot reach the Ray dashboard ({msg})") from None
+
+
+def submit(space: spec.Space, address: str, results_dir: str, *, follow: bool = False, wait: bool = False,
+           out: Any = sys.stdout) -> int:
+    """Submit the search as a Ray Job; returns the exit status for the CLI."""
+    import tuner
+
+    client = _client(address)
+    staging = Path(tempfile.mkdtemp(prefix="tuner-job-"))
+    try:
+        name = stage(space, staging)
+        entry = (f"python -m tuner run {name} --address auto --results-dir {results_dir} "
+                 f"--name {space.model.name} --quiet")
+        runtime_env = {"working_dir": str(staging), "py_modules": [str(Path(tuner.__file__).parent)],
+                       "env_vars": {"PYTHONUNBUFFERED": "1"}}
+        job_id = client.submit_job(entrypoint=entry, runtime_env=runtime_env,
+                                   metadata={"tuner_search": space.model.name})
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    where = results_dir if results_dir.startswith("/") or "://" in results_dir else \
+        f"{results_dir} (relative to the job's working directory on the head node)"
+    print(f"submitted job {job_id} to {address}", file=out)
+    print(f"results: {where}/{space.model.name}/ on the cluster; follow with `ray job logs {job_id} "
+          f"--address {address} --follow`", file=out)
+    if not (follow or wait):
+        return 0
+    if follow:
+        import asyncio
+
+        async def tail() -> None:
+            async for chunk in client.tail_job_logs(job_id):
+                out.write(chunk)
+                out.flush()
+
+        asyncio.run(tail())
+    status = _wait(client, job_id)
+    if not follow:
+        out.write(client.get_job_logs(job_id)[-4000:])
+    print(f"job {job_id}: {status}", file=out)
+    return 0 if status == "SUCCEEDED" else 1
+
+
+def _wait(client: Any, job_id: str, poll_s: float = 2.0) -> str:
+    while True:
+        status = str(client.get_job_status(job_id)).split(".")[-1]
+        if status in TERMINAL:
+            return status
+        time.sleep(poll_s)
+
+
+# ---- doctor ----------------------------------------------------------------------------
+
+
+def doctor(address: str | None = None, out: Any = sys.stdout) -> int:
+    """Check the environment; one line per check, OK or what to fix. Returns 0."""
+    import os
+
+    import torch
+
+    lines: list[tuple[str, str, str]] = []
+
+    def check(name: str, ok: bool | None, detail: str, fix: str = "") -> None:
+        """ok None: not applicable here (said plainly, nothing to fix for a CPU run)."""
+        status = {True: "OK  ", False: "FIX ", None: "--  "}[ok]
+        lines.append((status, name, f"{detail} -> {fix}" if ok is False and fix else detail))
+
+    check("torch", True, f"{torch.__version__}")
+    cuda = torch.cuda.is_available()
+    check("cuda", True if cuda else None,
+          f"CUDA {torch.version.cuda}, {torch.cuda.device_count()} GPU(s)" if cuda
+          else "there is no GPU here: trials run on the CPU",
+          "install a CUDA build of torch and an NVIDIA driver to tune on GPUs" if torch.version.cuda is None else
+          "check the driver (nvidia-smi) and CUDA_VISIBLE_DEVICES")
+    if cuda:
+        check("cudnn", torch.backends.cudnn.is_available(), f"cuDNN {torch.backends.cudnn.version()}")
+        for i in range(torch.cuda.device_count()):
+            p = torch.cuda.get_device_properties(i)
+            check(f"gpu {i}", True, f"{p.name}, {p.total_memory / 2**30:.1f} GiB, compute {p.major}.{p.minor}")
+        check("bf16", torch.cuda.is_bf16_supported(), "bf16 supported" if torch.cuda.is_bf16_supported()
+              else "no bf16 on this GPU", "use fp16 (with loss scaling) instead")
+        check("fp16", True, "fp16 autocast + GradScaler")
+    else:
+        cap = torch.backends.cpu.get_cpu_capability()
+        fast_bf16 = _cpu_has_bf16()
+        check("bf16 (CPU)", True, f"autocast works; {'native AVX512-BF16/AMX: fast' if fast_bf16 else 'no native bf16 instructions: may be slower than fp32'} ({cap})")
+    nvml = _nvml_status()
+    check("nvml", True if nvml[0] else (False if cuda else None), nvml[1],
+          "install nvidia-ml-py; GPU utilization/power sampling is off without it")
+    cc = shutil.which(os.environ.get("CC", "")) or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    check("compile", cc is not None, f"C compiler {cc}" if cc else "no C compiler: torch.compile cannot build kernels",
+          "install gcc (apt-get install gcc) or leave compile: off")
+    check("cpus", True, f"{os.cpu_count()} CPUs")
+    if address:
+        try:
+            import ray
+
+            ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+            res = ray.cluster_resources()
+            nodes = len([n for n in ray.nodes() if n.get("Alive")])
+            check("ray cluster", True, f"{address}: {nodes} node(s), {res.get('CPU', 0):.0f} CPUs, "
+                  f"{res.get('GPU', 0):.0f} GPUs")
+            ray.shutdown()
+        except Exception as exc:
+            check("ray cluster", False, f"{address}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
+                  "start one with `ray start --head` or fix --address")
+    else:
+        check("ray", True, "no --address: `tuner run` starts a local Ray with this machine's CPUs/GPUs")
+    for status, name, detail in lines:
+        print(f"{status} {name:<12} {detail}", file=out)
+    return 0
+
+
+def _cpu_has_bf16() -> bool:
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def _nvml_status() -> tuple[bool, str]:
+    try:
+        import pynvml
+    except ImportError:
+        return False, "pynvml not installed (pip install nvidia-ml-py)"
+    try:
+        pynvml.nvmlInit()
+        n = pynvml.nvmlDeviceGetCount()
+        driver = pynvml.nvmlSystemGetDriverVersion()
+        pynvml.nvmlShutdown()
+        return True, f"driver {driver}, {n} device(s)"
+    except Exception as exc:
+        return False, f"no NVIDIA driver ({type(exc).__name__})"

@@ -1,0 +1,125 @@
+"""Why a config is slow: a bottleneck verdict from cheap signals measured in every
+trial, and recommendations mapped to knobs and to the guides' recipes.
+
+Signals (all in a trial's record): ``data_wait_fraction`` (time blocked on the
+DataLoader), ``gpu_util_pct`` (NVML, GPU runs only), memory against the device's
+capacity or ``max_memory_mb``, ``compile_s`` against the planned run, and the
+window spread. Each recommendation quotes the figure that triggered it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tuner import knobs
+
+# Where the recipes come from (../shared/guides), cited in recommendations.
+GUIDES = {
+    "loader": "guide 000/002: DataLoader workers, persistent_workers, prefetch_factor",
+    "sync": "guide 000: no .item()/host syncs in the hot path",
+    "memory": "guide 003: activation checkpointing, gradient accumulation",
+    "compute": "guide 003/004: mixed precision, torch.compile, fused optimizers, channels_last, cudnn.benchmark",
+    "group": "guide 000: group_collate for multi-dataset batches",
+}
+
+INPUT_BOUND = 0.25  # data wait above this share of the step
+GPU_IDLE = 60.0  # % utilization below this with little data wait: the host holds the GPU back
+MEMORY_NEAR = 0.90  # peak above this share of capacity (or of max_memory_mb)
+COMPILE_HEAVY = 0.25  # compile above this share of the projected run
+NOISY = 0.20  # windows spread above this
+
+
+@dataclass
+class Diagnosis:
+    verdict: str  # input-bound | compute-bound | host-sync-bound | memory-bound | unknown
+    evidence: str
+    recommendations: list[str] = field(default_factory=list)
+    flags: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return {"verdict": self.verdict, "evidence": self.evidence,
+                "recommendations": self.recommendations, "flags": self.flags}
+
+
+def diagnose(record: dict, max_memory_mb: float | None = None) -> Diagnosis:
+    """The bottleneck of one measured config, and what to change, from its record."""
+    if record.get("samples_per_sec") is None and record.get("status") != "ok":
+        return Diagnosis("unknown", f"no measurement ({record.get('reason')})")
+    c = {**knobs.defaults(), **(record.get("config") or {})}
+    hw = record.get("hardware") or {}
+    cpus = hw.get("cpu_count") or 1
+    on_gpu = record.get("peak_device_memory_mb") is not None
+    wait = record.get("data_wait_fraction") or 0.0
+    util = record.get("gpu_util_pct")
+    recs: list[str] = []
+    flags: list[str] = []
+
+    mem, cap = _memory(record, max_memory_mb)
+    if mem is not None and cap and mem / cap >= MEMORY_NEAR:
+        verdict, evidence = "memory-bound", f"peak memory {mem:,.0f} MB is {mem / cap:.0%} of {cap:,.0f} MB"
+        if not c["activation_checkpointing"]:
+            recs.append(f"activation_checkpointing=true ({evidence}; {GUIDES['memory']})")
+        if c["micro_batch_size"] > 1:
+            recs.append(f"micro_batch_size={max(1, c['micro_batch_size'] // 2)} with "
+                        f"grad_accum_steps={c['grad_accum_steps'] * 2} (same effective batch; {evidence})")
+        if c["precision"] == "fp32":
+            recs.append(f"precision=bf16 halves activation memory ({evidence})")
+    elif wait >= INPUT_BOUND:
+        verdict, evidence = "input-bound", f"data wait is {wait:.0%} of the step"
+        if c["num_workers"] < max(1, cpus - 1):
+            more = min(max(1, cpus - 1), max(c["num_workers"] * 2, c["num_workers"] + 1))
+            recs.append(f"num_workers={more} (now {c['num_workers']}; {evidence}; {GUIDES['loader']})")
+        if c["num_workers"] > 0 and not c["persistent_workers"]:
+            recs.append(f"persistent_workers=true (workers are respawned every epoch; {evidence})")
+        if c["num_workers"] > 0 and (c["prefetch_factor"] or 2) < 4:
+            recs.append(f"prefetch_factor=4 ({evidence})")
+        if on_gpu and not c["pin_memory"]:
+            recs.append(f"pin_memory=true and non_blocking=true ({evidence})")
+        if c["batch_grouping"] == "mixed" and record.get("has_groups"):
+            recs.append(f"batch_grouping=by_source ({GUIDES['group']})")
+        if c["num_workers"] >= max(1, cpus - 1):
+            recs.append(f"the loader already has {c['num_workers']} workers on {cpus} CPUs: make the dataset's "
+                        f"per-sample work cheaper (precompute invariant work, move augmentation to the GPU; guide 002)")
+        if not on_gpu and c["torch_threads"] is None and c["num_workers"] > 0:
+            recs.append(f"torch_threads={max(1, cpus - c['num_workers'])} (training threads compete with "
+                        f"{c['num_workers']} worker(s) for {cpus} CPUs)")
+    elif on_gpu and util is not None and util < GPU_IDLE:
+        verdict, evidence = "host-sync-bound", f"GPU busy {util:.0f}% of the time while data wait is only {wait:.0%}"
+        recs.append(f"remove per-step host syncs from the loss (.item(), .cpu(), printing tensors; {evidence}; "
+                    f"{GUIDES['sync']})")
+        if c["compile"] in ("off", "default"):
+            recs.append(f"compile=reduce-overhead (CUDA graphs cut launch overhead; {evidence})")
+        recs.append(f"a larger micro_batch_size gives the GPU more work per launch ({evidence})")
+    else:
+        verdict = "compute-bound"
+        evidence = f"data wait only {wait:.0%}" + (f", GPU busy {util:.0f}%" if util is not None else "")
+        if c["precision"] == "fp32":
+            recs.append(f"precision=bf16 ({evidence}; {GUIDES['compute']})")
+        if c["compile"] == "off":
+            recs.append(f"compile=default (measure: on small CPU models it can be slower; {evidence})")
+        if not c["fused_optimizer"]:
+            recs.append("fused_optimizer=true")
+        if not c["channels_last"]:
+            recs.append("channels_last=true for conv nets")
+        if on_gpu and not c["cudnn_benchmark"]:
+            recs.append("cudnn_benchmark=true (fixed input shapes)")
+
+    compile_s, run_s = record.get("compile_s") or 0.0, record.get("projected_run_s")
+    if run_s and compile_s / run_s >= COMPILE_HEAVY:
+        flags.append(f"compile takes {compile_s:.0f} s, {compile_s / run_s:.0%} of the planned run: "
+                     f"compile=off or a longer run")
+    spread = record.get("samples_per_sec_spread")
+    if spread is not None and spread >= NOISY:
+        flags.append(f"timing windows spread {spread:.0%}: another process may share this machine")
+    return Diagnosis(verdict, evidence, recs, flags)
+
+
+def _memory(record: dict, max_memory_mb: float | None) -> tuple[float | None, float | None]:
+    hw = record.get("hardware") or {}
+    if record.get("peak_device_memory_mb") is not None:
+        mem, cap = record["peak_device_memory_mb"], hw.get("gpu_memory_mb")
+    else:
+        mem, cap = record.get("peak_host_memory_mb"), hw.get("host_memory_mb")
+    if max_memory_mb:
+        cap = min(cap, max_memory_mb) if cap else max_memory_mb
+    return mem, cap
