@@ -200,9 +200,25 @@ def cmd_profile(args: argparse.Namespace) -> int:
     return 0
 
 
+def knobs_markdown() -> str:
+    """The knob table as markdown (the README embeds it; a test keeps the two equal)."""
+    from tuner.knobs import KNOBS, applies
+
+    lines = ["| knob | values | default (baseline) | applies | what it does | cost |", "|---|---|---|---|---|---|"]
+    for k in KNOBS.values():
+        values = " / ".join(k.choices) if k.choices else (
+            "true / false" if k.type is bool else f"int >= {k.minimum}" + (" or null" if k.nullable else ""))
+        default = "null" if k.default is None else str(k.default).lower() if k.type is bool else str(k.default)
+        lines.append(f"| `{k.name}` | {values} | {default} | {applies(k)} | {k.doc} | {k.cost or '-'} |")
+    return "\n".join(lines) + "\n"
+
+
 def cmd_knobs(args: argparse.Namespace) -> int:
     from tuner.knobs import KNOBS
 
+    if args.markdown:
+        sys.stdout.write(knobs_markdown())
+        return 0
     for k in KNOBS.values():
         domain = "|".join(k.choices) if k.choices else (k.type.__name__ + (f" >= {k.minimum}" if k.minimum is not None else ""))
         flags = " [GPU only]" if k.gpu_only else ""
@@ -375,6 +391,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_profile, baseline=False, config=None)
 
     p = sub.add_parser("knobs", help="list the knobs, their values and defaults")
+    p.add_argument("--markdown", action="store_true", help="as the README's markdown table")
     p.set_defaults(func=cmd_knobs)
     return parser
 

@@ -48,18 +48,21 @@ class Knob:
     minimum: int | None = None  # for int knobs
     nullable: bool = False  # None means "leave PyTorch's setting alone"
     gpu_only: bool = False
-    # (config, ctx) -> reason the knob does not apply, or None. When it does not
-    # apply, the knob is held at its default (and a non-default value is an error
-    # for an explicit --set, a note for a search).
+    # (config, ctx) -> reason the knob does not apply, or None; its docstring says
+    # when the knob applies (for the docs). When it does not apply, the knob is held
+    # at its default (and a non-default value is an error for an explicit --set, a
+    # note for a search).
     inactive: Callable[[dict, Context], str | None] | None = None
     cost: str = ""  # what the knob costs, for docs and report
 
 
 def _needs_workers(config: dict, ctx: Context) -> str | None:
+    """with num_workers > 0"""
     return "needs num_workers > 0" if config.get("num_workers", 0) == 0 else None
 
 
 def _needs_groups(config: dict, ctx: Context) -> str | None:
+    """multi-source workloads (Workload.groups)"""
     return None if ctx.has_groups else "the workload has a single source"
 
 
@@ -116,6 +119,13 @@ _TABLE = [
 ]
 
 KNOBS: dict[str, Knob] = {k.name: k for k in _TABLE}
+
+
+def applies(knob: Knob) -> str:
+    """When a knob applies, in words (docs and report)."""
+    if knob.gpu_only:
+        return "GPU only"
+    return (knob.inactive.__doc__ or "conditionally").strip() if knob.inactive else "always"
 
 
 def defaults() -> dict[str, Any]:

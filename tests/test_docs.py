@@ -1,0 +1,27 @@
+"""The docs match the code."""
+
+from pathlib import Path
+
+from tuner.cli import build_parser, knobs_markdown
+
+README = (Path(__file__).parent.parent / "README.md").read_text()
+
+
+def test_readme_knob_table_is_the_knob_table():
+    start = README.index("<!-- knobs:begin -->\n") + len("<!-- knobs:begin -->\n")
+    end = README.index("<!-- knobs:end -->")
+    assert README[start:end] == knobs_markdown(), "run: python -m tuner knobs --markdown, paste into README"
+
+
+def test_readme_opens_with_the_two_commands():
+    block = README.split("```bash\n", 1)[1].split("```", 1)[0].strip().splitlines()
+    assert block[0].endswith("python -m tuner run search_spaces/quickstart.yaml")
+    assert "pytest" in block[1]
+    assert (Path(__file__).parent.parent / "search_spaces" / "quickstart.yaml").is_file()
+
+
+def test_every_command_is_documented():
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    for name in sub.choices:
+        assert f"python -m tuner {name}" in README, name
