@@ -87,13 +87,13 @@ def replay(space: spec.Space, grid: list[dict], sampler_name: str, budget: int, 
         return statistics.median(rng.choice(w) for _ in w) * rng.gauss(1.0, trial_cv)
 
     if sampler_name == "tuner":
-        start = space.recommended_config(ctx)
+        start = [space.default_point(ctx), space.recommended_config(ctx)]
         sampler = GuidedSampler(space.searched, start, canon, seed=seed)
         enqueue = []
     else:
         sampler = (optuna.samplers.TPESampler(seed=seed) if sampler_name == "tpe"
                    else optuna.samplers.RandomSampler(seed=seed))
-        enqueue = []
+        enqueue = []  # plain samplers, as Optuna gives them: no informed start
     study = optuna.create_study(direction="maximize", sampler=sampler)
     for p in enqueue:
         study.enqueue_trial(p)

@@ -67,3 +67,11 @@ def test_minimize_direction_moves_towards_lower_values():
     study = optuna.create_study(direction="minimize", sampler=sampler)
     study.optimize(lambda t: 1.0 / _objective(t), n_trials=14)
     assert study.best_value == pytest.approx(1.0 / (2.0 * 1.0 * 1.0 * 1.05))
+
+
+def test_several_starting_points_come_first_in_order():
+    defaults = {"precision": "fp32", "num_workers": 0, "micro_batch_size": 32, "channels_last": False}
+    sampler = GuidedSampler(DOMAIN, [defaults, START], key, seed=0)
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    study.optimize(_objective, n_trials=3)
+    assert study.trials[0].params == defaults and study.trials[1].params == START

@@ -1,8 +1,9 @@
 """GuidedSampler: an Optuna sampler that starts from the guides' advice and exploits
 that knob effects are largely separable.
 
-Strategy (DESIGN.md, "Searching well with few trials"): the first trial is the
-recommended config; each next trial is an untried one-knob change of the best
+Strategy (DESIGN.md, "Searching well with few trials"): the first trials are the
+given starting points (PyTorch's defaults, then the guides' recommended config);
+each next trial is an untried one-knob change of the best
 config so far (adjacent values first, knobs in order of their usual impact),
 so the search moves to the best and repeats; when every one-knob change of the
 incumbent was tried, two-knob changes follow, then Optuna's TPE takes over.
@@ -29,21 +30,23 @@ PRIORITY = ["precision", "num_workers", "micro_batch_size", "batch_grouping", "c
 
 
 class GuidedSampler(optuna.samplers.BaseSampler):
-    """Recommended start, then one-knob moves from the incumbent; TPE when those run out.
+    """Starting points first, then one-knob moves from the incumbent; TPE when those run out.
 
     Args:
         domain: the searched knobs and their values (every list has 2+ values).
-        start: the first config to try (values from ``domain``).
+        start: the first config to try (values from ``domain``), or a list of them, in order.
         canonical: maps a config to the hashable key of what actually runs (inactive
             knobs dropped), so that equivalent configs are not measured twice.
         direction: "maximize" or "minimize" the study's single objective.
     """
 
-    def __init__(self, domain: dict[str, list], start: dict, canonical: Callable[[dict], Any],
+    def __init__(self, domain: dict[str, list], start: dict | list[dict], canonical: Callable[[dict], Any],
                  direction: str = "maximize", seed: int | None = None):
         order = {k: i for i, k in enumerate(PRIORITY)}
         self.domain = dict(sorted(domain.items(), key=lambda kv: order.get(kv[0], len(order))))
-        self.start = {k: start[k] for k in self.domain}
+        starts = start if isinstance(start, list) else [start]
+        self.starts = [{k: s[k] for k in self.domain} for s in starts]
+        self.start = self.starts[-1]  # fills knobs a trial was not asked (inactive ones)
         self.canonical = canonical
         self.sign = 1.0 if direction == "maximize" else -1.0
         self.fallback = optuna.samplers.TPESampler(seed=seed)
@@ -81,8 +84,9 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         seen = {self.canonical(p) for n, p in self._plans.items() if p is not None and n != number}
         seen |= {self.canonical(self._complete(t.params)) for t in trials
                  if t.state in (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)}
-        if self.canonical(self.start) not in seen:
-            return dict(self.start)
+        for start in self.starts:
+            if self.canonical(start) not in seen:
+                return dict(start)
         done = [t for t in trials if t.state == TrialState.COMPLETE and t.values]
         incumbent = self.start
         if done:

@@ -6,7 +6,9 @@ Order of a search:
 2. start Ray (in-process) or attach to ``--address``;
 3. measure the baseline (the plain PyTorch loop) as a Ray task;
 4. ``Tuner.fit`` with ``OptunaSearch`` (our ``GuidedSampler`` by default, Optuna's
-   study kept in a journal file); one trial per config, resources from the config;
+   study kept in a journal file); the first trials are PyTorch's defaults in the
+   optimized loop and the guides' recommended config; one trial per config,
+   resources from the config;
    every trial runs in its own process (``tuner.trial.run_isolated``) so that a
    hang, crash or OOM is a result, and is written to ``trials.jsonl`` as it lands;
 5. re-measure the top configs (``confirm``) and choose the winner on the median of
@@ -169,6 +171,7 @@ def _measure(knob_config: dict, job: dict, baseline: bool = False) -> dict:
     except Exception:  # outside Ray (tests of this function)
         record["node"], record["gpu_ids"] = None, []
     record["cpus_reserved"] = cpus
+    record["workload"] = {"ref": job["workload"], "args": job["workload_args"]}
     hw = record.get("hardware") or {}
     record["gpu_model"] = hw.get("gpu")
     return apply_constraints(record, job["constraints"])
@@ -257,23 +260,45 @@ class Progress:
             print(file=sys.stderr)
 
 
-def _start_ray(address: str | None, results: Path) -> Any:
+def _start_ray(address: str | None) -> bool:
+    """Start a local Ray, or attach to ``address``; True when this call started it."""
     import logging
 
     import ray
 
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # the old engine honours verbose=0
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
-    # Our tuner package must be importable by Ray workers when the driver runs from a checkout.
     if ray.is_initialized():
-        return ray
+        return False
     kwargs: dict[str, Any] = {"logging_level": logging.ERROR, "log_to_driver": False,
                               "configure_logging": True}
-    if address:
-        ray.init(address=address, **kwargs)
-    else:
-        ray.init(include_dashboard=False, **kwargs)
-    return ray
+    try:
+        if address:
+            ray.init(address=address, **kwargs)
+        else:
+            ray.init(include_dashboard=False, **kwargs)
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UserError(f"--address {address}: cannot connect to Ray ({first})" if address
+                        else f"cannot start a local Ray: {first}") from None
+    return True
+
+
+def _link_ray_logs(out: Path) -> None:
+    """results/<name>/ray_logs -> this Ray session's log folder (local sessions only).
+
+    Ray's socket paths limit how long its temp dir may be, so the logs stay where Ray
+    puts them and the results folder points at them; trials' own output is written into
+    the experiment folder (``log_to_file``)."""
+    try:
+        import ray
+
+        node = ray._private.worker._global_node  # no public API for the session dir
+        link = out / "ray_logs"
+        if node is not None and not link.is_symlink():
+            link.symlink_to(Path(node.get_session_dir_path()) / "logs")
+    except Exception:  # a remote cluster, or the private API moved: nothing to link
+        pass
 
 
 def cluster_shape(ray: Any) -> dict:
@@ -354,7 +379,7 @@ class Canonical:
         return canonical(self.space.derive({**self.space.fixed, **config}), self.ctx)
 
 
-def make_sampler(space: spec.Space, ctx: knobs.Context, start: dict) -> Any:
+def make_sampler(space: spec.Space, ctx: knobs.Context, start: list[dict]) -> Any:
     import optuna
 
     m = space.model
@@ -378,9 +403,7 @@ def make_sampler(space: spec.Space, ctx: knobs.Context, start: dict) -> Any:
 def run_search(space: spec.Space, *, results_root: Path, address: str | None = None,
                resume: bool = False, quiet: bool = False) -> dict:
     """Run the search and write results/<name>/; returns the summary."""
-    import optuna
     import ray
-
 
     m = space.model
     out = (results_root / m.name).resolve()
@@ -397,13 +420,28 @@ def run_search(space: spec.Space, *, results_root: Path, address: str | None = N
         (out / "meta.json").write_text(json.dumps({
             "space_file": str(space.path) if space.path else None, "base_dir": str(space.base_dir),
             "created": time.time(), "tuner": __import__("tuner").__version__}, indent=1))
-    sessions = len(list(out.glob("ray*")))
+    sessions = len([p for p in out.glob("ray*") if p.name == "ray" or p.name.startswith("ray-resume-")])
 
     progress = Progress(m.budget.trials, m.objective.metric, quiet)
     progress.update(msg="starting Ray")
     t_ray = time.time()
-    _start_ray(address, out)
+    started = _start_ray(address)
     ray_start_s = time.time() - t_ray
+    _link_ray_logs(out)
+    try:
+        return _search(space, out, progress, ray_start_s, sessions)
+    finally:
+        progress.close()
+        if started and not address:
+            ray.shutdown()
+
+
+def _search(space: spec.Space, out: Path, progress: Progress, ray_start_s: float, sessions: int) -> dict:
+    import optuna
+    import ray
+
+    m = space.model
+    trials_path = out / "trials.jsonl"
     shape = cluster_shape(ray)
     device, cpus_per_trial, gpus_per_trial, concurrent = plan_resources(space, shape)
 
@@ -416,7 +454,8 @@ def run_search(space: spec.Space, *, results_root: Path, address: str | None = N
     for name, values in space.domain.items():  # a GPU knob searched on CPUs is a wasted trial
         if knobs.KNOBS[name].gpu_only and device != "cuda" and len(values) > 1:
             raise UserError(f"knobs.{name}: a GPU knob, but this search runs on CPUs; remove it or fix it")
-    start = space.recommended_config(ctx)
+    # The first trials: PyTorch's defaults in the optimized loop, then the guides' advice.
+    start = [space.default_point(ctx), space.recommended_config(ctx)]
 
     recorder = Recorder(trials_path, ctx)
     job = {
@@ -470,13 +509,10 @@ def run_search(space: spec.Space, *, results_root: Path, address: str | None = N
                 rec["phase"] = "confirm"
                 recorder.add(rec)
     search_wall_s = time.time() - t_search
-    progress.close()
 
     summary = summarize(space, recorder.records, baseline_rec, describe_cluster=shape,
                         search_wall_s=search_wall_s, ray_start_s=ray_start_s, device=device)
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
-    if not address:
-        ray.shutdown()
     return summary
 
 
@@ -506,7 +542,7 @@ def _repair_study(space: spec.Space, ctx: knobs.Context, storage: Any, previous:
         known.add(r["key"])
 
 
-def _fit(space: spec.Space, ctx: knobs.Context, start: dict, job: dict, out: Path, storage: Any,
+def _fit(space: spec.Space, ctx: knobs.Context, start: list[dict], job: dict, out: Path, storage: Any,
          metric_names: Any, modes: Any, remaining: int, concurrent: int, cpus_per_trial: Callable,
          gpus_per_trial: int, recorder: Recorder, progress: Progress, previous: list[dict],
          t_search: float, ray_name: str) -> None:
@@ -533,8 +569,13 @@ def _fit(space: spec.Space, ctx: knobs.Context, start: dict, job: dict, out: Pat
         if remaining == 0:
             return
     elif m.sampler != "guided" and not previous:
-        # The guides' recommended config first, as the guided sampler does.
-        points = [search_space.active(start)]
+        # The same first trials as the guided sampler's: defaults, then the guides' advice.
+        canon = Canonical(space, ctx)
+        keys = []
+        for point in start:
+            if canon(point) not in keys:
+                keys.append(canon(point))
+                points.append(search_space.active(point))
     searcher = OptunaSearch(space=search_space, metric=metric_names, mode=modes,
                             sampler=sampler, storage=storage, study_name=m.name,
                             points_to_evaluate=points or None, seed=m.seed)
@@ -569,6 +610,7 @@ def _fit(space: spec.Space, ctx: knobs.Context, start: dict, job: dict, out: Pat
                                     max_concurrent_trials=concurrent, time_budget_s=time_left,
                                     reuse_actors=True),
         run_config=tune.RunConfig(name=ray_name, storage_path=str(out), verbose=0, callbacks=[OnResult()],
+                                  log_to_file=True,
                                   failure_config=tune.FailureConfig(max_failures=1)),
     )
     tuner.fit()

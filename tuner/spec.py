@@ -159,6 +159,23 @@ class Space:
         config = {k: (rec[k] if rec[k] in values else values[0]) for k, values in self.domain.items()}
         return self.derive(config)
 
+    def default_point(self, ctx: knobs.Context) -> dict:
+        """PyTorch's defaults projected onto the space: where the search's first trial goes,
+        so that the optimized loop at default settings is always among the candidates.
+        A knob whose default is not in the space takes the value nearest to what PyTorch
+        does (threads: the CPU count), else its first value."""
+        base = {**knobs.defaults(), **self.baseline_config()}
+        config = {}
+        for k, values in self.domain.items():
+            want = base[k]
+            if want in values:
+                config[k] = want
+            elif k == "torch_threads":
+                config[k] = min(values, key=lambda v: abs(v - ctx.cpu_count))
+            else:
+                config[k] = values[0]
+        return self.derive(config)
+
     def baseline_config(self) -> dict:
         """PyTorch's defaults, with the space's micro-batch (first value) unless set."""
         config = {"micro_batch_size": self.domain.get("micro_batch_size", [32])[0]}

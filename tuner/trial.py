@@ -115,6 +115,13 @@ def _child(conn: Any, request: dict) -> None:
     # A forkserver child inherits "forkserver" as its default start method; put back
     # the platform default so DataLoader workers start as in the user's own script.
     mp.set_start_method(mp.get_all_start_methods()[0], force=True)
+    if "OMP_NUM_THREADS" in request["env"]:
+        # The forkserver imported torch already, so the variable alone would come too late:
+        # the trial's default thread count is the CPUs it reserved (the torch_threads knob
+        # still overrides it).
+        import torch
+
+        torch.set_num_threads(max(1, int(request["env"]["OMP_NUM_THREADS"])))
     try:
         result = execute(request, progress=lambda msg: conn.send(("progress", msg)))
         conn.send(("result", result))
