@@ -49,21 +49,24 @@ def ray_head(tmp_path):
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     address = f"http://127.0.0.1:{dash}"
     try:
-        from ray.job_submission import JobSubmissionClient
+        # Poll the jobs API with the token (an HTTP header: this test process's Ray has
+        # cached its own auth mode, so its client would not pick the token up).
+        import urllib.error
+        import urllib.request
 
-        old = dict(os.environ)
-        os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=env["RAY_AUTH_TOKEN"])
-        deadline = time.time() + 90
+        deadline = time.time() + 120
         while True:
+            req = urllib.request.Request(f"{address}/api/jobs/",
+                                         headers={"Authorization": f"Bearer {env['RAY_AUTH_TOKEN']}"})
             try:
-                JobSubmissionClient(address).list_jobs()
-                break
-            except Exception:
-                if time.time() > deadline or head.poll() is not None:
-                    raise
-                time.sleep(1)
-        os.environ.clear()
-        os.environ.update(old)
+                with urllib.request.urlopen(req, timeout=5) as resp:
+                    if resp.status == 200:
+                        break
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            if time.time() > deadline or head.poll() is not None:
+                pytest.fail("the Ray head did not come up")
+            time.sleep(1)
         yield address, env
     finally:
         _kill_tree(head)

@@ -33,14 +33,14 @@ def _objective(trial):
     return speed({k: trial.suggest_categorical(k, v) for k, v in DOMAIN.items()})
 
 
-def test_starts_at_recommended_then_moves_one_knob_at_a_time():
+def test_starts_at_recommended_then_moves_by_one_or_two_knobs():
     study, _ = _study()
     study.optimize(_objective, n_trials=8)
     params = [t.params for t in study.trials]
     assert params[0] == START
     for i in range(1, len(params)):
         incumbent = max(params[:i], key=speed)
-        assert sum(params[i][k] != incumbent[k] for k in DOMAIN) == 1
+        assert sum(params[i][k] != incumbent[k] for k in DOMAIN) in (1, 2)
 
 
 def test_never_repeats_a_config_and_finds_the_optimum_fast():

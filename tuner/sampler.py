@@ -2,11 +2,16 @@
 that knob effects are largely separable.
 
 Strategy (DESIGN.md, "Searching well with few trials"): the first trials are the
-given starting points (PyTorch's defaults, then the guides' recommended config);
-each next trial is an untried one-knob change of the best
-config so far (adjacent values first, knobs in order of their usual impact),
-so the search moves to the best and repeats; when every one-knob change of the
-incumbent was tried, two-knob changes follow, then Optuna's TPE takes over.
+given starting points (PyTorch's defaults, then the guides' recommended config).
+Each next trial is an untried one- or two-knob change of the best config so far:
+the one a separable model scores highest. The model is log-throughput as a sum of
+one effect per (knob, value), fitted by ridge regression on every trial so far,
+plus an exploration bonus for values never measured. Knob effects are largely
+separable, so a value that helped in one trial is combined with one that helped in
+another (a two-knob move) instead of being rediscovered; among equal scores, knobs
+of larger usual impact go first. When no neighbour is left, any untried config is
+taken (Optuna's TPE only for spaces too large to enumerate); when every config has
+been measured, TPE's proposals re-measure configs.
 Noise is handled after the search, by re-measuring the top configs.
 
 It is a plain ``optuna.samplers.BaseSampler``: Optuna stays the engine (study,
@@ -16,9 +21,11 @@ storage, Ray's OptunaSearch), only the choice of the next point is ours.
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
 import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.trial import FrozenTrial, TrialState
@@ -49,6 +56,7 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         self.start = self.starts[-1]  # fills knobs a trial was not asked (inactive ones)
         self.canonical = canonical
         self.sign = 1.0 if direction == "maximize" else -1.0
+        self.seed = seed or 0
         self.fallback = optuna.samplers.TPESampler(seed=seed)
         self._plans: dict[int, dict | None] = {}
 
@@ -82,21 +90,41 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         """The config trial ``number`` should run, or None to let TPE choose."""
         trials = [t for t in study.get_trials(deepcopy=False) if t.number != number]
         seen = {self.canonical(p) for n, p in self._plans.items() if p is not None and n != number}
+        # A FAIL from an earlier session is a trial cut by a kill or a Ray crash: it may run again.
         seen |= {self.canonical(self._complete(t.params)) for t in trials
-                 if t.state in (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)}
+                 if t.state in (TrialState.COMPLETE, TrialState.PRUNED)}
         for start in self.starts:
             if self.canonical(start) not in seen:
                 return dict(start)
-        done = [t for t in trials if t.state == TrialState.COMPLETE and t.values]
-        incumbent = self.start
-        if done:
-            best = max(done, key=lambda t: (self.sign * t.values[0], -t.number))
-            incumbent = self._complete(best.params)
-        for candidate in itertools.chain(self.neighbors(incumbent, 1), self.neighbors(incumbent, 2)):
-            key = self.canonical(candidate)
-            if key not in seen:
-                return candidate
-        return None
+        done = [(self._complete(t.params), t.values[0]) for t in trials
+                if t.state == TrialState.COMPLETE and t.values]
+        if not done:
+            return next((c for c in self._candidates(self.start) if self.canonical(c) not in seen),
+                        self._untried(seen, number))
+        model = SeparableModel(self.domain, done, self.sign)
+        incumbent = max(done, key=lambda cv: self.sign * cv[1])[0]
+        best, best_score = None, -math.inf
+        for candidate in self._candidates(incumbent):  # in priority order: ties keep the first
+            if self.canonical(candidate) in seen:
+                continue
+            score = model.score(candidate)
+            if score > best_score + 1e-12:
+                best, best_score = candidate, score
+        return best if best is not None else self._untried(seen, number)
+
+    def _untried(self, seen: set, number: int) -> dict | None:
+        """Any config not measured yet (a seeded random order), for when the neighbourhood
+        is exhausted; None (TPE chooses) only for spaces too large to enumerate."""
+        import random
+
+        if math.prod(len(v) for v in self.domain.values()) > 20000:
+            return None
+        configs = [dict(zip(self.domain, values, strict=True)) for values in itertools.product(*self.domain.values())]
+        random.Random(self.seed + number).shuffle(configs)
+        return next((c for c in configs if self.canonical(c) not in seen), None)
+
+    def _candidates(self, incumbent: dict) -> Iterator[dict]:
+        return itertools.chain(self.neighbors(incumbent, 1), self.neighbors(incumbent, 2))
 
     def _complete(self, params: dict) -> dict:
         """A trial's params with the knobs it was not asked (inactive ones) filled in."""
@@ -117,3 +145,44 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         values = self.domain[knob]
         i = values.index(value) if value in values else 0
         return [values[j] for j in (i + dist, i - dist) if 0 <= j < len(values)]
+
+
+class SeparableModel:
+    """log(objective) ~ intercept + sum of one effect per (knob, value); ridge-regularized.
+
+    ``score`` adds ``bonus`` for each of a config's values that no trial has measured
+    (optimism: an untried value may help as much as a typical good knob does).
+    Infeasible trials (objective 0 or the minimize penalty) count as much worse than
+    the worst feasible one, so their values are avoided.
+    """
+
+    def __init__(self, domain: dict[str, list], done: list[tuple[dict, float]], sign: float,
+                 ridge: float = 0.3, bonus: float = math.log(1.15)):
+        self.columns = {(k, _hashable(v)): i for i, (k, v) in
+                        enumerate((k, v) for k, vs in domain.items() for v in vs)}
+        self.bonus = bonus
+        feasible = [sign * math.log(v) for _, v in done if 0 < v < 1e17]
+        floor = (min(feasible) if feasible else 0.0) - math.log(2.0)
+        y = np.array([sign * math.log(v) if 0 < v < 1e17 else floor for _, v in done])
+        x = np.array([self._row(c) for c, _ in done])
+        self.counts = x.sum(axis=0)
+        self.mean = float(y.mean())
+        a = x.T @ x + ridge * np.eye(x.shape[1])
+        self.w = np.linalg.solve(a, x.T @ (y - self.mean))
+
+    def _row(self, config: dict) -> np.ndarray:
+        row = np.zeros(len(self.columns))
+        for k, v in config.items():
+            i = self.columns.get((k, _hashable(v)))
+            if i is not None:
+                row[i] = 1.0
+        return row
+
+    def score(self, config: dict) -> float:
+        row = self._row(config)
+        unexplored = float(((row > 0) & (self.counts == 0)).sum())
+        return self.mean + float(row @ self.w) + self.bonus * unexplored
+
+
+def _hashable(v: Any) -> Any:
+    return "__none__" if v is None else v

@@ -94,7 +94,7 @@ def aggregate(records: list[dict], metric: str) -> list[dict]:
             "key": key, "device_model": model, "config": rs[0]["config"], "measurements": len(rs),
             "feasible": bool(ok) and len(ok) == len(rs),
             "reason": next((r.get("reason") for r in rs if r.get("status") != "ok"), None),
-            metric: statistics.median(values) if values else None,
+            metric: _pooled_median(ok, metric) if values else None,
             "values": values,
             "spread": (max(values) - min(values)) / statistics.median(values) if len(values) > 1 else None,
             "trial_numbers": [r.get("trial_number") for r in rs],
@@ -110,6 +110,16 @@ def aggregate(records: list[dict], metric: str) -> list[dict]:
         row["has_groups"] = rs[0].get("has_groups")
         rows.append(row)
     return rows
+
+
+def _pooled_median(records: list[dict], metric: str) -> float:
+    """A config's figure over several measurements: for throughput, the median of all
+    their timed windows pooled (finer than a median of three medians: a noisy
+    runner-up is not crowned by one lucky measurement); else the median of values."""
+    windows = [r.get("samples_per_sec_windows") for r in records]
+    if metric == "samples_per_sec" and all(windows):
+        return statistics.median(w for ws in windows for w in ws)
+    return statistics.median(r[metric] for r in records)
 
 
 def rank(rows: list[dict], metric: str) -> list[dict]:
