@@ -131,6 +131,9 @@ def replay(space: spec.Space, grid: list[dict], sampler_name: str, budget: int, 
 
 
 def real_run(space_path: Path, name: str) -> dict:
+    import shutil
+
+    shutil.rmtree(HERE / "out" / "results" / name, ignore_errors=True)
     t0 = time.time()
     proc = subprocess.run([sys.executable, "-m", "tuner", "run", str(space_path), "--name", name,
                            "--results-dir", str(HERE / "out" / "results"), "--quiet"],

@@ -43,7 +43,7 @@ def ray_head(tmp_path):
     dash = _free_port()
     env = dict(os.environ, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(16))
     head = subprocess.Popen(
-        ["ray", "start", "--head", "--block", f"--temp-dir={temp_dir}", f"--port={_free_port()}",
+        [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block", f"--temp-dir={temp_dir}", f"--port={_free_port()}",
          "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}", "--num-cpus=2", "--num-gpus=0",
          "--include-dashboard=true", "--disable-usage-stats"],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)

@@ -217,7 +217,11 @@ class Recorder:
                         pass  # a line cut by a kill
 
     def add(self, record: dict) -> dict:
-        record.setdefault("key", canonical(record["config"], self.ctx))
+        if "key" not in record:
+            try:
+                record["key"] = canonical(record["config"], self.ctx)
+            except UserError:  # a config that cannot run here (its record says why)
+                record["key"] = json.dumps(record["config"], sort_keys=True, default=str)
         record["time"] = time.time()
         with self.path.open("a") as f:
             f.write(json.dumps(record, default=str) + "\n")
