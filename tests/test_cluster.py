@@ -10,31 +10,16 @@ import textwrap
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 
 from tests.helpers import FIXTURES
+from tuner.trial import kill_tree
 
 
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _kill_tree(proc: subprocess.Popen) -> None:
-    """End the head we started and every descendant, by process id (never by name)."""
-    try:
-        root = psutil.Process(proc.pid)
-        procs = root.children(recursive=True) + [root]
-    except psutil.Error:
-        return
-    for p in procs:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(procs, timeout=15)
 
 
 @pytest.fixture
@@ -69,7 +54,7 @@ def ray_head(tmp_path):
             time.sleep(1)
         yield address, env
     finally:
-        _kill_tree(head)
+        kill_tree(head.pid)  # the head we started and every descendant, by id (never by name)
         import shutil
 
         shutil.rmtree(temp_dir, ignore_errors=True)
