@@ -22,7 +22,7 @@ import statistics
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import psutil
 import torch
@@ -354,6 +354,3 @@ def _nonfinite(trainer: Trainer, warmup_s: float) -> dict:
     return {"loss_finite": False, "samples_per_sec": None, "warmup_s": warmup_s,
             "reason": "non-finite loss (NaN or inf)"}
 
-
-def settings_dict(settings: MeasureSettings) -> dict:
-    return asdict(settings)
