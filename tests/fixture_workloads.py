@@ -208,3 +208,51 @@ def slow_data(sample_s: float = 0.002, step_s: float = 0.01) -> Workload:
         return _mse(model, batch)
 
     return Workload(model=lambda: nn.Linear(8, 1), dataset=lambda: SlowData(sample_s), loss=loss)
+
+
+class SlowExitWorkers(Dataset):
+    """Each DataLoader worker takes exit_s seconds to exit (a finalizer at worker exit):
+    without persistent workers, PyTorch waits for it inside the next() that ends the epoch."""
+
+    def __init__(self, exit_s: float, size: int = 64):
+        self.exit_s, self.size = exit_s, size
+        self._armed = False
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, i: int):
+        if get_worker_info() is not None and not self._armed:
+            from multiprocessing import util
+
+            util.Finalize(None, time.sleep, args=(self.exit_s,), exitpriority=0)
+            self._armed = True
+        return torch.zeros(8), torch.zeros(1)
+
+
+def slow_exit_workers(exit_s: float = 0.3, size: int = 64) -> Workload:
+    return Workload(model=lambda: nn.Linear(8, 1), dataset=lambda: SlowExitWorkers(exit_s, size), loss=_mse)
+
+
+_MAIN_BALLAST = []
+
+
+def main_ballast(mb: int = 200) -> Workload:
+    """The first loss call allocates and touches mb MB in the trial process, then frees
+    it: a short-lived peak that a sampler could miss and the kernel's high-water mark keeps."""
+
+    def loss(model, batch):
+        if not _MAIN_BALLAST:
+            block = np.ones(mb * 2**20, dtype=np.uint8)  # np.ones writes every page
+            _MAIN_BALLAST.append(int(block[::4096].sum()))
+            del block
+        return _mse(model, batch)
+
+    return Workload(model=lambda: nn.Linear(8, 1), dataset=lambda: Numbers(), loss=loss)
+
+
+def burn(dim: int = 512, size: int = 4096) -> Workload:
+    """Compute-bound on the CPU (matmuls, every core): its rate drops when another process
+    takes cores, which is what the disturbance detection must see."""
+    return Workload(model=lambda: nn.Sequential(nn.Linear(dim, dim), nn.ReLU(), nn.Linear(dim, 1)),
+                    dataset=lambda: Numbers(size, dim), loss=_mse)

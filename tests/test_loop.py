@@ -104,3 +104,17 @@ def test_nan_loss_is_detected_without_per_step_sync():
     t.start()
     t.step()
     assert t.loss_finite() is False
+
+
+def test_worker_shutdown_is_charged_to_the_epoch_boundary():
+    # Non-persistent workers are shut down inside the next() that ends an epoch;
+    # that time belongs to the epoch boundary, not to a steady step.
+    wl = load_workload(ref("slow_exit_workers"), {"exit_s": 0.4, "size": 32})
+    t = Trainer(wl, _config(micro_batch_size=8, num_workers=1, persistent_workers=False), CPU)
+    t.start()
+    for _ in range(9):  # 4 steps per epoch: two boundaries
+        t.step()
+    assert len(t.epoch_start_s) == 2
+    assert all(s >= 0.4 for s in t.epoch_start_s)
+    steady_wait = t.data_wait_s - sum(t.epoch_start_s)
+    assert steady_wait < 0.4  # the shutdowns are not in the steady steps' data wait

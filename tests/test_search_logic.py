@@ -34,3 +34,33 @@ def test_plan_resources_and_aggregation(tmp_path):
     assert ranked[0]["spread"] == pytest.approx(10 / 95)
     front = pareto_front(rows, "samples_per_sec")
     assert [r["key"] for r in front] == ["b"]  # b: as fast as a's median? no: 95 vs 95, less memory
+
+
+def test_disturbed_measurements_never_pick_the_winner():
+    from tuner.search import baseline_of, best_of
+
+    recs = [
+        # the fastest figure, but measured only while the machine was disturbed
+        {"phase": "search", "key": "a", "config": {"x": 1}, "status": "ok", "samples_per_sec": 200.0,
+         "disturbed": True},
+        {"phase": "confirm", "key": "a", "config": {"x": 1}, "status": "ok", "samples_per_sec": 190.0,
+         "disturbed": True},
+        {"phase": "search", "key": "b", "config": {"x": 2}, "status": "ok", "samples_per_sec": 100.0},
+        # c: one quiet and one disturbed measurement: only the quiet one counts
+        {"phase": "search", "key": "c", "config": {"x": 3}, "status": "ok", "samples_per_sec": 120.0},
+        {"phase": "confirm", "key": "c", "config": {"x": 3}, "status": "ok", "samples_per_sec": 40.0,
+         "disturbed": True},
+    ]
+    rows = {r["key"]: r for r in aggregate(recs, "samples_per_sec")}
+    assert rows["a"]["disturbed"] and not rows["c"]["disturbed"]
+    assert rows["c"]["samples_per_sec"] == 120.0
+    ranked = rank(list(rows.values()), "samples_per_sec")
+    assert [r["key"] for r in ranked] == ["c", "b", "a"]  # disturbed last, whatever its figure
+    assert best_of(ranked)["key"] == "c"
+    assert best_of([rows["a"]]) is None
+
+    bases = [{"phase": "baseline", "config": {}, "status": "ok", "samples_per_sec": 100.0},
+             {"phase": "baseline", "config": {}, "status": "ok", "samples_per_sec": 110.0},
+             {"phase": "baseline", "config": {}, "status": "ok", "samples_per_sec": 10.0, "disturbed": True}]
+    base = baseline_of(bases + recs, "samples_per_sec")
+    assert base["samples_per_sec"] == pytest.approx(105.0) and base["measurements"] == 3

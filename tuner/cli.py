@@ -55,10 +55,14 @@ def print_bench(result: dict, out: Any = sys.stdout) -> None:
         ("compile", _fmt(result.get("compile_s"), " s", 2)),
         ("epoch start overhead", _fmt(result.get("epoch_overhead_s"), " s", 3)),
         ("projected run", _fmt(result.get("projected_run_s"), " s")),
-        ("peak host memory", _fmt(result.get("peak_host_memory_mb"), " MB", 0)),
+        ("peak host memory", _fmt(result.get("peak_host_memory_mb"), " MB", 0)
+         + (" (peak RSS + workers' private pages)" if result.get("peak_host_memory_mb") else "")),
         ("peak device memory", _fmt(result.get("peak_device_memory_mb"), " MB", 0)),
         ("MFU", _fmt((result.get("mfu") or 0) * 100, "%", 2) if result.get("mfu") else "-"),
         ("loss finite", _fmt(result.get("loss_finite"))),
+        ("other load beside it", _fmt(result.get("interference_cores"), " cores", 3)
+         + (f" (tuner's own {result['tuner_cpu_cores']:.3f})" if result.get("tuner_cpu_cores") else "")),
+        ("disturbed windows redone", _fmt(result.get("disturbed_windows_dropped"))),
     ]
     width = max(len(r[0]) for r in rows)
     for name, value in rows:
@@ -67,6 +71,9 @@ def print_bench(result: dict, out: Any = sys.stdout) -> None:
     print("config: " + ", ".join(f"{k}={v}" for k, v in cfg.items()), file=out)
     for note in result.get("notes") or []:
         print(f"note: {note}", file=out)
+    if result.get("disturbed"):
+        print("warning: other load on the machine disturbed most windows even after re-measuring; "
+              "measure again on a quiet machine", file=out)
     if result["status"] == "ok":
         from tuner.diagnose import diagnose
         from tuner.report import print_diagnosis
@@ -321,7 +328,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("bench", help="measure one config of a space, without Ray")
+    p = sub.add_parser("bench", help="measure one config of a space, without Ray",
+                       description="Measure one config of a space, without Ray: warm-up, timed windows, "
+                       "epoch boundaries measured apart. Peak host memory is the trial process's peak "
+                       "resident set (VmHWM, torch's shared pages counted as your own process holds "
+                       "them) plus the private pages of its DataLoader workers. Windows disturbed by "
+                       "other load on the machine are measured again.")
     p.add_argument("space", help="space.yaml")
     p.add_argument("--set", action="append", default=[], metavar="KNOB=VALUE", help="override a knob")
     p.add_argument("--config", help="an exported config (tuner export) to re-measure")

@@ -19,6 +19,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, Sampler
 
 from tuner import knobs
+from tuner.batches import Mover
 from tuner.errors import UserError, WorkloadError
 from tuner.workloads import Workload
 
@@ -80,25 +81,6 @@ class GroupedBatchSampler(Sampler[list[int]]):
         return iter(batches)
 
 
-def _to_device(obj: Any, device: torch.device, non_blocking: bool, channels_last: bool) -> Any:
-    t = type(obj)
-    if t is torch.Tensor or torch.is_tensor(obj):
-        if channels_last and obj.dim() == 4:
-            return obj.to(device, non_blocking=non_blocking, memory_format=torch.channels_last)
-        return obj.to(device, non_blocking=non_blocking)
-    if t is dict:
-        for k in obj:  # in place: no new dict per step
-            obj[k] = _to_device(obj[k], device, non_blocking, channels_last)
-        return obj
-    if t is list:
-        for i in range(len(obj)):
-            obj[i] = _to_device(obj[i], device, non_blocking, channels_last)
-        return obj
-    if t is tuple:
-        return tuple(_to_device(x, device, non_blocking, channels_last) for x in obj)
-    return obj
-
-
 class Trainer:
     """One workload trained under one knob config.
 
@@ -135,16 +117,19 @@ class Trainer:
         self.model = knobs.apply_compile(model, config["compile"])
         self.autocast = knobs.autocast_context(device, config["precision"])
         self.scaler = knobs.grad_scaler(device, config["precision"])
-        self.non_blocking = config["non_blocking"] and device.type == "cuda"
-        self.channels_last = config["channels_last"]
+        self.move = Mover(device, non_blocking=config["non_blocking"] and device.type == "cuda",
+                          channels_last=config["channels_last"])
         self.loss_fn = workload.loss
 
         self.dataset = _call(workload.dataset, "dataset")
         self.loader, self.sampler = self._make_loader(seed)
         self._it: Iterator | None = None
         # Accounting read by tuner.measure; plain floats and ints, no syncs.
-        self.data_wait_s = 0.0      # time blocked in next(loader), epoch starts included
-        self.epoch_start_s: list[float] = []  # each epoch start (iter() + its first batch)
+        self.data_wait_s = 0.0      # time blocked in next(loader), epoch boundaries included
+        # Each epoch boundary: from the next() that ends an epoch (where PyTorch shuts
+        # non-persistent workers down) to the first batch of the next one (workers
+        # respawned, datasets reopened, the prefetch pipeline refilled).
+        self.epoch_start_s: list[float] = []
         self.micro_batches = 0
         self.loss_sum = torch.zeros((), device=device)
         self.last_loss: float | None = None
@@ -172,23 +157,29 @@ class Trainer:
         if self.sampler is not None:
             self.sampler.limit = samples
 
-    def _new_epoch(self) -> Any:
-        synchronize(self.device)  # queued device work is charged to steps, not to the epoch start
-        t0 = perf_counter()
+    def _new_epoch(self, t0: float) -> tuple[Any, float]:
+        """The epoch ended in a next() that began at ``t0``: start the next epoch.
+
+        Returns its first batch and the seconds spent waiting for queued device work,
+        which belong to the steps before, not to the epoch boundary nor to data wait.
+        """
+        s0 = perf_counter()
+        synchronize(self.device)
+        sync_s = perf_counter() - s0
         self._it = iter(self.loader)
         try:
             batch = next(self._it)
         except StopIteration:
             raise UserError("the dataset yields no full batch; lower micro_batch_size") from None
-        self.epoch_start_s.append(perf_counter() - t0)
-        return batch
+        self.epoch_start_s.append(perf_counter() - t0 - sync_s)
+        return batch, sync_s
 
     def feed(self, batches: list) -> None:
         """Train on these batches, already in memory, over and over: no data loading at all
         (for the compute-only ceiling). Batches are moved to the device once, here."""
         import itertools
 
-        moved = [_to_device(b, self.device, False, self.channels_last) for b in batches]
+        moved = [self.move(b) for b in batches]
         self._it = itertools.cycle(moved)
 
     def start(self) -> None:
@@ -202,9 +193,10 @@ class Trainer:
             try:
                 batch = next(self._it)
             except StopIteration:
-                batch = self._new_epoch()
+                batch, sync_s = self._new_epoch(t0)
+                t0 += sync_s
             self.data_wait_s += perf_counter() - t0
-            batch = _to_device(batch, self.device, self.non_blocking, self.channels_last)
+            batch = self.move(batch)
             try:  # free in the hot path (3.11's zero-cost exceptions)
                 with self.autocast():
                     loss = self.loss_fn(self.model, batch)

@@ -49,6 +49,10 @@ class MeasureSettings:
     """Optimizer steps per measured epoch; None: short enough to cross 2+ epoch boundaries."""
     max_timed_s: float = 60.0
     """Stop adding windows once this much time was timed."""
+    max_interference: float = 0.10
+    """A window is disturbed when processes outside the trial (the tuner's own
+    included) used more than this share of the machine's cores while no core was
+    left idle; it is dropped and measured again (up to max_windows more times)."""
 
 
 @dataclass
@@ -60,60 +64,194 @@ class RunPlan:
     """Samples per epoch; None: the dataset's length."""
 
 
-# ---- peak memory ---------------------------------------------------------------------
+# ---- the trial's own process tree: CPU time and memory, read at window edges ----------
 
 
-def tree_memory_bytes(pid: int) -> int:
-    """Proportional set size (PSS) of a process and all its descendants.
+_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
-    PSS splits shared pages between the processes that map them, so forked
-    DataLoader workers are not counted once per copy of the parent's pages.
-    Falls back to RSS where PSS cannot be read.
+
+def machine_cpu() -> tuple[float, float] | None:
+    """(busy, idle) CPU-seconds of the whole machine since boot, from /proc/stat.
+
+    Busy includes time stolen by a hypervisor (a neighbour VM disturbs a trial too).
+    None where /proc/stat does not exist.
     """
     try:
-        root = psutil.Process(pid)
-        procs = [root] + root.children(recursive=True)
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    user, nice, system, idle, iowait, irq, softirq, steal = (fields + [0] * 8)[:8]
+    return (user + nice + system + irq + softirq + steal) / _CLK_TCK, (idle + iowait) / _CLK_TCK
+
+
+def _cpu_s(p: psutil.Process) -> float:
+    try:
+        t = p.cpu_times()
+        return t.user + t.system
+    except psutil.Error:
+        return 0.0
+
+
+def _private_bytes(p: psutil.Process) -> int:
+    """Pages only this process holds (USS): what a forked worker adds to its parent."""
+    try:
+        return p.memory_full_info().uss
     except psutil.Error:
         return 0
-    total = 0
-    for p in procs:
+    except AttributeError:  # no USS on this platform
         try:
-            info = p.memory_full_info()
-            total += getattr(info, "pss", 0) or info.rss
+            return p.memory_info().rss
         except psutil.Error:
-            continue
-    return total
+            return 0
 
 
-class HostMemorySampler:
-    """Samples the PSS of a process tree in a background thread; keeps the peak.
+def _status_kb(pid: int | str, field: str) -> int | None:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return None
 
-    Reading PSS makes the kernel walk each process's page tables: every 50 ms that
-    cost ~12% of a core for a torch process (measured here), CPU taken from the trial
-    it measures on a small machine. Every 250 ms costs a fifth of that; allocations
-    held for less than that can be missed.
+
+def _file_pages_union(server: int) -> int | None:
+    """Bytes of this process's file-backed mappings resident in it or in ``server``
+    (the process it was forked from, whose mappings it shares), from the present bit of
+    both processes' /proc/PID/pagemap. None where pagemap cannot be read."""
+    import array
+
+    page = os.sysconf("SC_PAGE_SIZE")
+    total = 0
+    try:
+        with open("/proc/self/maps") as f:
+            maps = f.read().splitlines()
+        with open("/proc/self/pagemap", "rb") as mine, open(f"/proc/{server}/pagemap", "rb") as theirs:
+            for line in maps:
+                parts = line.split(maxsplit=5)
+                if len(parts) < 6 or not parts[5].startswith("/"):
+                    continue  # anonymous memory is in VmHWM already
+                lo, hi = (int(x, 16) for x in parts[0].split("-"))
+                n = (hi - lo) // page
+                a, b = array.array("Q"), array.array("Q")
+                mine.seek(lo // page * 8)
+                a.frombytes(mine.read(n * 8))
+                theirs.seek(lo // page * 8)
+                b.frombytes(theirs.read(n * 8))
+                total += sum(1 for x, y in zip(a, b, strict=False) if (x | y) >> 63)
+    except (OSError, ValueError):
+        return None
+    return total * page
+
+
+def own_peak_rss_bytes() -> int:
+    """This process's peak resident set (the kernel's high-water mark, VmHWM): every
+    page it held, including those shared with the server it was forked from, as the
+    user's own process would hold them. Exact, and free to read (no sampling)."""
+    kb = _status_kb("self", "VmHWM")
+    if kb is not None:
+        return kb * 1024
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+
+
+class TreeProbe:
+    """CPU time and memory of this process and its children (DataLoader workers).
+
+    Read at window edges only, outside the timed windows, so that it takes no CPU
+    from a window it measures. Peak host memory = this process's peak RSS + the
+    largest sum of its workers' private pages seen at an edge.
+    ``observers``: other processes whose CPU use is reported apart (the tuner's own:
+    the launcher, the Tune driver, Ray's daemons).
+    ``server``: the process this one was forked from, after it imported torch. A
+    process that imports torch itself keeps the library pages its import touched
+    resident; a forked one holds only those it touches again. The library pages the
+    server holds beyond this process's are added, so that the figure is what the
+    user's own process would hold (checked against one in benchmarks/truth.py).
     """
 
-    def __init__(self, pid: int | None = None, interval_s: float = 0.25):
-        self.pid = pid or os.getpid()
-        self.interval_s = interval_s
-        self.peak = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True, name="host-memory")
+    def __init__(self, observers: list[int] | None = None, server: int | None = None):
+        self.proc = psutil.Process()
+        self.workers_peak = 0
+        self.server = server
+        self.observers = [p for p in (_process(pid) for pid in observers or []) if p is not None]
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.peak = max(self.peak, tree_memory_bytes(self.pid))
-            self._stop.wait(self.interval_s)
+    def children(self) -> list[psutil.Process]:
+        try:
+            return self.proc.children(recursive=True)
+        except psutil.Error:
+            return []
 
-    def __enter__(self) -> HostMemorySampler:
-        self._thread.start()
-        return self
+    def tree_cpu_s(self) -> float:
+        t = os.times()  # reaped children (workers of past epochs) included
+        return t.user + t.system + t.children_user + t.children_system + sum(
+            _cpu_s(c) for c in self.children())
 
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.peak = max(self.peak, tree_memory_bytes(self.pid))
+    def observers_cpu_s(self) -> float:
+        return sum(_cpu_s(p) for p in self.observers)
+
+    def sample_memory(self) -> None:
+        self.workers_peak = max(self.workers_peak, sum(_private_bytes(c) for c in self.children()))
+
+    def peak_host_bytes(self) -> int:
+        untouched = 0
+        if self.server is not None:
+            union, own = _file_pages_union(self.server), _status_kb("self", "RssFile")
+            if union is not None and own is not None:
+                untouched = max(0, union - own * 1024)
+        return own_peak_rss_bytes() + untouched + self.workers_peak
+
+
+def _process(pid: int) -> psutil.Process | None:
+    try:
+        return psutil.Process(pid)
+    except psutil.Error:
+        return None
+
+
+@dataclass
+class Load:
+    """What ran beside a window: CPU used by processes outside the trial's tree, in cores
+    (``other_cores``), the part of it that was the tuner's own (``tuner_cores``), the
+    cores left idle, and other processes on the trial's GPU."""
+
+    other_cores: float
+    tuner_cores: float
+    idle_cores: float
+    gpu_others: int = 0
+
+    def disturbed(self, max_interference: float, cpus: int) -> bool:
+        cpu = self.other_cores > max_interference * cpus and self.idle_cores < 0.5
+        return cpu or self.gpu_others > 0
+
+
+class LoadMeter:
+    """Brackets one window: ``start()`` before, ``stop(wall_s)`` after, both untimed."""
+
+    def __init__(self, probe: TreeProbe, nvml: NvmlSampler | None = None):
+        self.probe, self.nvml = probe, nvml
+        self.cpus = os.cpu_count() or 1
+        self._start: tuple | None = None
+
+    def start(self) -> None:
+        self._start = (machine_cpu(), self.probe.tree_cpu_s(), self.probe.observers_cpu_s())
+
+    def stop(self, wall_s: float) -> Load | None:
+        if self._start is None or self._start[0] is None or wall_s <= 0:
+            return None
+        (busy0, idle0), tree0, obs0 = self._start
+        now = machine_cpu()
+        if now is None:
+            return None
+        busy1, idle1 = now
+        tree = self.probe.tree_cpu_s() - tree0
+        gpu_others = self.nvml.other_processes() if self.nvml is not None else 0
+        return Load(other_cores=max(0.0, (busy1 - busy0 - tree) / wall_s),
+                    tuner_cores=max(0.0, (self.probe.observers_cpu_s() - obs0) / wall_s),
+                    idle_cores=max(0.0, (idle1 - idle0) / wall_s), gpu_others=gpu_others)
 
 
 class NvmlSampler:
@@ -150,6 +288,21 @@ class NvmlSampler:
     @property
     def available(self) -> bool:
         return self._handle is not None
+
+    def other_processes(self) -> int:
+        """Compute processes on the trial's GPU that are not this process or its children
+        (another job sharing the GPU). 0 where NVML cannot tell (no driver, a container
+        that hides host pids: then every pid is foreign, which would flag every window,
+        so a pid not visible here is not counted)."""
+        if not self.available:
+            return 0
+        try:
+            procs = self._nvml.nvmlDeviceGetComputeRunningProcesses(self._handle)
+        except Exception:
+            return 0
+        me = psutil.Process()
+        ours = {me.pid} | {c.pid for c in me.children(recursive=True)}
+        return sum(1 for p in procs if p.pid not in ours and psutil.pid_exists(p.pid))
 
     def _run(self) -> None:
         n, h = self._nvml, self._handle
@@ -228,13 +381,15 @@ def median_error(values: list[float]) -> float:
 
 
 def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
-            startup_s: float = 0.0, progress: Callable[[str], None] | None = None) -> dict:
+            startup_s: float = 0.0, progress: Callable[[str], None] | None = None,
+            probe: TreeProbe | None = None) -> dict:
     """Measure a built Trainer; returns the metrics as a plain dict.
 
     ``startup_s`` is the one-time cost already spent building the trainer.
     A non-finite loss stops the measurement early with ``loss_finite: False``.
     """
     say = progress or (lambda msg: None)
+    probe = probe or TreeProbe()
     device = trainer.device
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -264,21 +419,37 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
 
     rates: list[float] = []
     waits: list[float] = []
+    loads: list[Load] = []
+    disturbed: list[float] = []  # rates of windows dropped as disturbed
     timed_s = 0.0
     starts_before = len(trainer.epoch_start_s)
     nvml = NvmlSampler(device)
+    meter = LoadMeter(probe, nvml)
     with nvml:
         while True:
             synchronize(device)
+            probe.sample_memory()  # untimed: between windows
+            meter.start()
             w0, dw0, e0 = perf_counter(), trainer.data_wait_s, len(trainer.epoch_start_s)
             for _ in range(window_steps):
                 trainer.step()
             synchronize(device)
+            wall = perf_counter() - w0
             paused = sum(trainer.epoch_start_s[e0:])  # epoch starts are measured apart
-            elapsed = perf_counter() - w0 - paused
+            elapsed = wall - paused
+            load = meter.stop(wall)
+            rate = window_steps * trainer.samples_per_step / elapsed
+            if load is not None and load.disturbed(settings.max_interference, meter.cpus) \
+                    and len(disturbed) < settings.max_windows:
+                disturbed.append(rate)
+                say(f"window disturbed ({load.other_cores:.2f} cores used outside the trial): "
+                    f"measuring it again")
+                continue
             timed_s += elapsed
-            rates.append(window_steps * trainer.samples_per_step / elapsed)
+            rates.append(rate)
             waits.append((trainer.data_wait_s - dw0 - paused) / elapsed)
+            if load is not None:
+                loads.append(load)
             say(f"window {len(rates)}: {rates[-1]:.1f} samples/s")
             if not trainer.loss_finite():
                 return _nonfinite(trainer, warmup_s)
@@ -286,6 +457,11 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
             if enough and (median_error(rates) <= settings.target_error or len(rates) >= settings.max_windows
                            or timed_s >= settings.max_timed_s):
                 break
+    probe.sample_memory()
+    # Windows kept after the cap on re-measurement may still be disturbed: the
+    # measurement is then marked, and never picks a winner.
+    still = [ld for ld in loads if ld.disturbed(settings.max_interference, meter.cpus)]
+    is_disturbed = len(still) > len(loads) // 2 if loads else False
 
     steady = statistics.median(rates)
     step_s = trainer.samples_per_step / steady
@@ -335,6 +511,13 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
         "achieved_tflops": flops * steady / 1e12 if flops else None,
         "peak_device_memory_mb": None,
         "peak_device_reserved_mb": None,
+        "peak_host_memory_mb": probe.peak_host_bytes() / 2**20,
+        "host_memory_measure": "peak RSS of the trial process + private pages of its DataLoader workers",
+        # what ran beside the timed windows (medians over the windows kept)
+        "interference_cores": statistics.median(ld.other_cores for ld in loads) if loads else None,
+        "tuner_cpu_cores": statistics.median(ld.tuner_cores for ld in loads) if loads else None,
+        "disturbed_windows_dropped": len(disturbed),
+        "disturbed": is_disturbed,
     }
     if device.type == "cuda":
         result["peak_device_memory_mb"] = torch.cuda.max_memory_allocated(device) / 2**20

@@ -46,12 +46,14 @@ def print_show(res: Results, out: Any = sys.stdout, limit: int | None = None) ->
     rows = table_rows(res)
     cap = res.space.constraints.max_memory_mb
     for i, r in enumerate(rows[:limit] if limit else rows, 1):
-        status = "ok" if r["feasible"] else "infeasible"
+        status = ("disturbed" if r.get("disturbed") else "ok") if r["feasible"] else "infeasible"
         spread = f"{r['spread'] * 100:.1f}%" if r.get("spread") is not None else "-"
         sp = res.speedup(r)
         detail = diff_from_default(r["config"])
         if not r["feasible"]:
             detail += f"  -- {r['reason']}"
+        elif r.get("disturbed"):
+            detail += "  -- measured only while other load disturbed the machine: never picked"
         verdict = diagnose(r, cap).verdict if r["feasible"] else "-"
         print(f"{i:>3}  {status:<10} {_fmt(r.get(metric)):>16} {spread:>7} {r['measurements']:>2} "
               f"{(f'{sp:.2f}x' if sp else '-'):>7} {_fmt(r.get('memory_mb'), 0):>9}  {verdict:<15}  {detail}",

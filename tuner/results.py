@@ -18,7 +18,7 @@ import yaml
 
 from tuner import spec
 from tuner.errors import UserError
-from tuner.search import aggregate, best_of, pareto_front, rank
+from tuner.search import aggregate, baseline_of, best_of, pareto_front, rank
 
 
 @dataclass
@@ -35,7 +35,7 @@ class Results:
 
     @property
     def baseline(self) -> dict | None:
-        return next((r for r in self.records if r.get("phase") == "baseline"), None)
+        return baseline_of(self.records, self.metric)
 
     def rows(self) -> list[dict]:
         return aggregate(self.records, self.metric)

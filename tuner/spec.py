@@ -74,6 +74,7 @@ class Measure(_Strict):
     target_error: float = Field(0.01, gt=0)
     epoch_steps: int | None = Field(None, ge=1)
     max_timed_s: float = Field(60.0, gt=0)
+    max_interference: float = Field(0.10, gt=0, le=1)
 
 
 class Run(_Strict):

@@ -2,9 +2,10 @@
 
 ``run_isolated(request)`` forks a fresh process (from a forkserver that has
 torch imported already, so a trial starts in well under a second), measures
-the config there and returns a plain dict. The parent samples the host memory
-of the child's whole process tree (DataLoader workers included), kills the
-tree when the trial exceeds its time limit, and turns every failure into a
+the config there and returns a plain dict. The child measures its own memory
+and the load beside it at window edges (``tuner.measure.TreeProbe``); the
+parent only blocks on the child's pipe (it takes no CPU from the trial), kills
+the tree when the trial exceeds its time limit, and turns every failure into a
 result with ``status: infeasible`` and a one-line ``reason``.
 """
 
@@ -22,7 +23,6 @@ from typing import Any
 import psutil
 
 from tuner.errors import UserError, WorkloadError
-from tuner.measure import HostMemorySampler
 
 _PRELOAD = ["torch", "tuner.loop", "tuner.measure"]
 
@@ -30,13 +30,19 @@ _PRELOAD = ["torch", "tuner.loop", "tuner.measure"]
 def make_request(*, workload: str, workload_args: dict | None = None, base_dir: str | None = None,
                  config: dict | None = None, baseline: bool = False, strict: bool = False,
                  device: str = "auto", measure: dict | None = None, run: dict | None = None,
-                 seed: int = 0, env: dict | None = None, isolate_compile_cache: bool = True) -> dict:
-    """A trial request: plain data, picklable, saved beside the result."""
+                 seed: int = 0, env: dict | None = None, isolate_compile_cache: bool = True,
+                 observers: list[int] | None = None) -> dict:
+    """A trial request: plain data, picklable, saved beside the result.
+
+    ``observers``: pids of the tuner's own processes (the launcher, the Tune driver,
+    Ray's daemons) whose CPU use during the timed windows is reported apart.
+    """
     return {
         "workload": workload, "workload_args": dict(workload_args or {}), "base_dir": base_dir,
         "config": dict(config or {}), "baseline": baseline, "strict": strict, "device": device,
         "measure": dict(measure or {}), "run": dict(run or {}), "seed": seed,
         "env": dict(env or {}), "isolate_compile_cache": isolate_compile_cache,
+        "observers": list(observers or []),
     }
 
 
@@ -61,13 +67,14 @@ def resolve_config(request: dict) -> tuple[dict, list[str], Any, Any]:
     return config, notes, workload, device
 
 
-def execute(request: dict, progress: Callable[[str], None] | None = None) -> dict:
+def execute(request: dict, progress: Callable[[str], None] | None = None,
+            server: int | None = None) -> dict:
     """Build and measure the request's config in this process; return metrics + context."""
     import torch
 
     from tuner.hardware import describe
     from tuner.loop import Trainer
-    from tuner.measure import MeasureSettings, RunPlan, measure
+    from tuner.measure import MeasureSettings, RunPlan, TreeProbe, measure
 
     t0 = time.perf_counter()
     config, notes, workload, device = resolve_config(request)
@@ -80,7 +87,8 @@ def execute(request: dict, progress: Callable[[str], None] | None = None) -> dic
     try:
         trainer = Trainer(workload, config, device, baseline=request["baseline"], seed=request["seed"])
         metrics = measure(trainer, MeasureSettings(**request["measure"]), RunPlan(**request["run"]),
-                          startup_s=time.perf_counter() - t0, progress=progress)
+                          startup_s=time.perf_counter() - t0, progress=progress,
+                          probe=TreeProbe(request.get("observers"), server=server))
     finally:
         if cache_dir:
             shutil.rmtree(cache_dir, ignore_errors=True)
@@ -123,7 +131,7 @@ def _child(conn: Any, request: dict) -> None:
 
         torch.set_num_threads(max(1, int(request["env"]["OMP_NUM_THREADS"])))
     try:
-        result = execute(request, progress=lambda msg: conn.send(("progress", msg)))
+        result = execute(request, progress=lambda msg: conn.send(("progress", msg)), server=os.getppid())
         conn.send(("result", result))
     except BaseException as exc:  # every failure is a result
         kind, reason = classify(exc)
@@ -161,39 +169,39 @@ def _run_once(request: dict, timeout_s: float, progress: Callable[[str], None] |
     proc.start()
     send.close()
     result: dict | None = None
-    with HostMemorySampler(proc.pid) as mem:
-        deadline = t0 + timeout_s
-        while result is None:
-            remaining = deadline - time.perf_counter()
-            if remaining <= 0:
-                kill_tree(proc.pid)
-                result = _infeasible("timeout", f"hung: no result within the trial time limit "
-                                     f"of {timeout_s:.0f} s", request)
-                break
-            try:
-                if not recv.poll(min(remaining, 0.5)):
-                    continue
-                msg = recv.recv()
-            except (EOFError, OSError):
-                proc.join(5)
-                code = proc.exitcode
-                why = (f"killed by signal {-code}" if code is not None and code < 0
-                       else f"exit code {code}")
-                hint = " (host out of memory?)" if code == -9 else ""
-                result = _infeasible("died", f"trial process died: {why}{hint}", request)
-                break
-            if msg[0] == "progress":
-                if progress:
-                    progress(msg[1])
-            elif msg[0] == "result":
-                result = msg[1]
-            else:
-                _, kind, reason, tb = msg
-                result = _infeasible(kind, reason, request, traceback=tb)
+    deadline = t0 + timeout_s
+    while result is None:
+        remaining = deadline - time.perf_counter()
+        if remaining <= 0:
+            kill_tree(proc.pid)
+            result = _infeasible("timeout", f"hung: no result within the trial time limit "
+                                 f"of {timeout_s:.0f} s", request)
+            break
+        try:
+            # Blocks until the child writes (once per window) or the time limit: the
+            # parent wakes for nothing else while the trial measures.
+            if not recv.poll(remaining):
+                continue
+            msg = recv.recv()
+        except (EOFError, OSError):
+            proc.join(5)
+            code = proc.exitcode
+            why = (f"killed by signal {-code}" if code is not None and code < 0
+                   else f"exit code {code}")
+            hint = " (host out of memory?)" if code == -9 else ""
+            result = _infeasible("died", f"trial process died: {why}{hint}", request)
+            break
+        if msg[0] == "progress":
+            if progress:
+                progress(msg[1])
+        elif msg[0] == "result":
+            result = msg[1]
+        else:
+            _, kind, reason, tb = msg
+            result = _infeasible(kind, reason, request, traceback=tb)
     proc.join(10)
     if proc.is_alive():
         kill_tree(proc.pid)
-    result["peak_host_memory_mb"] = mem.peak / 2**20
     result["trial_wall_s"] = time.perf_counter() - t0
     return result
 

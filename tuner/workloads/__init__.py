@@ -73,6 +73,7 @@ BUILTIN = {
     "conv": "tuner.workloads.builtin:conv",
     "transformer": "tuner.workloads.builtin:transformer",
     "multisource": "tuner.workloads.builtin:multisource",
+    "files": "tuner.workloads.builtin:files",
 }
 
 

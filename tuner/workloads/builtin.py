@@ -8,6 +8,9 @@
   sequences, tabular rows) behind one model; a batch that mixes sources needs
   one forward pass per source, a batch of one source needs one
   (the guides' "group_collate" recipe, the ``batch_grouping`` knob).
+- ``files``: the conv net on images in a zip archive on disk, opened lazily in
+  each DataLoader worker (epoch boundaries cost what they cost a real
+  file-backed dataset: persistent workers matter).
 
 Sizes are arguments so that a space file can scale them.
 """
@@ -261,4 +264,100 @@ def multisource(size: int = 3072, seq_len: int = 64) -> Workload:
         loss=_multisource_loss,
         collate=group_collate,
         groups=_groups,
+    )
+
+
+# --- files --------------------------------------------------------------------------
+
+
+def _write_image_zip(path: str, size: int, raw: int, seed: int = 0) -> None:
+    """Write ``size`` smooth images, zlib-compressed, one zip member each (once per path)."""
+    import os
+    import tempfile
+    import zipfile
+
+    rng = np.random.default_rng(seed)
+    base = rng.integers(0, 256, (64, raw // 4, raw // 4, 3), dtype=np.uint8)
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".part")
+    os.close(fd)
+    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED) as z:
+        for i in range(size):
+            img = np.kron(base[i % len(base)], np.ones((4, 4, 1), np.uint8))
+            img[rng.integers(0, raw), :, :] = rng.integers(0, 256)  # distinct bytes per member
+            z.writestr(f"img/{i:07d}.z", zlib.compress(img.tobytes(), 6))
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)  # atomic: concurrent trials never read a half-written archive
+
+
+class ZipImages(Dataset):
+    """Images read from a zip archive on disk, opened lazily in each process that reads
+    it (each DataLoader worker opens its own handle, as real file-backed datasets do):
+    a new worker pays the open (the archive's directory is read and indexed) before its
+    first sample. Decoding and augmentation as in ``SyntheticImages``."""
+
+    def __init__(self, path: str, image_size: int = 32, classes: int = 10):
+        import zipfile
+
+        self.path, self.image_size = path, image_size
+        self.raw = 4 * image_size + 16
+        with zipfile.ZipFile(path) as z:  # the length only; the handle is per process
+            self.names = sorted(n for n in z.namelist() if n.endswith(".z"))
+        self.labels = np.random.default_rng(1).integers(0, classes, len(self.names))
+        self.mean = np.array([0.485, 0.456, 0.406], np.float32) * 255
+        self.std = np.array([0.229, 0.224, 0.225], np.float32) * 255
+        self._zip = None
+        self._pid = None
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def _open(self) -> None:
+        import os
+        import zipfile
+
+        self._zip = zipfile.ZipFile(self.path)
+        self._index = {info.filename: info for info in self._zip.infolist()}
+        self._pid = os.getpid()
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        import os
+
+        if self._pid != os.getpid():  # a new worker (or the first read): open here
+            self._open()
+        blob = self._zip.read(self._index[self.names[i]])
+        rng = np.random.default_rng(i)
+        img = np.frombuffer(zlib.decompress(blob), np.uint8).reshape(self.raw, self.raw, 3).astype(np.float32)
+        crop = 4 * self.image_size
+        y, x = rng.integers(0, self.raw - crop + 1, 2)
+        img = img[y:y + crop, x:x + crop]
+        img = img.reshape(self.image_size, 4, self.image_size, 4, 3).mean(axis=(1, 3))
+        if rng.random() < 0.5:
+            img = img[:, ::-1]
+        img = (img - self.mean) / self.std
+        return torch.from_numpy(np.ascontiguousarray(img.transpose(2, 0, 1), dtype=np.float32)), int(self.labels[i])
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_zip"], state["_pid"] = None, None  # a handle never crosses processes
+        return state
+
+
+def files(size: int = 2048, image_size: int = 32, width: int = 32, root: str | None = None) -> Workload:
+    """The conv net on images stored in a zip archive on disk (written once, under
+    ``root``, default the system temp folder), opened lazily per DataLoader worker:
+    the case where persistent workers matter at every epoch boundary."""
+    import os
+    import tempfile
+
+    folder = root or os.path.join(tempfile.gettempdir(), "tuner-files")
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, f"images-{size}-{image_size}.zip")
+    if not os.path.exists(path):
+        _write_image_zip(path, size, 4 * image_size + 16)
+    return Workload(
+        model=lambda: SmallConvNet(width=width),
+        dataset=lambda: ZipImages(path, image_size),
+        loss=lambda model, batch: nn.functional.cross_entropy(model(batch[0]), batch[1]),
+        optimizer=lambda params: torch.optim.SGD(params, lr=0.05, momentum=0.9),
+        flops_per_sample=_conv_flops(image_size, width),
     )

@@ -1,0 +1,304 @@
+"""Does ``tuner bench`` agree with the user's own plain loop on the same config?
+
+For every built-in workload and 3+ configs each (DataLoader workers with persistent
+on and off among them):
+
+- ``bench``: ``python -m tuner bench SPACE --set ... --json``, the real command;
+- ``plain``: the training loop written the way a user writes one (``plain_loop``
+  below: a DataLoader, autocast, ``for batch in loader``), run in a fresh Python
+  process for whole epochs: one epoch untimed (start-up), then ``--epochs`` epochs
+  timed end to end, epoch boundaries included; samples/sec = samples / seconds;
+- runs interleaved A/B then B/A, ``--rounds`` rounds, medians;
+- peak host memory: bench's figure vs the plain process's own (its peak RSS,
+  VmHWM, plus the private pages of its DataLoader workers, read
+  mid-epoch by the plain loop itself);
+- a trial inside a real Ray Tune search (``tuner.search.run_search``, one config) vs
+  ``bench`` on that config, interleaved likewise.
+
+Prints a table and writes JSON (default benchmarks/out/truth.json).
+
+    python benchmarks/truth.py [--workloads conv,transformer,multisource,files] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+# (workload, its args, configs): sizes give epochs of a few seconds on 2 cores, so that
+# the plain loop's whole epochs stay short and epoch boundaries weigh as they do in a run.
+CASES = {
+    "conv": ({"size": 2048}, [
+        {"precision": "bf16", "micro_batch_size": 64, "channels_last": True, "torch_threads": 2},
+        {"precision": "bf16", "micro_batch_size": 64, "channels_last": True, "num_workers": 1,
+         "persistent_workers": True, "torch_threads": 1},
+        {"precision": "bf16", "micro_batch_size": 64, "channels_last": True, "num_workers": 1,
+         "persistent_workers": False, "torch_threads": 1},
+    ]),
+    "transformer": ({"size": 512}, [
+        {"precision": "fp32", "micro_batch_size": 8, "torch_threads": 2},
+        {"precision": "bf16", "micro_batch_size": 32, "num_workers": 1, "persistent_workers": True,
+         "torch_threads": 2},
+        {"precision": "bf16", "micro_batch_size": 32, "num_workers": 1, "persistent_workers": False,
+         "torch_threads": 2},
+    ]),
+    "multisource": ({"size": 8192}, [
+        {"precision": "fp32", "micro_batch_size": 64},
+        {"precision": "bf16", "micro_batch_size": 128, "batch_grouping": "by_source"},
+        {"precision": "fp32", "micro_batch_size": 64, "num_workers": 1, "persistent_workers": False},
+    ]),
+    "files": ({"size": 1024}, [
+        {"precision": "bf16", "micro_batch_size": 64, "channels_last": True, "torch_threads": 2},
+        {"precision": "bf16", "micro_batch_size": 64, "channels_last": True, "num_workers": 1,
+         "persistent_workers": True, "torch_threads": 1},
+        {"precision": "bf16", "micro_batch_size": 64, "channels_last": True, "num_workers": 1,
+         "persistent_workers": False, "torch_threads": 1},
+    ]),
+}
+
+
+# ---- the plain loop, as a user writes it (runs in its own process: --plain) -----------
+
+
+def plain_loop(workload: str, args: dict, config: dict, epochs: int) -> dict:
+    import psutil
+    import torch
+    from torch.utils.data import DataLoader
+
+    from tuner.workloads import load_workload
+
+    if config.get("torch_threads"):
+        torch.set_num_threads(config["torch_threads"])
+    wl = load_workload(workload, args)
+    model = wl.model()
+    if config.get("channels_last"):
+        model = model.to(memory_format=torch.channels_last)
+    opt = wl.make_optimizer(model.parameters())
+    ds = wl.dataset()
+    bs, workers = config["micro_batch_size"], config.get("num_workers", 0)
+    kw = {"num_workers": workers}
+    if workers:
+        kw["persistent_workers"] = config.get("persistent_workers", False)
+    if config.get("batch_grouping") == "by_source":
+        loader = DataLoader(ds, batch_sampler=by_source_batches(wl.groups(ds), bs), collate_fn=wl.collate, **kw)
+    else:
+        loader = DataLoader(ds, batch_size=bs, shuffle=True, drop_last=True, collate_fn=wl.collate, **kw)
+    bf16 = config.get("precision") == "bf16"
+    cl = config.get("channels_last")
+    me = psutil.Process()
+    workers_peak = 0
+
+    def to_cl(b):
+        if cl and isinstance(b, (list, tuple)) and b[0].dim() == 4:
+            return (b[0].contiguous(memory_format=torch.channels_last), *b[1:])
+        return b
+
+    def epoch() -> int:
+        nonlocal workers_peak
+        n = 0
+        for i, batch in enumerate(loader):
+            batch = to_cl(batch)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                loss = wl.loss(model, batch)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            n += bs
+            if i == 5:
+                workers_peak = max(workers_peak, sum(c.memory_full_info().uss for c in me.children()))
+        return n
+
+    epoch()  # start-up: first workers, first allocations
+    t0 = time.perf_counter()
+    samples = sum(epoch() for _ in range(epochs))
+    wall = time.perf_counter() - t0
+    # The kernel's high-water mark of this process (VmHWM, what /usr/bin/time's max RSS
+    # reads for a process it starts); not ru_maxrss, which keeps the peak of whatever
+    # process exec'd this one.
+    rss = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM")) / 1024
+    return {"samples_per_sec": samples / wall, "epochs": epochs, "epoch_s": wall / epochs,
+            "peak_rss_mb": rss, "workers_private_mb": workers_peak / 2**20,
+            "peak_host_memory_mb": rss + workers_peak / 2**20}
+
+
+class by_source_batches:  # noqa: N801 -- the user's own grouped batch sampler
+    """Each batch from one source, shuffled, as the guides' group_collate recipe writes it."""
+
+    def __init__(self, groups: list[list[int]], bs: int):
+        self.groups, self.bs = groups, bs
+
+    def __len__(self) -> int:
+        return sum(len(g) // self.bs for g in self.groups)
+
+    def __iter__(self):
+        import random
+
+        batches = []
+        for g in self.groups:
+            g = random.sample(g, len(g))
+            batches += [g[i:i + self.bs] for i in range(0, len(g) - self.bs + 1, self.bs)]
+        random.shuffle(batches)
+        return iter(batches)
+
+
+# ---- the harness ---------------------------------------------------------------------
+
+
+def run_plain(workload: str, args: dict, config: dict, epochs: int) -> dict:
+    out = subprocess.run([sys.executable, __file__, "--plain", json.dumps([workload, args, config, epochs])],
+                         capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def space_file(folder: Path, workload: str, args: dict, name: str = "truth") -> Path:
+    path = folder / f"{name}-{workload}.yaml"
+    path.write_text(yaml.safe_dump({"name": name, "workload": workload, "workload_args": args, "device": "cpu"}))
+    return path
+
+
+def run_bench(space: Path, config: dict) -> dict:
+    sets = [a for k, v in config.items() for a in ("--set", f"{k}={json.dumps(v)}")]
+    out = subprocess.run([sys.executable, "-m", "tuner", "bench", str(space), *sets, "--json"],
+                         capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"bench failed: {out.stderr.strip()[-500:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def run_trial(workload: str, args: dict, config: dict, results: Path, tag: str) -> dict:
+    """One config as a trial of a real Tune search (Ray already started by the caller)."""
+    from tuner import spec
+    from tuner.search import run_search
+
+    space = spec.parse({"name": f"truth-{workload}-{tag}", "workload": workload, "workload_args": args,
+                        "device": "cpu", "knobs": config, "budget": {"trials": 1},
+                        "confirm": {"top": 0, "repeats": 0}})
+    run_search(space, results_root=results, quiet=True)
+    records = [json.loads(line) for line in (results / space.name / "trials.jsonl").read_text().splitlines()]
+    return next(r for r in records if r.get("phase") == "search")
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a and b else None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workloads", default=",".join(CASES))
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--epochs", type=int, default=3, help="timed epochs of the plain loop")
+    ap.add_argument("--configs", type=int, default=None, help="only the first N configs per workload")
+    ap.add_argument("--no-search", action="store_true", help="skip the Tune-trial comparison")
+    ap.add_argument("--out", default="benchmarks/out/truth.json")
+    ap.add_argument("--plain", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.plain:
+        print(json.dumps(plain_loop(*json.loads(a.plain))))
+        return
+
+    from tuner.hardware import describe
+
+    tmp = Path(tempfile.mkdtemp(prefix="truth-"))
+    rows, search_rows = [], []
+    for workload in a.workloads.split(","):
+        args, configs = CASES[workload]
+        space = space_file(tmp, workload, args)
+        for config in configs[: a.configs]:
+            bench, plain = [], []
+            for r in range(a.rounds):
+                order = ("bench", "plain") if r % 2 == 0 else ("plain", "bench")
+                for which in order:
+                    if which == "bench":
+                        bench.append(run_bench(space, config))
+                    else:
+                        plain.append(run_plain(workload, args, config, a.epochs))
+            b = statistics.median(x["samples_per_sec"] for x in bench)
+            p = statistics.median(x["samples_per_sec"] for x in plain)
+            bm = statistics.median(x["peak_host_memory_mb"] for x in bench)
+            pm = statistics.median(x["peak_host_memory_mb"] for x in plain)
+            row = {"workload": workload, "args": args, "config": config,
+                   "bench_samples_per_sec": b, "plain_samples_per_sec": p, "bench_over_plain": b / p,
+                   "bench_runs": [x["samples_per_sec"] for x in bench],
+                   "plain_runs": [x["samples_per_sec"] for x in plain],
+                   "bench_memory_mb": bm, "plain_memory_mb": pm, "memory_ratio": bm / pm,
+                   "bench_interference_cores": [x.get("interference_cores") for x in bench],
+                   "bench_disturbed": [x.get("disturbed") for x in bench],
+                   "plain_epoch_s": statistics.median(x["epoch_s"] for x in plain)}
+            rows.append(row)
+            print(f"{workload:<12} {_short(config):<58} bench {b:8.1f}  plain {p:8.1f}  "
+                  f"ratio {b / p:5.3f}  memory {bm:6.0f} / {pm:6.0f} MB = {bm / pm:5.3f}", flush=True)
+
+    # persistent workers on vs off: bench's ratio vs the plain loop's whole epochs
+    persistence = []
+    for workload in a.workloads.split(","):
+        mine = [r for r in rows if r["workload"] == workload and r["config"].get("num_workers")]
+        on = next((r for r in mine if r["config"].get("persistent_workers")), None)
+        off = next((r for r in mine if not r["config"].get("persistent_workers")), None)
+        if on and off and on["config"].get("precision") == off["config"].get("precision"):
+            bench_r = on["bench_samples_per_sec"] / off["bench_samples_per_sec"]
+            plain_r = on["plain_samples_per_sec"] / off["plain_samples_per_sec"]
+            persistence.append({"workload": workload, "bench_on_over_off": bench_r,
+                                "plain_on_over_off": plain_r, "agreement": bench_r / plain_r})
+
+    if not a.no_search:
+        import ray
+
+        ray.init(include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+        try:
+            for workload in a.workloads.split(","):
+                args, configs = CASES[workload]
+                space = space_file(tmp, workload, args)
+                config = configs[0]
+                bench, trial = [], []
+                for r in range(a.rounds):
+                    order = ("bench", "trial") if r % 2 == 0 else ("trial", "bench")
+                    for which in order:
+                        if which == "bench":
+                            bench.append(run_bench(space, config)["samples_per_sec"])
+                        else:
+                            rec = run_trial(workload, args, config, tmp / "results", f"r{r}")
+                            trial.append(rec["samples_per_sec"])
+                b, t = statistics.median(bench), statistics.median(trial)
+                search_rows.append({"workload": workload, "config": config, "bench_samples_per_sec": b,
+                                    "trial_samples_per_sec": t, "trial_over_bench": t / b,
+                                    "bench_runs": bench, "trial_runs": trial,
+                                    "trial_tuner_cpu_cores": rec.get("tuner_cpu_cores"),
+                                    "trial_interference_cores": rec.get("interference_cores")})
+                print(f"{workload:<12} Tune trial {t:8.1f}  bench {b:8.1f}  trial/bench {t / b:5.3f}  "
+                      f"(tuner's own CPU beside the trial: {rec.get('tuner_cpu_cores') or 0:.3f} cores)",
+                      flush=True)
+        finally:
+            ray.shutdown()
+
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps({"hardware": describe(), "rounds": a.rounds, "plain_epochs": a.epochs,
+                                       "rows": rows, "persistence": persistence, "search": search_rows},
+                                      indent=2, default=str))
+    print(f"\n{'workload':<12} {'config':<58} {'bench':>8} {'plain':>8} {'ratio':>6} {'mem ratio':>9}")
+    for r in rows:
+        print(f"{r['workload']:<12} {_short(r['config']):<58} {r['bench_samples_per_sec']:8.1f} "
+              f"{r['plain_samples_per_sec']:8.1f} {r['bench_over_plain']:6.3f} {r['memory_ratio']:9.3f}")
+    for p in persistence:
+        print(f"{p['workload']:<12} persistent on/off: bench {p['bench_on_over_off']:.3f}, "
+              f"plain whole epochs {p['plain_on_over_off']:.3f}, agreement {p['agreement']:.3f}")
+    for s in search_rows:
+        print(f"{s['workload']:<12} Tune trial / bench: {s['trial_over_bench']:.3f}")
+    print(f"wrote {a.out}")
+
+
+def _short(config: dict) -> str:
+    names = {"precision": "", "micro_batch_size": "b", "num_workers": "w", "persistent_workers": "persist=",
+             "channels_last": "cl=", "torch_threads": "t", "batch_grouping": ""}
+    return " ".join(f"{names.get(k, k + '=')}{v}" for k, v in config.items())
+
+
+if __name__ == "__main__":
+    main()
