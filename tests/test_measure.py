@@ -136,3 +136,25 @@ def _spin(seconds: float) -> None:
     end = time.time() + seconds
     while time.time() < end:
         pass
+
+
+def test_screening_stops_a_config_that_cannot_reach_the_incumbent():
+    # 80 samples/s (sleep-bound): against an incumbent of 1000 it stops after 2 windows
+    out = _run("sleepy", {"step_s": 0.05}, {"micro_batch_size": 4}, screen={"below": 1000.0, "margin": 0.05})
+    assert out["status"] == "ok" and out["screened"] is True and out["windows"] == 2
+    assert out["screened_below"] == 1000.0
+    assert out["samples_per_sec"] == pytest.approx(80, rel=0.1)  # the short figure is kept
+    # within the margin of the incumbent: measured in full
+    full = _run("sleepy", {"step_s": 0.05}, {"micro_batch_size": 4}, screen={"below": 82.0, "margin": 0.05})
+    assert full["screened"] is False and full["windows"] >= FAST_MEASURE["min_windows"]
+
+
+@pytest.mark.slow
+def test_a_compile_group_pays_its_compile_once(tmp_path):
+    cache = str(tmp_path / "group")
+    config = {"micro_batch_size": 8, "compile": "default"}
+    cold = _run("linear", config=config, compile_cache=cache, timeout=300)
+    warm = _run("linear", config=config, compile_cache=cache, timeout=300)
+    assert cold["status"] == warm["status"] == "ok"
+    assert (cold["compile_cache"], warm["compile_cache"]) == ("cold", "warm")
+    assert warm["compile_s"] < cold["compile_s"]

@@ -64,3 +64,29 @@ def test_disturbed_measurements_never_pick_the_winner():
              {"phase": "baseline", "config": {}, "status": "ok", "samples_per_sec": 10.0, "disturbed": True}]
     base = baseline_of(bases + recs, "samples_per_sec")
     assert base["samples_per_sec"] == pytest.approx(105.0) and base["measurements"] == 3
+
+
+def test_screened_rows_never_win_and_confirm_takes_only_rows_within_noise():
+    from tuner.search import best_of, with_cold_compile, within_noise
+
+    recs = [
+        {"phase": "search", "key": "a", "config": {"x": 1}, "status": "ok", "samples_per_sec": 100.0,
+         "samples_per_sec_error": 0.01},
+        {"phase": "search", "key": "b", "config": {"x": 2}, "status": "ok", "samples_per_sec": 97.0,
+         "samples_per_sec_error": 0.01},
+        {"phase": "search", "key": "c", "config": {"x": 3}, "status": "ok", "samples_per_sec": 60.0,
+         "samples_per_sec_error": 0.01},
+        # a screening figure above everyone's: it never wins, and is not a contender
+        {"phase": "search", "key": "d", "config": {"x": 4}, "status": "ok", "samples_per_sec": 150.0,
+         "screened": True},
+    ]
+    ranked = rank(aggregate(recs, "samples_per_sec"), "samples_per_sec")
+    assert [r["key"] for r in ranked] == ["a", "b", "c", "d"] and ranked[-1]["screened"]
+    assert best_of(ranked)["key"] == "a"
+    # b is within noise of a (3% apart, 12% allowed); c is 40% behind
+    assert [r["key"] for r in within_noise(ranked, "samples_per_sec")] == ["a", "b"]
+
+    cold = with_cold_compile({"compile_cache": "cold", "compile_s": 16.0, "projected_run_s": 100.0}, None)
+    assert cold["compile_s_cold"] == 16.0 and cold["projected_run_s"] == 100.0
+    warm = with_cold_compile({"compile_cache": "warm", "compile_s": 4.0, "projected_run_s": 88.0}, 16.0)
+    assert warm["compile_s_cold"] == 16.0 and warm["projected_run_s"] == 100.0  # the cold cost is kept

@@ -54,6 +54,7 @@ class Knob:
     # note for a search).
     inactive: Callable[[dict, Context], str | None] | None = None
     cost: str = ""  # what the knob costs, for docs and report
+    recompiles: bool = False  # changes what torch.compile traces: configs differing in it compile apart
 
 
 def _needs_workers(config: dict, ctx: Context) -> str | None:
@@ -80,9 +81,9 @@ def _recommended_workers(ctx: Context) -> int:
 _TABLE = [
     Knob("precision", str, "autocast dtype of the forward pass; fp16 adds a GradScaler",
          "fp32", _recommended_precision, choices=PRECISIONS,
-         cost="bf16/fp16 may change numerics; fp16 needs loss scaling"),
+         cost="bf16/fp16 may change numerics; fp16 needs loss scaling", recompiles=True),
     Knob("micro_batch_size", int, "samples per forward/backward pass",
-         32, lambda ctx: 32, minimum=1, cost="memory grows with it"),
+         32, lambda ctx: 32, minimum=1, cost="memory grows with it", recompiles=True),
     Knob("grad_accum_steps", int, "micro-batches accumulated per optimizer step (loss / steps)",
          1, lambda ctx: 1, minimum=1),
     Knob("num_workers", int, "DataLoader worker processes",
@@ -100,9 +101,9 @@ _TABLE = [
          False, lambda ctx: True, gpu_only=True),
     Knob("compile", str, "torch.compile mode",
          "off", lambda ctx: "default" if ctx.device == "cuda" else "off", choices=COMPILE_MODES,
-         cost="one-time compile seconds, measured as compile_s"),
+         cost="one-time compile seconds, measured as compile_s", recompiles=True),
     Knob("channels_last", bool, "NHWC memory format for the model and 4-D inputs",
-         False, lambda ctx: False, cost="helps conv nets, can slow others"),
+         False, lambda ctx: False, cost="helps conv nets, can slow others", recompiles=True),
     Knob("cudnn_benchmark", bool, "cudnn autotuner for fixed input shapes",
          False, lambda ctx: True, gpu_only=True, cost="autotuning in the first steps"),
     Knob("tf32", bool, "TF32 matmuls and convolutions on Ampere and newer",
@@ -110,12 +111,12 @@ _TABLE = [
     Knob("fused_optimizer", bool, "fused optimizer kernels (fused=True)",
          False, lambda ctx: True),
     Knob("activation_checkpointing", bool, "recompute block activations in backward",
-         False, lambda ctx: False, cost="about one extra forward pass of compute"),
+         False, lambda ctx: False, cost="about one extra forward pass of compute", recompiles=True),
     Knob("torch_threads", int, "intra-op threads of the training process (null: PyTorch's default)",
          None, lambda ctx: None, minimum=1, nullable=True),
     Knob("batch_grouping", str, "multi-source data: mixed batches, or each batch from one source",
          "mixed", lambda ctx: "by_source" if ctx.has_groups else "mixed", choices=GROUPINGS,
-         inactive=_needs_groups),
+         inactive=_needs_groups, recompiles=True),
 ]
 
 KNOBS: dict[str, Knob] = {k.name: k for k in _TABLE}
@@ -126,6 +127,12 @@ def applies(knob: Knob) -> str:
     if knob.gpu_only:
         return "GPU only"
     return (knob.inactive.__doc__ or "conditionally").strip() if knob.inactive else "always"
+
+
+def compile_group(config: dict) -> dict[str, Any]:
+    """The knobs that decide what torch.compile traces: configs equal in these share a
+    compile (and a warm inductor cache)."""
+    return {k.name: config.get(k.name, k.default) for k in _TABLE if k.recompiles}
 
 
 def defaults() -> dict[str, Any]:

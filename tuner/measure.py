@@ -49,6 +49,10 @@ class MeasureSettings:
     """Optimizer steps per measured epoch; None: short enough to cross 2+ epoch boundaries."""
     max_timed_s: float = 60.0
     """Stop adding windows once this much time was timed."""
+    screen_windows: int = 2
+    """Screening: when the search passes a threshold (its incumbent's figure), a config
+    whose best of its first ``screen_windows`` windows, raised by the noise allowance,
+    stays below it stops there, recorded as ``screened``; 0 never screens."""
     max_interference: float = 0.10
     """A window is disturbed when processes outside the trial (the tuner's own
     included) used more than this share of the machine's cores while no core was
@@ -382,11 +386,14 @@ def median_error(values: list[float]) -> float:
 
 def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
             startup_s: float = 0.0, progress: Callable[[str], None] | None = None,
-            probe: TreeProbe | None = None) -> dict:
+            probe: TreeProbe | None = None, screen: dict | None = None) -> dict:
     """Measure a built Trainer; returns the metrics as a plain dict.
 
     ``startup_s`` is the one-time cost already spent building the trainer.
     A non-finite loss stops the measurement early with ``loss_finite: False``.
+    ``screen``: ``{"below": samples/sec, "margin": fraction}`` from the search: after
+    ``settings.screen_windows`` windows, a config that cannot reach ``below`` even
+    with ``margin`` of noise in its favour stops (``screened: True``).
     """
     say = progress or (lambda msg: None)
     probe = probe or TreeProbe()
@@ -421,6 +428,7 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
     waits: list[float] = []
     loads: list[Load] = []
     disturbed: list[float] = []  # rates of windows dropped as disturbed
+    screened = False
     timed_s = 0.0
     starts_before = len(trainer.epoch_start_s)
     nvml = NvmlSampler(device)
@@ -453,6 +461,11 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
             say(f"window {len(rates)}: {rates[-1]:.1f} samples/s")
             if not trainer.loss_finite():
                 return _nonfinite(trainer, warmup_s)
+            if screen and len(rates) == settings.screen_windows \
+                    and max(rates) * (1 + screen["margin"]) < screen["below"]:
+                screened = True
+                say(f"screened out: {max(rates):.1f} samples/s cannot reach {screen['below']:.1f}")
+                break
             enough = len(rates) >= settings.min_windows
             if enough and (median_error(rates) <= settings.target_error or len(rates) >= settings.max_windows
                            or timed_s >= settings.max_timed_s):
@@ -518,6 +531,8 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
         "tuner_cpu_cores": statistics.median(ld.tuner_cores for ld in loads) if loads else None,
         "disturbed_windows_dropped": len(disturbed),
         "disturbed": is_disturbed,
+        "screened": screened,
+        "screened_below": screen["below"] if screened and screen else None,
     }
     if device.type == "cuda":
         result["peak_device_memory_mb"] = torch.cuda.max_memory_allocated(device) / 2**20

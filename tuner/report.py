@@ -46,12 +46,15 @@ def print_show(res: Results, out: Any = sys.stdout, limit: int | None = None) ->
     rows = table_rows(res)
     cap = res.space.constraints.max_memory_mb
     for i, r in enumerate(rows[:limit] if limit else rows, 1):
-        status = ("disturbed" if r.get("disturbed") else "ok") if r["feasible"] else "infeasible"
+        status = ("screened" if r.get("screened") else "disturbed" if r.get("disturbed") else "ok") \
+            if r["feasible"] else "infeasible"
         spread = f"{r['spread'] * 100:.1f}%" if r.get("spread") is not None else "-"
         sp = res.speedup(r)
         detail = diff_from_default(r["config"])
         if not r["feasible"]:
             detail += f"  -- {r['reason']}"
+        elif r.get("screened"):
+            detail += "  -- screened: its first windows could not reach the leader; never picked"
         elif r.get("disturbed"):
             detail += "  -- measured only while other load disturbed the machine: never picked"
         verdict = diagnose(r, cap).verdict if r["feasible"] else "-"

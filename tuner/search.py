@@ -18,11 +18,13 @@ Order of a search:
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import os
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -89,15 +91,20 @@ def aggregate(records: list[dict], metric: str) -> list[dict]:
     rows = []
     for (key, model), rs in groups.items():
         measured = [r for r in rs if r.get("status") == "ok" and r.get(metric) is not None]
-        # A measurement that stayed disturbed (other load on the machine) counts only
-        # when nothing better exists, and then the row is marked: it never wins.
-        quiet = [r for r in measured if not r.get("disturbed")]
-        ok = quiet or measured
+        # A screening figure (a few windows, stopped as out of the running) and a
+        # measurement that stayed disturbed (other load on the machine) count only when
+        # nothing better exists, and then the row is marked: it never wins.
+        full = [r for r in measured if not r.get("screened")]
+        quiet = [r for r in full if not r.get("disturbed")]
+        ok = quiet or full or measured
         values = [r[metric] for r in ok]
         row = {
             "key": key, "device_model": model, "config": rs[0]["config"], "measurements": len(rs),
             "feasible": bool(measured) and len(measured) == len(rs),
-            "disturbed": bool(measured) and not quiet,
+            "disturbed": bool(full) and not quiet,
+            "screened": bool(measured) and not full,
+            "error": statistics.median(r["samples_per_sec_error"] for r in ok)
+            if ok and all(r.get("samples_per_sec_error") is not None for r in ok) else None,
             "reason": next((r.get("reason") for r in rs if r.get("status") != "ok"), None),
             metric: _pooled_median(ok, metric) if values else None,
             "values": values,
@@ -128,16 +135,22 @@ def _pooled_median(records: list[dict], metric: str) -> float:
 
 
 def rank(rows: list[dict], metric: str) -> list[dict]:
-    """Feasible rows best first; rows measured only on a disturbed machine last."""
+    """Feasible rows best first; rows only screened or measured only on a disturbed
+    machine last."""
     sign = -1.0 if spec.OBJECTIVE_METRICS[metric] == "max" else 1.0
-    return sorted((r for r in rows if r["feasible"]), key=lambda r: (bool(r.get("disturbed")), sign * r[metric]))
+    return sorted((r for r in rows if r["feasible"]), key=lambda r: (not contender(r), sign * r[metric]))
+
+
+def contender(row: dict) -> bool:
+    """Whether a row may win: fully measured, on a quiet machine."""
+    return not row.get("disturbed") and not row.get("screened")
 
 
 def best_of(ranked: list[dict], finished: bool = True) -> dict | None:
     """The winner: once the search has finished, the best of the re-measured configs
     (chosen on repeated figures); before that, the best so far. A config measured
     only on a disturbed machine never wins."""
-    quiet = [r for r in ranked if not r.get("disturbed")]
+    quiet = [r for r in ranked if contender(r)]
     confirmed = [r for r in quiet if r["measurements"] > 1]
     if confirmed and finished:
         return confirmed[0]
@@ -182,7 +195,42 @@ def pareto_front(rows: list[dict], metric: str) -> list[dict]:
 # ---- the trial, as Ray runs it -----------------------------------------------------------
 
 
-def _measure(knob_config: dict, job: dict, baseline: bool = False) -> dict:
+def _compile_cache(knob_config: dict, job: dict) -> str | None:
+    key = compile_group_key(knob_config, job)
+    if key is None or not job.get("compile_root"):
+        return None
+    return os.path.join(job["compile_root"], key)  # on the node that runs the trial
+
+
+def compile_group_key(knob_config: dict, job: dict) -> str | None:
+    """The compile group of a config (None when it does not compile)."""
+    if knob_config.get("compile", "off") == "off":
+        return None
+    import hashlib
+
+    what = [job["workload"], job["workload_args"], knobs.compile_group(knob_config)]
+    return hashlib.sha1(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def with_cold_compile(record: dict, cold_s: float | None) -> dict:
+    """A trial that compiled with its group's warm cache: its projection keeps the cold
+    compile cost (``compile_s_cold``), because the user's first run pays it."""
+    if record.get("compile_cache") == "cold":
+        record["compile_s_cold"] = record.get("compile_s")
+    elif record.get("compile_cache") == "warm" and cold_s is not None:
+        record["compile_s_cold"] = cold_s
+        if record.get("projected_run_s") is not None:
+            record["projected_run_s"] += max(0.0, cold_s - (record.get("compile_s") or 0.0))
+    return record
+
+
+def cold_compile_of(records: list[dict], group: str | None) -> float | None:
+    """The compile seconds the first (cold) trial of a compile group paid."""
+    return next((r["compile_s"] for r in records if group and r.get("compile_group") == group
+                 and r.get("compile_cache") == "cold" and r.get("compile_s") is not None), None)
+
+
+def _measure(knob_config: dict, job: dict, baseline: bool = False, screen: dict | None = None) -> dict:
     """Measure one config in a child process; returns the record (never raises)."""
     from tuner.trial import make_request, run_isolated
 
@@ -195,7 +243,8 @@ def _measure(knob_config: dict, job: dict, baseline: bool = False) -> dict:
                            base_dir=job["base_dir"], config=knob_config, baseline=baseline,
                            device=job["device"], measure=job["measure"], run=job["run"],
                            seed=job["seed"], env=env,
-                           observers=[os.getpid(), *job.get("observers", [])])
+                           observers=[os.getpid(), *job.get("observers", [])], screen=screen,
+                           compile_cache=_compile_cache(knob_config, job))
     started = time.time()
     record = run_isolated(request, timeout_s=job["trial_timeout_s"])
     record.update(started_at=started, ended_at=time.time())
@@ -209,17 +258,67 @@ def _measure(knob_config: dict, job: dict, baseline: bool = False) -> dict:
     except Exception:  # outside Ray (tests of this function)
         record["node"], record["gpu_ids"] = None, []
     record["cpus_reserved"] = cpus
+    record["compile_group"] = compile_group_key(knob_config, job)
     record["workload"] = {"ref": job["workload"], "args": job["workload_args"]}
     hw = record.get("hardware") or {}
     record["gpu_model"] = hw.get("gpu")
     return apply_constraints(record, job["constraints"])
 
 
+class Board:
+    """What a trial needs to know of the search so far, for screening: the incumbent's
+    figure and the noise seen so far. Runs as a Ray actor (the trainable's parameters
+    are fixed when Tune starts); the driver updates it as results land.
+
+    The rule is Optuna's ThresholdPruner with a threshold that moves with the
+    incumbent, applied inside the trial process between windows (``measure``), where
+    stopping costs nothing: a Tune scheduler would stop the trial by killing its actor,
+    and with it the process that measures.
+    """
+
+    def __init__(self, min_margin: float = 0.05, screening: bool = True):
+        self.best: float | None = None
+        self.errors: list[float] = []
+        self.min_margin = min_margin
+        self.screening = screening
+        self.cold: dict[str, float] = {}  # compile group -> the compile its first trial paid
+
+    def cold_compile(self, group: str | None) -> float | None:
+        return self.cold.get(group) if group else None
+
+    def update(self, record: dict) -> None:
+        if record.get("compile_cache") == "cold" and record.get("compile_s") is not None:
+            self.cold.setdefault(record.get("compile_group"), record["compile_s"])
+        if record.get("status") != "ok" or record.get("screened") or record.get("disturbed"):
+            return
+        value = record.get("samples_per_sec")
+        if value is not None and (self.best is None or value > self.best):
+            self.best = value
+        if record.get("samples_per_sec_error") is not None:
+            self.errors.append(record["samples_per_sec_error"])
+
+    def screen(self) -> dict | None:
+        """The threshold for the next trial, or None before any full measurement.
+        The allowance is 3x the median window error seen so far, at least min_margin
+        (run-to-run drift on a shared machine exceeds one measurement's own error)."""
+        if self.best is None or not self.screening:
+            return None
+        margin = max(self.min_margin, 3 * statistics.median(self.errors)) if self.errors else 2 * self.min_margin
+        return {"below": self.best, "margin": margin}
+
+
 def _trainable(config: dict, job: dict) -> None:
+    import ray
     from ray import tune
 
     knob_config = job["derive"]({**job["fixed"], **config})
-    record = _measure(knob_config, job)
+    board = job.get("board")
+    screen = ray.get(board.screen.remote()) if board is not None else None
+    record = _measure(knob_config, job, screen=screen)
+    if board is not None and record.get("compile_cache") == "warm":
+        with_cold_compile(record, ray.get(board.cold_compile.remote(record.get("compile_group"))))
+    elif record.get("compile_cache") == "cold":
+        with_cold_compile(record, None)
     record["phase"] = "search"
     record["trial_id"] = tune.get_context().get_trial_id()
     report = objective_values(record, job["objective"])
@@ -341,6 +440,14 @@ def _link_ray_logs(out: Path) -> None:
             link.symlink_to(Path(node.get_session_dir_path()) / "logs")
     except Exception:  # a remote cluster, or the private API moved: nothing to link
         pass
+
+
+def meta_created(out: Path) -> str:
+    """When the search in ``out`` was created (meta.json), to tell searches of one name apart."""
+    try:
+        return str(json.loads((out / "meta.json").read_text()).get("created"))
+    except (OSError, ValueError):
+        return ""
 
 
 def _attached() -> bool:
@@ -516,7 +623,16 @@ def _search(space: spec.Space, out: Path, progress: Progress, ray_start_s: float
         "trial_timeout_s": m.budget.trial_timeout_s, "constraints": m.constraints, "objective": m.objective,
         "fixed": space.fixed, "derive": space.derive, "cpus_per_trial": cpus_per_trial,
         "observers": tuner_processes(local=ray_start_s > 0 and not _attached()),
+        "board": None,
+        # One inductor cache per compile group, per node, for this search (kept for resume).
+        "compile_root": os.path.join(tempfile.gettempdir(), "tuner-compile-" + hashlib.sha1(
+            f"{out}:{meta_created(out)}".encode()).hexdigest()[:12]),
     }
+    screening = m.objective.metric == "samples_per_sec" and not m.objective.memory and m.measure.screen_windows > 0
+    job["board"] = ray.remote(Board).options(num_cpus=0).remote(screening=screening)
+    for r in recorder.records:  # a resumed search: what was measured before
+        if r.get("phase") in ("search", "confirm"):
+            job["board"].update.remote(r)
 
     def remote_measure(config: dict, baseline: bool = False) -> Any:
         return ray.remote(_measure).options(
@@ -553,10 +669,7 @@ def _search(space: spec.Space, out: Path, progress: Progress, ray_start_s: float
     #    base: a drift of the machine hits every contender and the baseline alike) and
     #    choose on the median of all measurements.
     if m.confirm.top and m.confirm.repeats and not m.objective.memory:
-        metric = m.objective.metric
-        contenders = [r for r in rank(aggregate(recorder.records, metric), metric)
-                      if not r.get("disturbed")][: m.confirm.top]
-        _confirm(space, contenders, baseline_rec, remote_measure, recorder, progress, concurrent, t_search)
+        _confirm(space, baseline_rec, remote_measure, recorder, progress, concurrent, t_search)
     search_wall_s = time.time() - t_search
 
     summary = summarize(space, recorder.records, baseline_of(recorder.records, m.objective.metric) or baseline_rec,
@@ -566,28 +679,51 @@ def _search(space: spec.Space, out: Path, progress: Progress, ray_start_s: float
     return summary
 
 
-def _confirm(space: spec.Space, contenders: list[dict], baseline_rec: dict, remote_measure: Callable,
-             recorder: Recorder, progress: Progress, concurrent: int, t_search: float) -> None:
-    """``confirm.repeats`` interleaved rounds over the contenders and the baseline.
+def within_noise(rows: list[dict], metric: str, floor: float = 0.03) -> list[dict]:
+    """The ranked contenders that the leader has not beaten beyond noise: a row whose
+    figure is within 2 x (leader's error + its own, each at least ``floor``) of the
+    leader's. ``floor``: run-to-run drift on a shared machine exceeds a single
+    measurement's window error."""
+    rows = [r for r in rows if contender(r)]
+    if not rows:
+        return []
+    lead = rows[0]
+    better = spec.OBJECTIVE_METRICS[metric] == "max"
+    out = [lead]
+    for r in rows[1:]:
+        allowance = 2 * (max(floor, lead.get("error") or floor) + max(floor, r.get("error") or floor))
+        if (r[metric] >= lead[metric] * (1 - allowance)) if better else (r[metric] <= lead[metric] * (1 + allowance)):
+            out.append(r)
+    return out
 
+
+def _confirm(space: spec.Space, baseline_rec: dict, remote_measure: Callable, recorder: Recorder,
+             progress: Progress, concurrent: int, t_search: float) -> None:
+    """Interleaved rounds over the contenders and the baseline (A B C base, A B C base:
+    a drift of the machine hits every contender and the baseline alike).
+
+    The contenders are the top ``confirm.top`` configs still within noise of the leader;
+    after each round the ranking is redone, and the rounds stop once a single contender
+    is left within noise (the order is clear), or after ``confirm.repeats`` rounds.
     A round's measurements run concurrently where trials can (several GPUs), one after
-    the other on a CPU machine (in order: the interleaving is the point). No round
-    starts after the search's time budget.
+    the other on a CPU machine, in order. No round starts after the time budget.
     """
     import ray
 
     m = space.model
+    metric = m.objective.metric
     for rnd in range(m.confirm.repeats):
         if m.budget.time_s is not None and time.time() - t_search >= m.budget.time_s:
             progress.update(msg="time budget spent: no more confirm rounds")
             break
-        batch = [(row["config"], False) for row in contenders if row["measurements"] < 1 + m.confirm.repeats]
+        contenders = within_noise(rank(aggregate(recorder.records, metric), metric), metric)[: m.confirm.top]
+        if not contenders or (rnd > 0 and len(contenders) < 2):
+            break  # the first round always runs: the winner is chosen on repeated figures
+        batch = [(row["config"], False) for row in contenders]
         if baseline_rec.get("status") == "ok":
             batch.append((baseline_rec["config"], True))
-        if not batch:
-            break
-        progress.update(msg=f"confirm round {rnd + 1}/{m.confirm.repeats}: re-measuring the top "
-                            f"{len(contenders)} and the baseline, interleaved")
+        progress.update(msg=f"confirm round {rnd + 1}/{m.confirm.repeats}: re-measuring {len(contenders)} "
+                            f"contender(s) within noise of the leader and the baseline, interleaved")
         step = max(1, concurrent)
         for i in range(0, len(batch), step):
             group = batch[i:i + step]
@@ -595,9 +731,7 @@ def _confirm(space: spec.Space, contenders: list[dict], baseline_rec: dict, remo
                                          strict=True):
                 rec["phase"] = "baseline" if is_base else "confirm"
                 rec["confirm_round"] = rnd + 1
-                recorder.add(rec)
-        for row in contenders:
-            row["measurements"] += 1
+                recorder.add(with_cold_compile(rec, cold_compile_of(recorder.records, rec.get("compile_group"))))
 
 
 def tuner_processes(local: bool) -> list[int]:
@@ -717,6 +851,8 @@ def _fit(space: spec.Space, ctx: knobs.Context, start: list[dict], job: dict, ou
                 rec["trial_number"] = len([r for r in recorder.records if r.get("phase") == "search"])
                 recorder.add(rec)
                 progress.update(rec)
+                if job.get("board") is not None:
+                    job["board"].update.remote(rec)
 
         def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
             rec = {"phase": "search", "status": "infeasible", "reason": f"trial crashed in Ray: {trial.error_file}",
@@ -827,7 +963,9 @@ def print_summary(summary: dict, out: Any = sys.stdout) -> None:
         mem = r.get("memory_mb")
         diff = ", ".join(f"{k}={v}" for k, v in r["config"].items() if base["config"] is None or
                          base["config"].get(k, knobs.KNOBS[k].default if k in knobs.KNOBS else None) != v)
-        if r.get("disturbed"):
+        if r.get("screened"):
+            diff += "  (screened: never picked)"
+        elif r.get("disturbed"):
             diff += "  (disturbed: never picked)"
         print(f"{i:>2}  {r[metric]:>16,.1f}  {spread:>7}  {r['measurements']:>2}  {speed(r[metric]):>7}  "
               f"{mem if mem is None else f'{mem:,.0f}':>9}  {diff}", file=out)

@@ -75,6 +75,7 @@ class Measure(_Strict):
     epoch_steps: int | None = Field(None, ge=1)
     max_timed_s: float = Field(60.0, gt=0)
     max_interference: float = Field(0.10, gt=0, le=1)
+    screen_windows: int = Field(2, ge=0)
 
 
 class Run(_Strict):

@@ -31,11 +31,15 @@ def make_request(*, workload: str, workload_args: dict | None = None, base_dir: 
                  config: dict | None = None, baseline: bool = False, strict: bool = False,
                  device: str = "auto", measure: dict | None = None, run: dict | None = None,
                  seed: int = 0, env: dict | None = None, isolate_compile_cache: bool = True,
-                 observers: list[int] | None = None) -> dict:
+                 observers: list[int] | None = None, screen: dict | None = None,
+                 compile_cache: str | None = None) -> dict:
     """A trial request: plain data, picklable, saved beside the result.
 
     ``observers``: pids of the tuner's own processes (the launcher, the Tune driver,
     Ray's daemons) whose CPU use during the timed windows is reported apart.
+    ``compile_cache``: an inductor cache folder shared by the configs of one compile
+    group (a search's); cold (empty) for the group's first trial, warm after.
+    Without it, a compiling trial gets a cold cache of its own (``isolate_compile_cache``).
     """
     return {
         "workload": workload, "workload_args": dict(workload_args or {}), "base_dir": base_dir,
@@ -43,6 +47,8 @@ def make_request(*, workload: str, workload_args: dict | None = None, base_dir: 
         "measure": dict(measure or {}), "run": dict(run or {}), "seed": seed,
         "env": dict(env or {}), "isolate_compile_cache": isolate_compile_cache,
         "observers": list(observers or []),
+        "screen": screen,
+        "compile_cache": compile_cache,
     }
 
 
@@ -78,20 +84,30 @@ def execute(request: dict, progress: Callable[[str], None] | None = None,
 
     t0 = time.perf_counter()
     config, notes, workload, device = resolve_config(request)
-    cache_dir = None
-    if config["compile"] != "off" and request["isolate_compile_cache"]:
-        # A cold inductor cache per trial: compile_s must not depend on what ran before.
-        cache_dir = tempfile.mkdtemp(prefix="tuner-inductor-")
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache_dir
-        torch._dynamo.reset()
+    cache_dir, cleanup, cache_state = None, False, None
+    if config["compile"] != "off":
+        if request.get("compile_cache"):
+            # The group's cache: cold for its first trial (which measures the compile the
+            # user's first run pays), warm for the others (which measure steady speed).
+            cache_dir = request["compile_cache"]
+            cache_state = "warm" if os.path.isdir(cache_dir) and os.listdir(cache_dir) else "cold"
+            os.makedirs(cache_dir, exist_ok=True)
+        elif request["isolate_compile_cache"]:
+            # A cold inductor cache per trial: compile_s must not depend on what ran before.
+            cache_dir, cleanup, cache_state = tempfile.mkdtemp(prefix="tuner-inductor-"), True, "cold"
+        if cache_dir:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache_dir
+            torch._dynamo.reset()
     try:
         trainer = Trainer(workload, config, device, baseline=request["baseline"], seed=request["seed"])
         metrics = measure(trainer, MeasureSettings(**request["measure"]), RunPlan(**request["run"]),
                           startup_s=time.perf_counter() - t0, progress=progress,
-                          probe=TreeProbe(request.get("observers"), server=server))
+                          probe=TreeProbe(request.get("observers"), server=server),
+                          screen=request.get("screen"))
     finally:
-        if cache_dir:
+        if cleanup:
             shutil.rmtree(cache_dir, ignore_errors=True)
+    metrics["compile_cache"] = cache_state
     status, reason = "ok", None
     if not metrics["loss_finite"]:
         status, reason = "infeasible", metrics.pop("reason")
