@@ -36,7 +36,7 @@ import yaml
 # (workload, its args, configs): sizes give epochs of a few seconds on 2 cores, so that
 # the plain loop's whole epochs stay short and epoch boundaries weigh as they do in a run.
 CASES = {
-    "conv": ({"size": 2048}, [
+    "conv": ({"size": 1024}, [
         {"precision": "bf16", "micro_batch_size": 64, "channels_last": True, "torch_threads": 2},
         {"precision": "bf16", "micro_batch_size": 64, "channels_last": True, "num_workers": 1,
          "persistent_workers": True, "torch_threads": 1},
@@ -197,6 +197,7 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=3, help="timed epochs of the plain loop")
     ap.add_argument("--configs", type=int, default=None, help="only the first N configs per workload")
     ap.add_argument("--no-search", action="store_true", help="skip the Tune-trial comparison")
+    ap.add_argument("--search-rounds", type=int, default=2, help="rounds of the Tune-trial comparison")
     ap.add_argument("--out", default="benchmarks/out/truth.json")
     ap.add_argument("--plain", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -258,7 +259,7 @@ def main() -> None:
                 space = space_file(tmp, workload, args)
                 config = configs[0]
                 bench, trial = [], []
-                for r in range(a.rounds):
+                for r in range(a.search_rounds):
                     order = ("bench", "trial") if r % 2 == 0 else ("trial", "bench")
                     for which in order:
                         if which == "bench":

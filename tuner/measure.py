@@ -7,9 +7,10 @@ Method (see DESIGN.md, "Measuring honestly"):
 - then timed windows of whole optimizer steps, synchronized at window edges only;
   the window clock stops while a new epoch starts, and those epoch starts are
   measured apart;
-- the steady rate is the median window; while the windows disagree so much that
-  the median's standard error exceeds ``target_error``, more windows are
-  measured (up to ``max_windows``);
+- the steady rate is all timed samples over all timed seconds (what the user's own
+  loop sees); while the windows disagree so much that the median's standard error
+  exceeds ``target_error``, more windows are measured (up to ``max_windows``);
+  windows disturbed by other load are redone (``Load``);
 - ``samples_per_sec`` is the sustained rate of real training: the steady step
   rate with the per-epoch cost spread over an epoch of the planned size.
 """
@@ -424,13 +425,29 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
     epoch_steps = settings.epoch_steps or max(2, math.ceil(settings.min_windows * window_steps / 3))
     trainer.set_epoch_limit(epoch_steps * trainer.samples_per_step)
 
+    # Each kept window: (samples, wall s, s paused at epoch boundaries, boundaries,
+    # micro-batches, data wait outside the boundaries).
+    kept: list[tuple[int, float, float, int, int, float]] = []
     rates: list[float] = []
-    waits: list[float] = []
     loads: list[Load] = []
     disturbed: list[float] = []  # rates of windows dropped as disturbed
     screened = False
     timed_s = 0.0
     starts_before = len(trainer.epoch_start_s)
+    micro = window_steps * trainer.accum
+
+    def fetch_s() -> float:
+        """An ordinary micro-batch fetch: data wait outside epoch boundaries, per micro-batch."""
+        n = sum(w[4] - w[3] for w in kept)
+        return sum(w[5] for w in kept) / n if n > 0 else 0.0
+
+    def rate(w: tuple, fetch: float) -> float:
+        # The clock stops for each epoch boundary (measured apart, as epoch_overhead_s,
+        # beyond an ordinary fetch); the ordinary fetch of the boundary's first batch
+        # belongs to the steady step and is put back.
+        samples, wall, paused, boundaries = w[:4]
+        return samples / max(1e-9, wall - paused + boundaries * fetch)
+
     nvml = NvmlSampler(device)
     meter = LoadMeter(probe, nvml)
     with nvml:
@@ -443,19 +460,19 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
                 trainer.step()
             synchronize(device)
             wall = perf_counter() - w0
-            paused = sum(trainer.epoch_start_s[e0:])  # epoch starts are measured apart
-            elapsed = wall - paused
+            paused = sum(trainer.epoch_start_s[e0:])
+            window = (window_steps * trainer.samples_per_step, wall, paused, len(trainer.epoch_start_s) - e0,
+                      micro, trainer.data_wait_s - dw0 - paused)
             load = meter.stop(wall)
-            rate = window_steps * trainer.samples_per_step / elapsed
             if load is not None and load.disturbed(settings.max_interference, meter.cpus) \
                     and len(disturbed) < settings.max_windows:
-                disturbed.append(rate)
+                disturbed.append(rate(window, fetch_s()))
                 say(f"window disturbed ({load.other_cores:.2f} cores used outside the trial): "
                     f"measuring it again")
                 continue
-            timed_s += elapsed
-            rates.append(rate)
-            waits.append((trainer.data_wait_s - dw0 - paused) / elapsed)
+            kept.append(window)
+            rates.append(rate(window, fetch_s()))
+            timed_s += wall - paused
             if load is not None:
                 loads.append(load)
             say(f"window {len(rates)}: {rates[-1]:.1f} samples/s")
@@ -476,12 +493,18 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
     still = [ld for ld in loads if ld.disturbed(settings.max_interference, meter.cpus)]
     is_disturbed = len(still) > len(loads) // 2 if loads else False
 
-    steady = statistics.median(rates)
+    micro_fetch_s = fetch_s()
+    rates = [rate(w, micro_fetch_s) for w in kept]
+    elapsed = [w[0] / r for w, r in zip(kept, rates, strict=True)]
+    # The steady rate is all samples over all time, as the user's own loop sees it (not a
+    # median of window rates: a right-skewed step time would read fast). Disturbed
+    # windows were redone above, so there are no outliers to be robust against.
+    steady = sum(w[0] for w in kept) / sum(elapsed)
     step_s = trainer.samples_per_step / steady
-    micro_fetch_s = statistics.median(waits) * step_s / trainer.accum
+    wait_fraction = (sum(w[5] for w in kept) + micro_fetch_s * sum(w[3] for w in kept)) / sum(elapsed)
     starts = trainer.epoch_start_s[starts_before:]
-    # What an epoch start costs beyond an ordinary batch fetch (workers respawned,
-    # dataset reopened, the prefetch pipeline refilled).
+    # What an epoch boundary costs beyond an ordinary batch fetch (old workers shut down,
+    # new ones spawned, the dataset reopened, the prefetch pipeline refilled).
     epoch_overhead_s = max(0.0, statistics.median(starts) - micro_fetch_s) if starts else None
 
     epoch_size = plan.epoch_size or _dataset_len(trainer) or trainer.workload.epoch_size
@@ -500,13 +523,13 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
     flops = trainer.workload.flops_per_sample
     peak = peak_flops(device, trainer.config["precision"], trainer.config["tf32"])
     result = {
-        "samples_per_sec": statistics.median(sustained_rates),
+        "samples_per_sec": steady * scale,
         "samples_per_sec_spread": _spread(rates),
         "samples_per_sec_error": median_error(rates),
         "samples_per_sec_windows": sustained_rates,
         "steady_samples_per_sec": steady,
         "step_time_ms": step_s * 1e3,
-        "data_wait_fraction": min(1.0, max(0.0, statistics.median(waits))),
+        "data_wait_fraction": min(1.0, max(0.0, wait_fraction)),
         "windows": len(rates),
         "window_steps": window_steps,
         "timed_s": timed_s,

@@ -125,12 +125,9 @@ def aggregate(records: list[dict], metric: str) -> list[dict]:
 
 
 def _pooled_median(records: list[dict], metric: str) -> float:
-    """A config's figure over several measurements: for throughput, the median of all
-    their timed windows pooled (finer than a median of three medians: a noisy
-    runner-up is not crowned by one lucky measurement); else the median of values."""
-    windows = [r.get("samples_per_sec_windows") for r in records]
-    if metric == "samples_per_sec" and all(windows):
-        return statistics.median(w for ws in windows for w in ws)
+    """A config's figure over several measurements: for throughput, the median of the
+    measurements' figures (each is all its samples over all its time); with repeated
+    measurements, the confirm rounds interleave them with the other contenders'."""
     return statistics.median(r[metric] for r in records)
 
 
