@@ -40,6 +40,10 @@ class _LabelledLoader:
         return _It()
 
 
+class Infeasible(Exception):
+    """The profiled config cannot run (its reason is the message)."""
+
+
 def profile_config(request: dict, out_dir: Path, steps: int = 6) -> dict:
     """Measure (unprofiled), then profile ``steps`` optimizer steps; write the trace and summary."""
     from torch.profiler import ProfilerActivity, profile
@@ -51,6 +55,8 @@ def profile_config(request: dict, out_dir: Path, steps: int = 6) -> dict:
     config, notes, workload, device = resolve_config(request)
     trainer = Trainer(workload, config, device, baseline=request["baseline"], seed=request["seed"])
     metrics = measure(trainer, MeasureSettings(**request["measure"]), RunPlan(**request["run"]))
+    if not metrics.get("loss_finite", True):
+        raise Infeasible(metrics.get("reason") or "non-finite loss")
     trainer.loader = _LabelledLoader(trainer.loader)
     trainer.start()  # a new epoch over the labelled loader
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])

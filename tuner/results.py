@@ -18,6 +18,7 @@ import yaml
 
 from tuner import spec
 from tuner.errors import UserError
+from tuner.records import read_json, read_trials
 from tuner.search import aggregate, baseline_of, best_of, pareto_front, rank
 
 
@@ -65,19 +66,27 @@ def open_results(path: str | Path) -> Results:
     space_file = p / "space.yaml"
     if not trials.is_file() or not space_file.is_file():
         raise UserError(f"{p}: not a results folder (expected trials.jsonl and space.yaml from `tuner run`)")
-    records = []
-    for line in trials.read_text().splitlines():
-        if line.strip():
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue  # the last line of a killed search may be cut
-    model = spec.SpaceModel.model_validate(yaml.safe_load(space_file.read_text()))
+    records = read_trials(trials)
+    model = read_space(space_file)
     summary_file = p / "summary.json"
-    summary = json.loads(summary_file.read_text()) if summary_file.is_file() else None
+    summary = read_json(summary_file) if summary_file.is_file() else None
     meta_file = p / "meta.json"
-    meta = json.loads(meta_file.read_text()) if meta_file.is_file() else {}
+    meta = read_json(meta_file) if meta_file.is_file() else {}
     return Results(path=p, space=model, records=records, summary=summary, meta=meta)
+
+
+def read_space(path: Path) -> spec.SpaceModel:
+    """The resolved space a search saved (space.yaml of a results folder)."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        raise UserError(f"{path}: not a readable space file (a torn or hand-edited file?)") from None
+    try:
+        return spec.SpaceModel.model_validate(data)
+    except Exception as exc:  # pydantic's ValidationError: one line naming the field
+        first = str(exc).splitlines()
+        detail = f"{first[1].strip()}: {first[2].strip()}" if len(first) > 2 else (first[0] if first else "")
+        raise UserError(f"{path}: not a valid saved space ({detail})") from None
 
 
 def pick(res: Results, how: str, memory_mb: float | None = None, device_model: str | None = None) -> list[dict]:

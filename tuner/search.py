@@ -34,6 +34,7 @@ import yaml
 
 from tuner import knobs, spec
 from tuner.errors import UserError
+from tuner.records import read_trials, writer_lock
 
 PENALTY = {"max": 0.0, "min": 1e18}  # what Optuna is told for an infeasible trial
 
@@ -333,12 +334,11 @@ class Recorder:
         self.path, self.ctx = path, ctx
         self.records: list[dict] = []
         if path.exists():
-            for line in path.read_text().splitlines():
-                if line.strip():
-                    try:
-                        self.records.append(json.loads(line))
-                    except json.JSONDecodeError:
-                        pass  # a line cut by a kill
+            self.records = read_trials(path)
+            text = path.read_bytes()
+            if text and not text.endswith(b"\n"):  # a torn last line: cut it before appending
+                with path.open("r+b") as f:
+                    f.truncate(text.rfind(b"\n") + 1)
 
     def add(self, record: dict) -> dict:
         if "key" not in record:
@@ -562,34 +562,35 @@ def run_search(space: spec.Space, *, results_root: Path, address: str | None = N
     import ray
 
     m = space.model
+    spec.check_name(m.name)
     out = (results_root / m.name).resolve()
-    trials_path = out / "trials.jsonl"
-    if trials_path.exists() and not resume:
-        raise UserError(f"name: results for '{m.name}' already exist in {out}; continue them with "
-                        f"`python -m tuner resume {out}` or pick another --name")
-    if resume and not trials_path.exists():
-        raise UserError(f"{out} holds no search to resume (no trials.jsonl)")
-    out.mkdir(parents=True, exist_ok=True)
-    if not resume:
-        # The resolved space (CLI overrides applied) and where its workload lives: resume reads these.
-        (out / "space.yaml").write_text(yaml.safe_dump(m.model_dump(mode="json"), sort_keys=False))
-        (out / "meta.json").write_text(json.dumps({
-            "space_file": str(space.path) if space.path else None, "base_dir": str(space.base_dir),
-            "created": time.time(), "tuner": __import__("tuner").__version__}, indent=1))
-    sessions = len([p for p in out.glob("ray*") if p.name == "ray" or p.name.startswith("ray-resume-")])
+    with writer_lock(out):  # one writer per results folder: a second run/resume is refused
+        trials_path = out / "trials.jsonl"
+        if trials_path.exists() and not resume:
+            raise UserError(f"name: results for '{m.name}' already exist in {out}; continue them with "
+                            f"`python -m tuner resume {out}` or pick another --name")
+        if resume and not trials_path.exists():
+            raise UserError(f"{out} holds no search to resume (no trials.jsonl)")
+        if not resume:
+            # The resolved space (CLI overrides applied) and where its workload lives: resume reads these.
+            (out / "space.yaml").write_text(yaml.safe_dump(m.model_dump(mode="json"), sort_keys=False))
+            (out / "meta.json").write_text(json.dumps({
+                "space_file": str(space.path) if space.path else None, "base_dir": str(space.base_dir),
+                "created": time.time(), "tuner": __import__("tuner").__version__}, indent=1))
+        sessions = len([p for p in out.glob("ray*") if p.name == "ray" or p.name.startswith("ray-resume-")])
 
-    progress = Progress(m.budget.trials, m.objective.metric, quiet)
-    progress.update(msg="starting Ray")
-    t_ray = time.time()
-    started = _start_ray(address)
-    ray_start_s = time.time() - t_ray
-    _link_ray_logs(out)
-    try:
-        return _search(space, out, progress, ray_start_s, sessions)
-    finally:
-        progress.close()
-        if started and not address:
-            ray.shutdown()
+        progress = Progress(m.budget.trials, m.objective.metric, quiet)
+        progress.update(msg="starting Ray")
+        t_ray = time.time()
+        started = _start_ray(address)
+        ray_start_s = time.time() - t_ray
+        _link_ray_logs(out)
+        try:
+            return _search(space, out, progress, ray_start_s, sessions)
+        finally:
+            progress.close()
+            if started and not address:
+                ray.shutdown()
 
 
 def _search(space: spec.Space, out: Path, progress: Progress, ray_start_s: float, sessions: int) -> dict:

@@ -107,6 +107,13 @@ class SpaceModel(_Strict):
     def _objective_shorthand(cls, v: Any) -> Any:
         return {"metric": v} if isinstance(v, str) else v
 
+    @field_validator("name")
+    @classmethod
+    def _plain_name(cls, v: str) -> str:
+        if v in (".", ".."):
+            raise ValueError("a folder name, not '.' or '..' (it names results/<name>/)")
+        return v
+
 
 @dataclass
 class Space:
@@ -317,6 +324,9 @@ def parse(data: Any, source: str = "<space>", lines: dict | None = None, path: P
 def load(path: str | Path) -> Space:
     """Read and validate a space file (workload reference not yet imported)."""
     p = Path(path)
+    if p.is_dir():
+        hint = f" (a results folder: `tuner show {p}`)" if (p / "trials.jsonl").is_file() else ""
+        raise UserError(f"space file {p}: a folder, not a space file{hint}")
     if not p.is_file():
         raise UserError(f"space file {p} not found")
     text = p.read_text()
@@ -328,8 +338,37 @@ def load(path: str | Path) -> Space:
         line = f":{mark.line + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise UserError(f"{p}{line}: not valid YAML: {problem}") from None
+    if node is not None:
+        _refuse_duplicate_keys(node, str(p))
     lines = _node_lines(node) if node is not None else {}
     return parse(data, str(p), lines, path=p.resolve())
+
+
+def _refuse_duplicate_keys(node: yaml.Node, source: str, path: tuple = ()) -> None:
+    """A key written twice in one mapping is an error naming both lines (YAML would
+    silently keep the last)."""
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[Any, int] = {}
+        for key, value in node.value:
+            line = key.start_mark.line + 1
+            dotted = ".".join(str(p) for p in path + (key.value,))
+            if key.value in seen:
+                raise UserError(f"{source}:{line}: {dotted}: written twice (lines {seen[key.value]} and {line})")
+            seen[key.value] = line
+            _refuse_duplicate_keys(value, source, path + (key.value,))
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _refuse_duplicate_keys(item, source, path + (i,))
+
+
+def check_name(name: str) -> str:
+    """A results folder name: plain (no path separators, not . or ..)."""
+    import re
+
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", name or "") or name in (".", ".."):
+        raise UserError(f"name {name!r}: use letters, digits, '.', '_' and '-' only (it names "
+                        f"results/<name>/, inside the results folder)")
+    return name
 
 
 def check_workload(space: Space) -> None:
