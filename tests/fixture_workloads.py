@@ -271,3 +271,7 @@ class RaisesInWorker(Dataset):
 def raises_in_worker() -> Workload:
     """The dataset raises inside a DataLoader worker: the user's message must survive."""
     return Workload(model=lambda: nn.Linear(8, 1), dataset=RaisesInWorker, loss=_mse)
+
+
+def not_a_workload() -> int:
+    return 3

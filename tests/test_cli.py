@@ -176,3 +176,15 @@ def test_two_runs_on_one_name_one_runs_one_is_refused(tmp_path):
     records = [json.loads(x) for x in (tmp_path / "results" / "t" / "trials.jsonl").read_text().splitlines()]
     phases = [r["phase"] for r in records]
     assert phases.count("baseline") == 1 and phases.count("search") == 2  # one search's records
+
+
+@pytest.mark.parametrize("extra, workload, says", [
+    ("workload_args: {size: big}\n", "conv", "workload_args.size: 'big' is not int"),
+    ("", "{fixtures}:not_a_workload", "returned int, not tuner.Workload"),
+])
+def test_the_workload_is_checked_before_ray_and_before_any_write(tmp_path, extra, workload, says):
+    space = _space(tmp_path, workload.format(fixtures=FIXTURES), extra)
+    r = tuner("run", str(space), "--trials", "1", cwd=tmp_path)
+    assert r.returncode == 2 and says in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "results").exists()  # nothing written, no Ray started

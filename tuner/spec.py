@@ -376,8 +376,15 @@ def check_workload(space: Space) -> None:
     from tuner.workloads import check_args, resolve_factory
 
     where = space.where or _Where(str(space.path or "<space>"), {})
+    from tuner.errors import WorkloadError
+    from tuner.workloads import load_workload
+
     try:
         func = resolve_factory(space.model.workload, space.base_dir)
         check_args(space.model.workload, func, space.model.workload_args)
-    except UserError as exc:
-        raise UserError(f"{where(('workload',))}: {exc}") from None
+        # The factory itself (it returns a Workload of callables: building the model and
+        # the dataset stays a trial's job, where failing is a result).
+        load_workload(space.model.workload, space.model.workload_args, space.base_dir)
+    except (UserError, WorkloadError) as exc:
+        field = ("workload_args",) if str(exc).startswith("workload_args") else ("workload",)
+        raise UserError(f"{where(field)}: {exc}") from None
