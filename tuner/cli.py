@@ -263,9 +263,27 @@ def cmd_knobs(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from tuner.search import run_from_cli
+    from tuner import spec
+    from tuner.search import print_summary, run_search
 
-    return run_from_cli(args)
+    space = spec.load(args.space)
+    if args.resume:
+        name = args.name or space.model.name
+        args.results = str(Path(args.results_dir) / name)
+        return cmd_resume(args)
+    if args.trials is not None:
+        space.model.budget.trials = args.trials
+    if args.time_budget is not None:
+        space.model.budget.time_s = args.time_budget
+    if args.name:
+        space.model.name = args.name
+    spec.check_workload(space)
+    summary = run_search(space, results_root=Path(args.results_dir), address=args.address,
+                         resume=args.resume, quiet=args.quiet)
+    print_summary(summary)
+    out = Path(args.results_dir) / space.model.name
+    print(f"results: {out}/ (summary.json, trials.jsonl, optuna.journal, ray/)")
+    return 0
 
 
 def cmd_show(args: argparse.Namespace) -> int:

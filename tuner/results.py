@@ -18,8 +18,16 @@ import yaml
 
 from tuner import spec
 from tuner.errors import UserError
-from tuner.records import read_json, read_trials
-from tuner.search import aggregate, baseline_of, best_of, pareto_front, rank
+from tuner.records import (
+    aggregate,
+    baseline_of,
+    best_of,
+    pareto_front,
+    rank,
+    read_json,
+    read_trials,
+    speedup,
+)
 
 
 @dataclass
@@ -50,11 +58,9 @@ class Results:
 
     def speedup(self, row: dict) -> float | None:
         base = self.baseline
-        if not base or base.get("status") != "ok" or not base.get(self.metric) or row.get(self.metric) is None:
+        if not base or base.get("status") != "ok":
             return None
-        if spec.OBJECTIVE_METRICS[self.metric] == "max":
-            return row[self.metric] / base[self.metric]
-        return base[self.metric] / row[self.metric]
+        return speedup(row.get(self.metric), base.get(self.metric), self.metric)
 
 
 def open_results(path: str | Path) -> Results:
