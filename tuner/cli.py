@@ -413,7 +413,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("results", help="results/<name>")
     p.add_argument("--pick", nargs="+", default=["best"], metavar="HOW",
                    help="best | pareto | fastest-under-memory MB")
-    p.add_argument("--format", default="yaml", choices=["yaml", "json", "python"])
+    p.add_argument("--format", default="yaml", choices=["yaml", "json", "python", "hf", "lightning"],
+                   help="yaml/json: the config and its figures; python: a script that trains your "
+                   "workload with it; hf: TrainingArguments kwargs; lightning: Trainer + DataLoader kwargs")
     p.add_argument("--device-model", help="on a mixed cluster: the GPU model to export for (default: each)")
     p.add_argument("-o", "--output", help="write to this file instead of stdout")
     p.set_defaults(func=cmd_export)
