@@ -256,3 +256,22 @@ def burn(dim: int = 512, size: int = 4096) -> Workload:
     takes cores, which is what the disturbance detection must see."""
     return Workload(model=lambda: nn.Sequential(nn.Linear(dim, dim), nn.ReLU(), nn.Linear(dim, 1)),
                     dataset=lambda: Numbers(size, dim), loss=_mse)
+
+
+class RaisesInWorker(Dataset):
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i: int):
+        if get_worker_info() is not None and i % 4 == 3:
+            raise ValueError(f"sample {i} is corrupt")
+        return torch.zeros(8), torch.zeros(1)
+
+
+def raises_in_worker() -> Workload:
+    """The dataset raises inside a DataLoader worker: the user's message must survive."""
+    return Workload(model=lambda: nn.Linear(8, 1), dataset=RaisesInWorker, loss=_mse)
+
+
+def not_a_workload() -> int:
+    return 3

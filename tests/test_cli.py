@@ -86,3 +86,105 @@ def test_knobs_lists_the_table():
 
     for name in KNOBS:
         assert name in r.stdout
+
+
+def _results_folder(tmp_path):
+    """A minimal results folder, as `tuner run` leaves one."""
+    folder = tmp_path / "results" / "r"
+    folder.mkdir(parents=True)
+    (folder / "space.yaml").write_text("name: r\nworkload: conv\n")
+    (folder / "trials.jsonl").write_text(json.dumps(
+        {"phase": "search", "key": "k", "config": {"micro_batch_size": 8}, "status": "ok",
+         "samples_per_sec": 10.0}) + "\n")
+    return folder
+
+
+@pytest.mark.parametrize("args, says", [
+    (["run", "{space}", "--name", "../x"], "name '../x'"),
+    (["run", "{space}", "--time-budget", "-5"], "--time-budget -5.0"),
+    (["run", "{space}", "--trials", "0"], "--trials 0"),
+    (["resume", "{results}", "--trials", "-3"], "--trials -3"),
+    (["submit", "{space}", "--address", "http://127.0.0.1:1", "--trials", "-3"], "--trials -3"),
+    (["bench", "{space}", "--timeout", "-1"], "--timeout -1.0"),
+    (["bench", "{space}", "--timeout", "nan"], "--timeout nan"),
+    (["profile", "{space}", "--steps", "0"], "--steps 0"),
+    (["show", "{results}", "--limit", "-1"], "--limit -1"),
+    (["export", "{results}", "--pick", "fastest-under-memory", "nan"], "must be a number of MB > 0"),
+    (["export", "{results}", "-o", "{tmp}/missing-dir/x.yaml"], "does not exist"),
+    (["bench", "{tmp}"], "a folder, not a space file"),
+])
+def test_flags_are_checked_in_one_place(tmp_path, args, says):
+    space = _space(tmp_path, "conv")
+    results = _results_folder(tmp_path)
+    argv = [a.format(space=space, results=results, tmp=tmp_path) for a in args]
+    r = tuner(*argv, cwd=tmp_path)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and says in lines[0], r.stderr
+    assert not (tmp_path / "results" / "t").exists() and not (tmp_path.parent / "x").exists()
+
+
+def test_debug_is_accepted_anywhere_and_shows_the_traceback(tmp_path):
+    space = _space(tmp_path, "conv")
+    r = tuner("bench", str(space), "--set", "num_workerz=2", "--debug")
+    assert r.returncode != 0 and "Traceback" in r.stderr
+
+
+@pytest.mark.parametrize("broken", ["summary.json", "meta.json", "space.yaml", "trials.jsonl"])
+def test_a_torn_results_file_is_one_line_naming_it(tmp_path, broken):
+    folder = _results_folder(tmp_path)
+    (folder / "summary.json").write_text("{}")
+    (folder / "meta.json").write_text("{}")
+    (folder / broken).write_text({"summary.json": '{"best": ', "meta.json": "[1]",
+                                  "space.yaml": "name: [unclosed\n",
+                                  "trials.jsonl": "{}\n{}\n"}[broken])
+    for command in (["show", str(folder)], ["export", str(folder)], ["report", str(folder)]):
+        r = tuner(*command)
+        assert r.returncode == 2, (command, r.stderr)
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and broken in lines[0], (command, r.stderr)
+
+
+def test_an_infeasible_bench_exits_3_and_keeps_the_users_message(tmp_path):
+    space = _space(tmp_path, f"{FIXTURES}:nan_in", "workload_args: {precision_dtype: float16}\n")
+    r = tuner("bench", str(space), "--set", "precision=fp16", "--set", "micro_batch_size=4")
+    assert r.returncode == 3 and "non-finite" in r.stderr, r.stderr
+    space = _space(tmp_path, f"{FIXTURES}:raises_in_worker")
+    r = tuner("bench", str(space), "--set", "num_workers=1", "--set", "micro_batch_size=4")
+    assert r.returncode == 3, r.stderr
+    import re
+
+    assert "Caught ValueError in DataLoader worker process 0" in r.stderr
+    assert re.search(r"ValueError: sample \d+ is corrupt", r.stderr), r.stderr
+
+
+@pytest.mark.slow
+def test_two_runs_on_one_name_one_runs_one_is_refused(tmp_path):
+    space = _space(tmp_path, f"{FIXTURES}:sleepy", "budget: {trials: 2}\nconfirm: {top: 0}\n")
+    first = subprocess.Popen([sys.executable, "-m", "tuner", "run", str(space), "--quiet"], cwd=tmp_path,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 60
+        while not (tmp_path / "results" / "t" / ".lock.json").exists() and time.time() < deadline:
+            time.sleep(0.1)
+        second = tuner("run", str(space), "--quiet", cwd=tmp_path)
+        assert second.returncode == 2 and "another search is writing here (pid" in second.stderr, second.stderr
+        assert first.wait(timeout=300) == 0, first.stderr.read()
+    finally:
+        if first.poll() is None:
+            first.kill()
+    records = [json.loads(x) for x in (tmp_path / "results" / "t" / "trials.jsonl").read_text().splitlines()]
+    phases = [r["phase"] for r in records]
+    assert phases.count("baseline") == 1 and phases.count("search") == 2  # one search's records
+
+
+@pytest.mark.parametrize("extra, workload, says", [
+    ("workload_args: {size: big}\n", "conv", "workload_args.size: 'big' is not int"),
+    ("", "{fixtures}:not_a_workload", "returned int, not tuner.Workload"),
+])
+def test_the_workload_is_checked_before_ray_and_before_any_write(tmp_path, extra, workload, says):
+    space = _space(tmp_path, workload.format(fixtures=FIXTURES), extra)
+    r = tuner("run", str(space), "--trials", "1", cwd=tmp_path)
+    assert r.returncode == 2 and says in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "results").exists()  # nothing written, no Ray started

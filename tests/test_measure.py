@@ -158,3 +158,12 @@ def test_a_compile_group_pays_its_compile_once(tmp_path):
     assert cold["status"] == warm["status"] == "ok"
     assert (cold["compile_cache"], warm["compile_cache"]) == ("cold", "warm")
     assert warm["compile_s"] < cold["compile_s"]
+
+
+def test_gpu_peak_table_matches_whole_model_names():
+    from tuner.measure import gpu_model_key
+
+    names = {"NVIDIA L40": None, "NVIDIA L4": "L4", "NVIDIA L40S": "L40S", "NVIDIA H100 80GB HBM3": "H100",
+             "NVIDIA H200": "H200", "NVIDIA A100-SXM4-80GB": "A100", "Tesla V100-SXM2-32GB": "V100",
+             "NVIDIA GeForce RTX 4090": "RTX 4090", "NVIDIA A10G": None, "Tesla T4": "T4"}
+    assert {n: gpu_model_key(n) for n in names} == names

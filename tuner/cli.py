@@ -137,7 +137,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(json.dumps(result, default=str))
     else:
         print_bench(result)
-    return 0 if result["status"] == "ok" or result.get("loss_finite") is False else 1
+    if result["status"] != "ok":
+        # infeasible (OOM, NaN, a hang, a crash): the reason was printed; status 3
+        if not args.json:
+            print(f"infeasible: {result.get('reason')}", file=sys.stderr)
+        return 3
+    return 0
 
 
 def _progress_line(msg: str) -> None:
@@ -199,12 +204,36 @@ def cmd_profile(args: argparse.Namespace) -> int:
         out = Path(args.out or Path("results") / space.model.name / "profile")
     spec.check_workload(space)
     request = _bench_request(space, args, extra)
-    summary = profile_config(request, out, steps=args.steps)
+    from tuner.profile import Infeasible
+    from tuner.trial import classify
+
+    try:
+        summary = profile_config(request, out, steps=args.steps)
+    except (UserError, WorkloadError):
+        raise
+    except Infeasible as exc:
+        print(f"infeasible: {exc}", file=sys.stderr)
+        return 3
+    except Exception as exc:  # an OOM, a compile failure, the user's dataset raising
+        kind, reason = classify(exc)
+        if kind == "error" and not _from_user_code(exc):
+            raise
+        print(f"infeasible: {reason}", file=sys.stderr)
+        return 3
     if args.json:
         print(json.dumps(summary, default=str))
     else:
         print_profile(summary, sys.stdout)
     return 0
+
+
+def _from_user_code(exc: BaseException) -> bool:
+    """Whether an exception was raised outside tuner's own code (the user's workload,
+    torch): the deepest frame of its traceback is not in the tuner package."""
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    return bool(frames) and f"{Path(__file__).parent}" not in frames[-1].filename
 
 
 def knobs_markdown() -> str:
@@ -234,9 +263,27 @@ def cmd_knobs(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from tuner.search import run_from_cli
+    from tuner import spec
+    from tuner.search import print_summary, run_search
 
-    return run_from_cli(args)
+    space = spec.load(args.space)
+    if args.resume:
+        name = args.name or space.model.name
+        args.results = str(Path(args.results_dir) / name)
+        return cmd_resume(args)
+    if args.trials is not None:
+        space.model.budget.trials = args.trials
+    if args.time_budget is not None:
+        space.model.budget.time_s = args.time_budget
+    if args.name:
+        space.model.name = args.name
+    spec.check_workload(space)
+    summary = run_search(space, results_root=Path(args.results_dir), address=args.address,
+                         resume=args.resume, quiet=args.quiet)
+    print_summary(summary)
+    out = Path(args.results_dir) / space.model.name
+    print(f"results: {out}/ (summary.json, trials.jsonl, optuna.journal, ray/)")
+    return 0
 
 
 def cmd_show(args: argparse.Namespace) -> int:
@@ -260,6 +307,10 @@ def cmd_export(args: argparse.Namespace) -> int:
             mb = float(args.pick[1])
         except ValueError:
             raise UserError(f"--pick fastest-under-memory {args.pick[1]!r}: not a number of MB") from None
+        import math
+
+        if not math.isfinite(mb) or mb <= 0:
+            raise UserError(f"--pick fastest-under-memory {args.pick[1]}: must be a number of MB > 0")
     elif len(args.pick) != 1:
         raise UserError(f"--pick {how} takes no value")
     payloads = [export_payload(res, row) for row in pick(res, how, mb, args.device_model)]
@@ -362,7 +413,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("results", help="results/<name>")
     p.add_argument("--pick", nargs="+", default=["best"], metavar="HOW",
                    help="best | pareto | fastest-under-memory MB")
-    p.add_argument("--format", default="yaml", choices=["yaml", "json", "python"])
+    p.add_argument("--format", default="yaml", choices=["yaml", "json", "python", "hf", "lightning"],
+                   help="yaml/json: the config and its figures; python: a script that trains your "
+                   "workload with it; hf: TrainingArguments kwargs; lightning: Trainer + DataLoader kwargs")
     p.add_argument("--device-model", help="on a mixed cluster: the GPU model to export for (default: each)")
     p.add_argument("-o", "--output", help="write to this file instead of stdout")
     p.set_defaults(func=cmd_export)
@@ -408,10 +461,40 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def check_flags(args: argparse.Namespace) -> None:
+    """Every subcommand's flags, checked in one place before anything runs: counts are
+    >= 1, times > 0, numbers finite, names plain, -o needs an existing folder."""
+    import math
+
+    from tuner import spec
+
+    for name in ("trials", "steps", "limit", "trial"):
+        v = getattr(args, name, None)
+        if v is not None and name != "trial" and v < 1:
+            raise UserError(f"--{name} {v}: must be >= 1")
+        if v is not None and name == "trial" and v < 0:
+            raise UserError(f"--trial {v}: trial numbers start at 0")
+    for name in ("time_budget", "timeout"):
+        v = getattr(args, name, None)
+        if v is not None and not (math.isfinite(v) and v > 0):
+            raise UserError(f"--{name.replace('_', '-')} {v}: must be a number of seconds > 0")
+    if getattr(args, "name", None) is not None:
+        spec.check_name(args.name)
+    out = getattr(args, "output", None)
+    if out is not None and not Path(out).resolve().parent.is_dir():
+        raise UserError(f"-o {out}: folder {Path(out).resolve().parent} does not exist")
+    if out is not None and Path(out).is_dir():
+        raise UserError(f"-o {out}: a folder; give a file name")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv  # accepted anywhere on the line
+    args = parser.parse_args([a for a in argv if a != "--debug"])
+    args.debug = debug
     try:
+        check_flags(args)
         return args.func(args)
     except (UserError, WorkloadError) as exc:
         if args.debug:
@@ -423,3 +506,15 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:  # `tuner show ... | head`
         return 0
+    except Exception as exc:  # a bug in tuner itself
+        if args.debug:
+            raise
+        import tempfile
+        import traceback
+
+        fd, path = tempfile.mkstemp(prefix="tuner-traceback-", suffix=".txt")
+        with open(fd, "w") as f:
+            f.write(traceback.format_exc())
+        print(f"error: internal error in tuner ({type(exc).__name__}: {exc}); please report it, "
+              f"with the traceback in {path}", file=sys.stderr)
+        return 1

@@ -358,11 +358,23 @@ def peak_flops(device: torch.device, precision: str, tf32: bool) -> float | None
     """The device's dense peak FLOP/s for this precision, or None where unknown (CPUs)."""
     if device.type != "cuda":
         return None
-    name = torch.cuda.get_device_name(device)
-    for key, (half, tf, fp32) in _GPU_PEAK_TFLOPS.items():
-        if key in name:
-            tflops = half if precision in ("bf16", "fp16") else (tf if tf32 else fp32)
-            return tflops * 1e12
+    key = gpu_model_key(torch.cuda.get_device_name(device))
+    if key is None:
+        return None
+    half, tf, fp32 = _GPU_PEAK_TFLOPS[key]
+    return (half if precision in ("bf16", "fp16") else (tf if tf32 else fp32)) * 1e12
+
+
+def gpu_model_key(name: str) -> str | None:
+    """The peak table's entry for a CUDA device name, matching whole model names
+    ("NVIDIA L40" is not an "L4"; "NVIDIA A100-SXM4-80GB" is an "A100"), or None."""
+    import re
+
+    tokens = [t for t in re.split(r"[\s\-_/]+", name.upper()) if t]
+    for key in sorted(_GPU_PEAK_TFLOPS, key=len, reverse=True):
+        k = key.upper().split()
+        if any(tokens[i:i + len(k)] == k for i in range(len(tokens) - len(k) + 1)):
+            return key
     return None
 
 
@@ -406,14 +418,19 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
     t0 = perf_counter()
     # The first epoch ends with the warm-up, so the timed phase starts on an epoch start.
     trainer.set_epoch_limit(settings.warmup_steps * trainer.samples_per_step)
+    s0 = perf_counter()
     trainer.start()
+    start_s = perf_counter() - s0  # DataLoader workers spawned
     warm_steps: list[float] = []
+    first_wait = 0.0
     for i in range(settings.warmup_steps):
         say(f"warm-up step {i + 1}/{settings.warmup_steps}")
         s0 = perf_counter()
         trainer.step()
         synchronize(device)
         warm_steps.append(perf_counter() - s0)
+        if i == 0:
+            first_wait = trainer.data_wait_s  # the first batch: workers started, dataset opened
     warmup_s = perf_counter() - t0
     if not trainer.loss_finite():
         return _nonfinite(trainer, warmup_s)
@@ -516,8 +533,11 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
     else:
         steps_per_epoch, epoch_s, scale = None, None, 1.0
     sustained_rates = [r * scale for r in rates]
-    one_time_s = startup_s + max(0.0, warmup_s - settings.warmup_steps * step_s)
-    compile_s = max(0.0, warmup_s - settings.warmup_steps * step_s) if trainer.config["compile"] != "off" else 0.0
+    surplus = max(0.0, warmup_s - settings.warmup_steps * step_s)  # warm-up beyond steady steps
+    one_time_s = startup_s + surplus
+    # The first batch's wait beyond an ordinary fetch is worker start-up, not compile.
+    worker_start_s = min(surplus, start_s + max(0.0, first_wait - micro_fetch_s * trainer.accum))
+    compile_s = max(0.0, surplus - worker_start_s) if trainer.config["compile"] != "off" else 0.0
     projected = plan.epochs * epoch_s + one_time_s if epoch_s is not None else None
 
     flops = trainer.workload.flops_per_sample
@@ -536,6 +556,7 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
         "warmup_s": warmup_s,
         "startup_s": startup_s,
         "compile_s": compile_s,
+        "worker_start_s": worker_start_s,
         "one_time_s": one_time_s,
         "epoch_overhead_s": epoch_overhead_s,
         "epoch_starts_measured": len(starts),

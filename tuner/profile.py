@@ -40,6 +40,10 @@ class _LabelledLoader:
         return _It()
 
 
+class Infeasible(Exception):
+    """The profiled config cannot run (its reason is the message)."""
+
+
 def profile_config(request: dict, out_dir: Path, steps: int = 6) -> dict:
     """Measure (unprofiled), then profile ``steps`` optimizer steps; write the trace and summary."""
     from torch.profiler import ProfilerActivity, profile
@@ -51,6 +55,8 @@ def profile_config(request: dict, out_dir: Path, steps: int = 6) -> dict:
     config, notes, workload, device = resolve_config(request)
     trainer = Trainer(workload, config, device, baseline=request["baseline"], seed=request["seed"])
     metrics = measure(trainer, MeasureSettings(**request["measure"]), RunPlan(**request["run"]))
+    if not metrics.get("loss_finite", True):
+        raise Infeasible(metrics.get("reason") or "non-finite loss")
     trainer.loader = _LabelledLoader(trainer.loader)
     trainer.start()  # a new epoch over the labelled loader
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
@@ -72,6 +78,8 @@ def profile_config(request: dict, out_dir: Path, steps: int = 6) -> dict:
         # from the unprofiled measurement: the profiler's overhead is in no throughput figure
         "samples_per_sec": metrics.get("samples_per_sec"),
         "data_wait_fraction_unprofiled": metrics.get("data_wait_fraction"),
+        "num_workers": config["num_workers"],
+        "measurement": {k: v for k, v in metrics.items() if k != "samples_per_sec_windows"},
         "config": config, "notes": notes,
     })
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
@@ -109,9 +117,20 @@ def print_profile(summary: dict, out: Any) -> None:
     sps = summary.get("samples_per_sec")
     if sps is not None:
         print(f"throughput (measured without the profiler): {sps:,.1f} samples/s", file=out)
+    in_workers = summary.get("num_workers", 0) > 0
+    where = (f" (in the main process only: the {summary['num_workers']} DataLoader worker(s) load in "
+             f"processes the trace does not see)" if in_workers else "")
     print(f"profiled {summary['profiled_steps']} steps: data loading {summary['data_loading_ms']:.1f} ms "
-          f"({(summary['data_loading_share'] or 0):.0%} of CPU self time), host-device copies "
+          f"({(summary['data_loading_share'] or 0):.0%} of CPU self time{where}), host-device copies "
           f"{summary['copies_ms']:.1f} ms, syncs {summary['syncs'] or 'none'}", file=out)
+    measured = summary.get("measurement")
+    if measured and measured.get("loss_finite"):
+        from tuner.diagnose import diagnose
+        from tuner.report import print_diagnosis
+
+        # the same verdict as `bench`, from the unprofiled measurement (the time blocked on
+        # the DataLoader sees the workers' work, which the trace does not)
+        print_diagnosis("bottleneck (unprofiled measurement)", diagnose(measured), out)
     print(f"{'operator':<40} {'self ms':>9} {'calls':>6}", file=out)
     for op in summary["top_ops"]:
         print(f"{op['name'][:40]:<40} {op['self_ms']:>9.2f} {op['calls']:>6}", file=out)

@@ -29,8 +29,10 @@ def diff_from_default(config: dict) -> str:
 
 def table_rows(res: Results) -> list[dict]:
     """Every config: feasible ones sorted by the objective, then the infeasible ones."""
+    from tuner.records import winner_first
+
     rows = res.rows()
-    ranked = res.ranked()
+    ranked = winner_first(res.ranked(), res.best())
     feasible_keys = {r["key"] for r in ranked}
     return ranked + [r for r in rows if r["key"] not in feasible_keys]
 
@@ -132,7 +134,7 @@ def plot_best_so_far(res: Results, path: Path) -> None:
 
 
 def plot_speed_vs_memory(res: Results, path: Path) -> None:
-    from tuner.search import pareto_front
+    from tuner.records import pareto_front
 
     plt = _pyplot()
     metric = res.metric

@@ -18,7 +18,16 @@ import yaml
 
 from tuner import spec
 from tuner.errors import UserError
-from tuner.search import aggregate, baseline_of, best_of, pareto_front, rank
+from tuner.records import (
+    aggregate,
+    baseline_of,
+    best_of,
+    pareto_front,
+    rank,
+    read_json,
+    read_trials,
+    speedup,
+)
 
 
 @dataclass
@@ -49,11 +58,9 @@ class Results:
 
     def speedup(self, row: dict) -> float | None:
         base = self.baseline
-        if not base or base.get("status") != "ok" or not base.get(self.metric) or row.get(self.metric) is None:
+        if not base or base.get("status") != "ok":
             return None
-        if spec.OBJECTIVE_METRICS[self.metric] == "max":
-            return row[self.metric] / base[self.metric]
-        return base[self.metric] / row[self.metric]
+        return speedup(row.get(self.metric), base.get(self.metric), self.metric)
 
 
 def open_results(path: str | Path) -> Results:
@@ -65,19 +72,27 @@ def open_results(path: str | Path) -> Results:
     space_file = p / "space.yaml"
     if not trials.is_file() or not space_file.is_file():
         raise UserError(f"{p}: not a results folder (expected trials.jsonl and space.yaml from `tuner run`)")
-    records = []
-    for line in trials.read_text().splitlines():
-        if line.strip():
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue  # the last line of a killed search may be cut
-    model = spec.SpaceModel.model_validate(yaml.safe_load(space_file.read_text()))
+    records = read_trials(trials)
+    model = read_space(space_file)
     summary_file = p / "summary.json"
-    summary = json.loads(summary_file.read_text()) if summary_file.is_file() else None
+    summary = read_json(summary_file) if summary_file.is_file() else None
     meta_file = p / "meta.json"
-    meta = json.loads(meta_file.read_text()) if meta_file.is_file() else {}
+    meta = read_json(meta_file) if meta_file.is_file() else {}
     return Results(path=p, space=model, records=records, summary=summary, meta=meta)
+
+
+def read_space(path: Path) -> spec.SpaceModel:
+    """The resolved space a search saved (space.yaml of a results folder)."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        raise UserError(f"{path}: not a readable space file (a torn or hand-edited file?)") from None
+    try:
+        return spec.SpaceModel.model_validate(data)
+    except Exception as exc:  # pydantic's ValidationError: one line naming the field
+        first = str(exc).splitlines()
+        detail = f"{first[1].strip()}: {first[2].strip()}" if len(first) > 2 else (first[0] if first else "")
+        raise UserError(f"{path}: not a valid saved space ({detail})") from None
 
 
 def pick(res: Results, how: str, memory_mb: float | None = None, device_model: str | None = None) -> list[dict]:
@@ -140,82 +155,152 @@ def export_payload(res: Results, row: dict) -> dict:
         "objective": res.space.objective.model_dump(),
         "memory_headroom": headroom(row),
         "workload": {"ref": res.space.workload, "args": res.space.workload_args},
+        "base_dir": res.meta.get("base_dir"),
         "hardware": row.get("hardware"),
         "search": str(res.path),
     }
 
 
-def python_snippet(payload: dict) -> str:
-    """Code a user pastes into a plain PyTorch training script."""
-    from tuner import knobs
-
-    c = {**knobs.defaults(), **payload["config"]}
+def _header(payload: dict) -> list[str]:
     hw = payload.get("hardware") or {}
     fig = payload["measured"]
-    device = "cuda" if hw.get("gpu") else "cpu"
-    lines = [
-        f"# tuner export: {payload['workload']['ref']} on {hw.get('gpu') or hw.get('cpu')}",
-        f"# measured {fig.get('samples_per_sec') or 0:,.1f} samples/s"
-        + (f" ({payload['speedup_vs_baseline']:.2f}x the plain loop)" if payload.get("speedup_vs_baseline") else "")
-        + f", torch {hw.get('torch')}",
-        "import torch",
-        "",
-        f'device = torch.device("{device}")',
-    ]
-    if c.get("torch_threads"):
-        lines.append(f"torch.set_num_threads({c['torch_threads']})")
-    if device == "cuda":
-        lines.append(f"torch.backends.cudnn.benchmark = {c.get('cudnn_benchmark', False)}")
-        lines.append(f"torch.backends.cuda.matmul.allow_tf32 = {c.get('tf32', False)}")
-        lines.append(f"torch.backends.cudnn.allow_tf32 = {c.get('tf32', False)}")
-    loader = [f"batch_size={c['micro_batch_size']}", "shuffle=True", "drop_last=True",
-              f"num_workers={c['num_workers']}"]
+    return [f"# tuner export: {payload['workload']['ref']} on {hw.get('gpu') or hw.get('cpu')}, torch {hw.get('torch')}",
+            f"# measured {fig.get('samples_per_sec') or 0:,.1f} samples/s"
+            + (f" ({payload['speedup_vs_baseline']:.2f}x the plain loop)" if payload.get("speedup_vs_baseline") else "")]
+
+
+def _full_config(payload: dict) -> dict:
+    from tuner import knobs
+
+    return {**knobs.defaults(), **payload["config"]}
+
+
+def python_script(payload: dict) -> str:
+    """A script that trains the user's own workload with the chosen config, as it is
+    (``python train.py``; ``--steps N`` prints its samples/sec over N steps)."""
+    from pathlib import Path as _Path
+
+    template = (_Path(__file__).parent / "templates" / "train.py").read_text()
+    hw = payload.get("hardware") or {}
+    fills = {
+        "WORKLOAD = None": f"WORKLOAD = {payload['workload']['ref']!r}",
+        "WORKLOAD_ARGS = {}": f"WORKLOAD_ARGS = {payload['workload']['args']!r}",
+        "BASE_DIR = None": f"BASE_DIR = {payload.get('base_dir')!r}",
+        'DEVICE = "cpu"': f"DEVICE = {'cuda' if hw.get('gpu') else 'cpu'!r}",
+        "CONFIG = {}": "CONFIG = " + _dict_literal(_full_config(payload)),
+    }
+    for old, new in fills.items():
+        template = template.replace(old, new, 1)
+    return "\n".join(_header(payload)) + "\n" + template
+
+
+def _dict_literal(d: dict) -> str:
+    return "{\n" + "".join(f"    {k!r}: {v!r},\n" for k, v in d.items()) + "}"
+
+
+def hf_kwargs(payload: dict) -> tuple[dict, list[str]]:
+    """Hugging Face ``TrainingArguments`` kwargs, and the knobs it cannot express."""
+    c = _full_config(payload)
+    gpu = bool((payload.get("hardware") or {}).get("gpu"))
+    kw: dict[str, Any] = {"per_device_train_batch_size": c["micro_batch_size"],
+                          "gradient_accumulation_steps": c["grad_accum_steps"],
+                          "dataloader_num_workers": c["num_workers"]}
+    if c["precision"] == "bf16":
+        kw["bf16"] = True
+    elif c["precision"] == "fp16":
+        kw["fp16"] = True
+    if not gpu:
+        kw["use_cpu"] = True
     if c["num_workers"] > 0:
-        loader.append(f"persistent_workers={c['persistent_workers']}")
-        if c.get("prefetch_factor"):
-            loader.append(f"prefetch_factor={c['prefetch_factor']}")
-    if device == "cuda":
-        loader.append(f"pin_memory={c.get('pin_memory', False)}")
-    if c.get("batch_grouping") == "by_source":
-        lines.append("# batch_grouping=by_source: use a batch_sampler whose batches each hold one source")
-    lines.append(f"loader = torch.utils.data.DataLoader(dataset, {', '.join(loader)})")
-    lines.append("model = build_model().to(device" + (", memory_format=torch.channels_last)" if c.get("channels_last") else ")"))
-    if c.get("activation_checkpointing"):
-        lines.append("# activation_checkpointing: wrap each block's forward in "
-                     "torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)")
-    lines.append("optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3"
-                 + (", fused=True)" if c.get("fused_optimizer") else ")") + "  # your optimizer")
-    if c.get("compile", "off") != "off":
-        mode = "" if c["compile"] == "default" else f', mode="{c["compile"]}"'
-        lines.append(f"model = torch.compile(model{mode})  # after .to() and checkpointing")
-    dtype = {"bf16": "torch.bfloat16", "fp16": "torch.float16"}.get(c["precision"])
-    if c["precision"] == "fp16":
-        lines.append(f'scaler = torch.amp.GradScaler("{device}")')
-    accum = c.get("grad_accum_steps", 1)
-    nb = ", non_blocking=True" if c.get("non_blocking") and device == "cuda" else ""
-    cl = c.get("channels_last")
-    lines += [
-        f"accum_steps = {accum}",
-        "for step, (x, y) in enumerate(loader):",
-        f"    x, y = x.to(device{nb}" + (", memory_format=torch.channels_last" if cl else "") + f"), y.to(device{nb})",
-    ]
-    if dtype:
-        lines.append(f'    with torch.autocast("{device}", dtype={dtype}):')
-        lines.append("        loss = loss_fn(model(x), y)" + (" / accum_steps" if accum > 1 else ""))
+        kw["dataloader_persistent_workers"] = c["persistent_workers"]
+        if c["prefetch_factor"]:
+            kw["dataloader_prefetch_factor"] = c["prefetch_factor"]
+    if gpu:
+        kw["dataloader_pin_memory"] = c["pin_memory"]
     else:
-        lines.append("    loss = loss_fn(model(x), y)" + (" / accum_steps" if accum > 1 else ""))
-    if c["precision"] == "fp16":
-        lines.append("    scaler.scale(loss).backward()")
+        kw["dataloader_pin_memory"] = False
+    if c["compile"] != "off":
+        kw["torch_compile"] = True
+        if c["compile"] != "default":
+            kw["torch_compile_mode"] = c["compile"]
+    if c["fused_optimizer"]:
+        kw["optim"] = "adamw_torch_fused"
+    if c["activation_checkpointing"]:
+        kw["gradient_checkpointing"] = True
+    if c["tf32"]:
+        kw["tf32"] = True
+    unsaid = []
+    if c["channels_last"]:
+        unsaid.append("channels_last=True: model.to(memory_format=torch.channels_last) before Trainer(model=...)")
+    if c["torch_threads"]:
+        unsaid.append(f"torch_threads={c['torch_threads']}: torch.set_num_threads({c['torch_threads']}) at start")
+    if c["cudnn_benchmark"]:
+        unsaid.append("cudnn_benchmark=True: torch.backends.cudnn.benchmark = True at start")
+    if c["non_blocking"]:
+        unsaid.append("non_blocking=True: the Trainer moves batches itself (not settable)")
+    if c["batch_grouping"] == "by_source":
+        unsaid.append("batch_grouping=by_source: a batch sampler of one source per batch (override get_train_dataloader)")
+    if c["fused_optimizer"]:
+        unsaid.append("fused_optimizer: optim='adamw_torch_fused' is AdamW; with another optimizer pass fused=True to it")
+    return kw, unsaid
+
+
+def lightning_kwargs(payload: dict) -> tuple[dict, dict, list[str]]:
+    """Lightning ``Trainer`` kwargs, the DataLoader kwargs, and the rest as code lines."""
+    c = _full_config(payload)
+    gpu = bool((payload.get("hardware") or {}).get("gpu"))
+    trainer: dict[str, Any] = {
+        "accelerator": "gpu" if gpu else "cpu", "devices": 1,
+        "precision": {"bf16": "bf16-mixed", "fp16": "16-mixed"}.get(c["precision"], "32-true"),
+        "accumulate_grad_batches": c["grad_accum_steps"],
+    }
+    if gpu:
+        trainer["benchmark"] = c["cudnn_benchmark"]
+    loader: dict[str, Any] = {"batch_size": c["micro_batch_size"], "num_workers": c["num_workers"],
+                              "shuffle": True, "drop_last": True}
+    if c["num_workers"] > 0:
+        loader["persistent_workers"] = c["persistent_workers"]
+        if c["prefetch_factor"]:
+            loader["prefetch_factor"] = c["prefetch_factor"]
+    if gpu:
+        loader["pin_memory"] = c["pin_memory"]
+    code = []
+    if c["torch_threads"]:
+        code.append(f"torch.set_num_threads({c['torch_threads']})")
+    if c["tf32"]:
+        code.append('torch.set_float32_matmul_precision("high")  # tf32')
+    if c["channels_last"]:
+        code.append("model = model.to(memory_format=torch.channels_last)  # and 4-D inputs in your step")
+    if c["activation_checkpointing"]:
+        code.append("# activation_checkpointing: torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False) per block")
+    if c["fused_optimizer"]:
+        code.append("# fused_optimizer: pass fused=True to the optimizer in configure_optimizers()")
+    if c["compile"] != "off":
+        mode = "" if c["compile"] == "default" else f", mode={c['compile']!r}"
+        code.append(f"model = torch.compile(model{mode})  # the LightningModule, before trainer.fit")
+    if c["batch_grouping"] == "by_source":
+        code.append("# batch_grouping=by_source: a batch_sampler whose batches each hold one source")
+    if c["non_blocking"]:
+        code.append("# non_blocking: Lightning moves batches itself (not settable)")
+    return trainer, loader, code
+
+
+def framework_snippet(payload: dict, fmt: str) -> str:
+    lines = _header(payload)
+    if fmt == "hf":
+        kw, unsaid = hf_kwargs(payload)
+        lines += ["from transformers import TrainingArguments", "",
+                  "training_args = " + _dict_literal(kw),
+                  'args = TrainingArguments(output_dir="out", **training_args)']
+        lines += [f"# not expressible in TrainingArguments: {u}" for u in unsaid]
     else:
-        lines.append("    loss.backward()")
-    step = ["scaler.step(optimizer)", "scaler.update()"] if c["precision"] == "fp16" else ["optimizer.step()"]
-    step.append("optimizer.zero_grad(set_to_none=True)")
-    if accum > 1:
-        lines.append("    if (step + 1) % accum_steps == 0:")
-        lines += [f"        {s}" for s in step]
-    else:
-        lines += [f"    {s}" for s in step]
-    lines.append("    # no loss.item() here: log every N steps, it waits for the device")
+        trainer, loader, code = lightning_kwargs(payload)
+        lines += ["import lightning as L", "import torch", "",
+                  "trainer_kwargs = " + _dict_literal(trainer),
+                  "dataloader_kwargs = " + _dict_literal(loader)]
+        lines += code
+        lines += ["trainer = L.Trainer(**trainer_kwargs)",
+                  "train_loader = torch.utils.data.DataLoader(dataset, **dataloader_kwargs)"]
     return "\n".join(lines) + "\n"
 
 
@@ -226,5 +311,9 @@ def render(payloads: list[dict], fmt: str) -> str:
         data: Any = payloads[0] if len(payloads) == 1 else payloads
         return yaml.safe_dump(json.loads(json.dumps(data, default=str)), sort_keys=False)
     if fmt == "python":
-        return "\n".join(python_snippet(p) for p in payloads)
-    raise UserError(f"--format {fmt!r}: expected yaml, json or python")
+        if len(payloads) > 1:
+            raise UserError("--format python writes one script: pick one config (--device-model, or --pick best)")
+        return python_script(payloads[0])
+    if fmt in ("hf", "lightning"):
+        return "\n".join(framework_snippet(p, fmt) for p in payloads)
+    raise UserError(f"--format {fmt!r}: expected yaml, json, python, hf or lightning")

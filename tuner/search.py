@@ -34,159 +34,30 @@ import yaml
 
 from tuner import knobs, spec
 from tuner.errors import UserError
+from tuner.records import (
+    aggregate,
+    apply_constraints,
+    baseline_of,
+    best_of,
+    cold_compile_of,
+    objective_values,
+    pareto_front,
+    rank,
+    read_trials,
+    speedup,
+    winner_first,
+    with_cold_compile,
+    within_noise,
+    writer_lock,
+)
 
-PENALTY = {"max": 0.0, "min": 1e18}  # what Optuna is told for an infeasible trial
-
-
-# ---- plain helpers (no Ray): keys, objectives, aggregation, Pareto ----------------------
+# ---- keys of what a config really runs ---------------------------------------------------
 
 
 def canonical(config: dict, ctx: knobs.Context) -> str:
     """A key of what a config really runs: inactive knobs held at their default."""
     full, _ = knobs.resolve(config, ctx, strict=False)
     return json.dumps(full, sort_keys=True)
-
-
-def memory_mb(record: dict) -> float | None:
-    """The memory a constraint or objective speaks of: device peak on a GPU, else host peak."""
-    dev = record.get("peak_device_memory_mb")
-    return dev if dev is not None else record.get("peak_host_memory_mb")
-
-
-def apply_constraints(record: dict, constraints: spec.Constraints) -> dict:
-    """Mark a measured record infeasible when it breaks a constraint."""
-    cap = constraints.max_memory_mb
-    mem = memory_mb(record)
-    if record.get("status") == "ok" and cap is not None and mem is not None and mem > cap:
-        record["status"] = "infeasible"
-        record["reason"] = f"peak memory {mem:.0f} MB exceeds max_memory_mb {cap:.0f}"
-    return record
-
-
-def objective_values(record: dict, objective: spec.Objective) -> dict[str, float]:
-    """What Optuna is told: the metric, or a penalty for an infeasible trial."""
-    metric = objective.metric
-    mode = spec.OBJECTIVE_METRICS[metric]
-    ok = record.get("status") == "ok" and record.get(metric) is not None
-    out = {"objective": float(record[metric]) if ok else PENALTY[mode]}
-    if objective.memory:
-        mem = memory_mb(record)
-        out["memory"] = float(mem) if ok and mem is not None else 1e18
-    return out
-
-
-def device_model(record: dict) -> str:
-    """The GPU model a record was measured on, or "cpu"."""
-    return (record.get("hardware") or {}).get("gpu") or record.get("gpu_model") or "cpu"
-
-
-def aggregate(records: list[dict], metric: str) -> list[dict]:
-    """One row per distinct config: the median of its measurements and their spread."""
-    groups: dict[tuple[str, str], list[dict]] = {}
-    for r in records:
-        if r.get("phase") == "baseline":
-            continue
-        # the same config on two GPU models is two results (mixed clusters)
-        groups.setdefault((r["key"], device_model(r)), []).append(r)
-    rows = []
-    for (key, model), rs in groups.items():
-        measured = [r for r in rs if r.get("status") == "ok" and r.get(metric) is not None]
-        # A screening figure (a few windows, stopped as out of the running) and a
-        # measurement that stayed disturbed (other load on the machine) count only when
-        # nothing better exists, and then the row is marked: it never wins.
-        full = [r for r in measured if not r.get("screened")]
-        quiet = [r for r in full if not r.get("disturbed")]
-        ok = quiet or full or measured
-        values = [r[metric] for r in ok]
-        row = {
-            "key": key, "device_model": model, "config": rs[0]["config"], "measurements": len(rs),
-            "feasible": bool(measured) and len(measured) == len(rs),
-            "disturbed": bool(full) and not quiet,
-            "screened": bool(measured) and not full,
-            "error": statistics.median(r["samples_per_sec_error"] for r in ok)
-            if ok and all(r.get("samples_per_sec_error") is not None for r in ok) else None,
-            "reason": next((r.get("reason") for r in rs if r.get("status") != "ok"), None),
-            metric: _pooled_median(ok, metric) if values else None,
-            "values": values,
-            "spread": (max(values) - min(values)) / statistics.median(values) if len(values) > 1 else None,
-            "trial_numbers": [r.get("trial_number") for r in rs],
-        }
-        for m in ("samples_per_sec", "projected_run_s", "peak_host_memory_mb", "peak_device_memory_mb",
-                  "compile_s", "data_wait_fraction", "samples_per_sec_spread", "step_time_ms",
-                  "gpu_util_pct"):
-            vals = [r[m] for r in ok if r.get(m) is not None]
-            if m != metric:
-                row[m] = statistics.median(vals) if vals else None
-        row["memory_mb"] = memory_mb(row) if ok else None
-        row["hardware"] = rs[0].get("hardware")
-        row["has_groups"] = rs[0].get("has_groups")
-        rows.append(row)
-    return rows
-
-
-def _pooled_median(records: list[dict], metric: str) -> float:
-    """A config's figure over several measurements: for throughput, the median of the
-    measurements' figures (each is all its samples over all its time); with repeated
-    measurements, the confirm rounds interleave them with the other contenders'."""
-    return statistics.median(r[metric] for r in records)
-
-
-def rank(rows: list[dict], metric: str) -> list[dict]:
-    """Feasible rows best first; rows only screened or measured only on a disturbed
-    machine last."""
-    sign = -1.0 if spec.OBJECTIVE_METRICS[metric] == "max" else 1.0
-    return sorted((r for r in rows if r["feasible"]), key=lambda r: (not contender(r), sign * r[metric]))
-
-
-def contender(row: dict) -> bool:
-    """Whether a row may win: fully measured, on a quiet machine."""
-    return not row.get("disturbed") and not row.get("screened")
-
-
-def best_of(ranked: list[dict], finished: bool = True) -> dict | None:
-    """The winner: once the search has finished, the best of the re-measured configs
-    (chosen on repeated figures); before that, the best so far. A config measured
-    only on a disturbed machine never wins."""
-    quiet = [r for r in ranked if contender(r)]
-    confirmed = [r for r in quiet if r["measurements"] > 1]
-    if confirmed and finished:
-        return confirmed[0]
-    return quiet[0] if quiet else None
-
-
-def baseline_of(records: list[dict], metric: str) -> dict | None:
-    """The baseline: its first record, with the figures pooled over all of its
-    measurements (the confirm rounds re-measure it beside the contenders)."""
-    bases = [r for r in records if r.get("phase") == "baseline"]
-    if not bases:
-        return None
-    out = dict(bases[0])
-    measured = [r for r in bases if r.get("status") == "ok" and r.get(metric) is not None]
-    quiet = [r for r in measured if not r.get("disturbed")] or measured
-    out["measurements"] = len(bases)
-    if quiet:
-        out.update(status="ok", reason=None, disturbed=not any(not r.get("disturbed") for r in measured))
-        out[metric] = _pooled_median(quiet, metric)
-        for m in ("samples_per_sec", "projected_run_s", "peak_host_memory_mb", "peak_device_memory_mb"):
-            vals = [r[m] for r in quiet if r.get(m) is not None]
-            if m != metric:
-                out[m] = statistics.median(vals) if vals else None
-    return out
-
-
-def pareto_front(rows: list[dict], metric: str) -> list[dict]:
-    """Feasible rows not dominated in (metric, memory)."""
-    better = (lambda a, b: a >= b) if spec.OBJECTIVE_METRICS[metric] == "max" else (lambda a, b: a <= b)
-    feas = [r for r in rows if r["feasible"] and r.get("memory_mb") is not None]
-    front = []
-    for r in feas:
-        dominated = any(
-            better(o[metric], r[metric]) and o["memory_mb"] <= r["memory_mb"]
-            and (o[metric] != r[metric] or o["memory_mb"] != r["memory_mb"])
-            for o in feas)
-        if not dominated:
-            front.append(r)
-    return sorted(front, key=lambda r: r["memory_mb"])
 
 
 # ---- the trial, as Ray runs it -----------------------------------------------------------
@@ -207,24 +78,6 @@ def compile_group_key(knob_config: dict, job: dict) -> str | None:
 
     what = [job["workload"], job["workload_args"], knobs.compile_group(knob_config)]
     return hashlib.sha1(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def with_cold_compile(record: dict, cold_s: float | None) -> dict:
-    """A trial that compiled with its group's warm cache: its projection keeps the cold
-    compile cost (``compile_s_cold``), because the user's first run pays it."""
-    if record.get("compile_cache") == "cold":
-        record["compile_s_cold"] = record.get("compile_s")
-    elif record.get("compile_cache") == "warm" and cold_s is not None:
-        record["compile_s_cold"] = cold_s
-        if record.get("projected_run_s") is not None:
-            record["projected_run_s"] += max(0.0, cold_s - (record.get("compile_s") or 0.0))
-    return record
-
-
-def cold_compile_of(records: list[dict], group: str | None) -> float | None:
-    """The compile seconds the first (cold) trial of a compile group paid."""
-    return next((r["compile_s"] for r in records if group and r.get("compile_group") == group
-                 and r.get("compile_cache") == "cold" and r.get("compile_s") is not None), None)
 
 
 def _measure(knob_config: dict, job: dict, baseline: bool = False, screen: dict | None = None) -> dict:
@@ -333,12 +186,11 @@ class Recorder:
         self.path, self.ctx = path, ctx
         self.records: list[dict] = []
         if path.exists():
-            for line in path.read_text().splitlines():
-                if line.strip():
-                    try:
-                        self.records.append(json.loads(line))
-                    except json.JSONDecodeError:
-                        pass  # a line cut by a kill
+            self.records = read_trials(path)
+            text = path.read_bytes()
+            if text and not text.endswith(b"\n"):  # a torn last line: cut it before appending
+                with path.open("r+b") as f:
+                    f.truncate(text.rfind(b"\n") + 1)
 
     def add(self, record: dict) -> dict:
         if "key" not in record:
@@ -379,8 +231,8 @@ class Progress:
         parts = [f"[{self.done}/{self.total}]"]
         if self.best is not None:
             parts.append(f"best {self.best:,.1f} {self.metric}")
-            if self.baseline:
-                ratio = self.best / self.baseline if self.metric == "samples_per_sec" else self.baseline / self.best
+            ratio = speedup(self.best, self.baseline, self.metric)
+            if ratio is not None:
                 parts.append(f"({ratio:.2f}x baseline)")
         parts.append(f"elapsed {int(elapsed // 60)}:{int(elapsed % 60):02d}")
         if msg:
@@ -562,34 +414,35 @@ def run_search(space: spec.Space, *, results_root: Path, address: str | None = N
     import ray
 
     m = space.model
+    spec.check_name(m.name)
     out = (results_root / m.name).resolve()
-    trials_path = out / "trials.jsonl"
-    if trials_path.exists() and not resume:
-        raise UserError(f"name: results for '{m.name}' already exist in {out}; continue them with "
-                        f"`python -m tuner resume {out}` or pick another --name")
-    if resume and not trials_path.exists():
-        raise UserError(f"{out} holds no search to resume (no trials.jsonl)")
-    out.mkdir(parents=True, exist_ok=True)
-    if not resume:
-        # The resolved space (CLI overrides applied) and where its workload lives: resume reads these.
-        (out / "space.yaml").write_text(yaml.safe_dump(m.model_dump(mode="json"), sort_keys=False))
-        (out / "meta.json").write_text(json.dumps({
-            "space_file": str(space.path) if space.path else None, "base_dir": str(space.base_dir),
-            "created": time.time(), "tuner": __import__("tuner").__version__}, indent=1))
-    sessions = len([p for p in out.glob("ray*") if p.name == "ray" or p.name.startswith("ray-resume-")])
+    with writer_lock(out):  # one writer per results folder: a second run/resume is refused
+        trials_path = out / "trials.jsonl"
+        if trials_path.exists() and not resume:
+            raise UserError(f"name: results for '{m.name}' already exist in {out}; continue them with "
+                            f"`python -m tuner resume {out}` or pick another --name")
+        if resume and not trials_path.exists():
+            raise UserError(f"{out} holds no search to resume (no trials.jsonl)")
+        if not resume:
+            # The resolved space (CLI overrides applied) and where its workload lives: resume reads these.
+            (out / "space.yaml").write_text(yaml.safe_dump(m.model_dump(mode="json"), sort_keys=False))
+            (out / "meta.json").write_text(json.dumps({
+                "space_file": str(space.path) if space.path else None, "base_dir": str(space.base_dir),
+                "created": time.time(), "tuner": __import__("tuner").__version__}, indent=1))
+        sessions = len([p for p in out.glob("ray*") if p.name == "ray" or p.name.startswith("ray-resume-")])
 
-    progress = Progress(m.budget.trials, m.objective.metric, quiet)
-    progress.update(msg="starting Ray")
-    t_ray = time.time()
-    started = _start_ray(address)
-    ray_start_s = time.time() - t_ray
-    _link_ray_logs(out)
-    try:
-        return _search(space, out, progress, ray_start_s, sessions)
-    finally:
-        progress.close()
-        if started and not address:
-            ray.shutdown()
+        progress = Progress(m.budget.trials, m.objective.metric, quiet)
+        progress.update(msg="starting Ray")
+        t_ray = time.time()
+        started = _start_ray(address)
+        ray_start_s = time.time() - t_ray
+        _link_ray_logs(out)
+        try:
+            return _search(space, out, progress, ray_start_s, sessions)
+        finally:
+            progress.close()
+            if started and not address:
+                ray.shutdown()
 
 
 def _search(space: spec.Space, out: Path, progress: Progress, ray_start_s: float, sessions: int) -> dict:
@@ -606,7 +459,13 @@ def _search(space: spec.Space, out: Path, progress: Progress, ray_start_s: float
     # The knob context of the trial machines: device kind, cores, whether the workload has sources.
     _, _, workload, _ = resolve_config(make_request(
         workload=m.workload, workload_args=m.workload_args, base_dir=str(space.base_dir), device="cpu"))
-    ctx = knobs.Context(device=device, cpu_count=shape["max_node_cpus"], has_groups=workload.groups is not None)
+    # bf16 where the trials run (a V100 or T4 has none: the guides' bf16 start would be a
+    # wasted trial), asked of a GPU node, not of this driver.
+    bf16_ok = True
+    if device == "cuda":
+        bf16_ok = bool(ray.get(ray.remote(num_gpus=gpus_per_trial)(_bf16_supported).remote()))
+    ctx = knobs.Context(device=device, cpu_count=shape["max_node_cpus"], has_groups=workload.groups is not None,
+                        bf16_ok=bf16_ok)
     for name, values in space.domain.items():  # a GPU knob searched on CPUs is a wasted trial
         if knobs.KNOBS[name].gpu_only and device != "cuda" and len(values) > 1:
             raise UserError(f"knobs.{name}: a GPU knob, but this search runs on CPUs; remove it or fix it")
@@ -674,24 +533,6 @@ def _search(space: spec.Space, out: Path, progress: Progress, ray_start_s: float
                         search_wall_s=search_wall_s, ray_start_s=ray_start_s, device=device)
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     return summary
-
-
-def within_noise(rows: list[dict], metric: str, floor: float = 0.03) -> list[dict]:
-    """The ranked contenders that the leader has not beaten beyond noise: a row whose
-    figure is within 2 x (leader's error + its own, each at least ``floor``) of the
-    leader's. ``floor``: run-to-run drift on a shared machine exceeds a single
-    measurement's window error."""
-    rows = [r for r in rows if contender(r)]
-    if not rows:
-        return []
-    lead = rows[0]
-    better = spec.OBJECTIVE_METRICS[metric] == "max"
-    out = [lead]
-    for r in rows[1:]:
-        allowance = 2 * (max(floor, lead.get("error") or floor) + max(floor, r.get("error") or floor))
-        if (r[metric] >= lead[metric] * (1 - allowance)) if better else (r[metric] <= lead[metric] * (1 + allowance)):
-            out.append(r)
-    return out
 
 
 def _confirm(space: spec.Space, baseline_rec: dict, remote_measure: Callable, recorder: Recorder,
@@ -775,6 +616,13 @@ def _lower_priority(pid: int, nice: int = 10) -> None:
             os.setpriority(os.PRIO_PROCESS, tid, max(nice, os.getpriority(os.PRIO_PROCESS, tid)))
         except OSError:
             pass
+
+
+def _bf16_supported() -> bool:
+    """On the GPU a trial gets; True where there is no CUDA to ask (logical GPUs)."""
+    import torch
+
+    return bool(torch.cuda.is_bf16_supported()) if torch.cuda.is_available() else True
 
 
 def _repair_study(space: spec.Space, ctx: knobs.Context, storage: Any, previous: list[dict]) -> None:
@@ -888,14 +736,12 @@ def summarize(space: spec.Space, records: list[dict], baseline: dict, *, describ
     ranked = rank(rows, metric)
     best = best_of(ranked)
     base_value = baseline.get(metric) if baseline.get("status") == "ok" else None
-    speedup = None
-    if best is not None and base_value:
-        speedup = best[metric] / base_value if spec.OBJECTIVE_METRICS[metric] == "max" else base_value / best[metric]
+    best_speedup = speedup(best[metric], base_value, metric) if best is not None else None
     in_trial = sum(r.get("trial_wall_s") or 0.0 for r in records)
     search = [r for r in records if r.get("phase") == "search"]
     verdict = None
-    if speedup is not None and speedup < 1.0:
-        verdict = (f"the chosen config measured {speedup:.2f}x the baseline (the plain PyTorch loop): "
+    if best_speedup is not None and best_speedup < 1.0:
+        verdict = (f"the chosen config measured {best_speedup:.2f}x the baseline (the plain PyTorch loop): "
                    f"on this machine no config searched beat the plain loop; keep your current setup")
     disturbed = sum(1 for r in records if r.get("disturbed"))
     summary = {
@@ -908,8 +754,8 @@ def summarize(space: spec.Space, records: list[dict], baseline: dict, *, describ
                                                      "samples_per_sec_spread", "projected_run_s",
                                                      "peak_host_memory_mb", "peak_device_memory_mb",
                                                      "measurements", "disturbed")},
-        "speedup_vs_baseline": speedup,
-        "top": [_public(r) for r in ranked[:5]],
+        "speedup_vs_baseline": best_speedup,
+        "top": [_public(r) for r in winner_first(ranked, best)[:5]],
         "pareto": [_public(r) for r in pareto_front(rows, metric)] if m.objective.memory else None,
         "infeasible": [{"config": r["config"], "reason": r["reason"]} for r in rows if not r["feasible"]],
         "trials": len(search),
@@ -951,9 +797,8 @@ def print_summary(summary: dict, out: Any = sys.stdout) -> None:
     base_v = base.get(metric)
 
     def speed(v: float | None) -> str:
-        if v is None or not base_v:
-            return "-"
-        return f"{v / base_v if metric == 'samples_per_sec' else base_v / v:.2f}x"
+        x = speedup(v, base_v, metric)
+        return "-" if x is None else f"{x:.2f}x"
 
     for i, r in enumerate(summary["top"], 1):
         spread = f"{r['spread'] * 100:.1f}%" if r.get("spread") is not None else "-"
@@ -979,28 +824,3 @@ def print_summary(summary: dict, out: Any = sys.stdout) -> None:
     if summary.get("overhead_ratio"):
         print(f"search overhead: wall {summary['search_wall_s']:.0f} s / in-trial {summary['in_trial_s']:.0f} s"
               f" = {summary['overhead_ratio']:.2f}", file=out)
-
-
-def run_from_cli(args: Any) -> int:
-    space = spec.load(args.space)
-    if args.resume:
-        from tuner.cli import cmd_resume
-
-        name = args.name or space.model.name
-        args.results = str(Path(args.results_dir) / name)
-        return cmd_resume(args)
-    if args.trials is not None:
-        if args.trials < 1:
-            raise UserError("--trials must be >= 1")
-        space.model.budget.trials = args.trials
-    if args.time_budget is not None:
-        space.model.budget.time_s = args.time_budget
-    if args.name:
-        space.model.name = args.name
-    spec.check_workload(space)
-    summary = run_search(space, results_root=Path(args.results_dir), address=args.address,
-                         resume=args.resume, quiet=args.quiet)
-    print_summary(summary)
-    out = Path(args.results_dir) / space.model.name
-    print(f"results: {out}/ (summary.json, trials.jsonl, optuna.journal, ray/)")
-    return 0

@@ -21,8 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from tuner import knobs
 from tuner.errors import UserError
 from tuner.measure import MeasureSettings, RunPlan
-
-OBJECTIVE_METRICS = {"samples_per_sec": "max", "projected_run_s": "min"}
+from tuner.records import OBJECTIVE_METRICS  # noqa: F401  (spec.OBJECTIVE_METRICS, read by callers)
 
 
 class _Strict(BaseModel):
@@ -106,6 +105,13 @@ class SpaceModel(_Strict):
     @classmethod
     def _objective_shorthand(cls, v: Any) -> Any:
         return {"metric": v} if isinstance(v, str) else v
+
+    @field_validator("name")
+    @classmethod
+    def _plain_name(cls, v: str) -> str:
+        if v in (".", ".."):
+            raise ValueError("a folder name, not '.' or '..' (it names results/<name>/)")
+        return v
 
 
 @dataclass
@@ -317,6 +323,9 @@ def parse(data: Any, source: str = "<space>", lines: dict | None = None, path: P
 def load(path: str | Path) -> Space:
     """Read and validate a space file (workload reference not yet imported)."""
     p = Path(path)
+    if p.is_dir():
+        hint = f" (a results folder: `tuner show {p}`)" if (p / "trials.jsonl").is_file() else ""
+        raise UserError(f"space file {p}: a folder, not a space file{hint}")
     if not p.is_file():
         raise UserError(f"space file {p} not found")
     text = p.read_text()
@@ -328,8 +337,37 @@ def load(path: str | Path) -> Space:
         line = f":{mark.line + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise UserError(f"{p}{line}: not valid YAML: {problem}") from None
+    if node is not None:
+        _refuse_duplicate_keys(node, str(p))
     lines = _node_lines(node) if node is not None else {}
     return parse(data, str(p), lines, path=p.resolve())
+
+
+def _refuse_duplicate_keys(node: yaml.Node, source: str, path: tuple = ()) -> None:
+    """A key written twice in one mapping is an error naming both lines (YAML would
+    silently keep the last)."""
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[Any, int] = {}
+        for key, value in node.value:
+            line = key.start_mark.line + 1
+            dotted = ".".join(str(p) for p in path + (key.value,))
+            if key.value in seen:
+                raise UserError(f"{source}:{line}: {dotted}: written twice (lines {seen[key.value]} and {line})")
+            seen[key.value] = line
+            _refuse_duplicate_keys(value, source, path + (key.value,))
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _refuse_duplicate_keys(item, source, path + (i,))
+
+
+def check_name(name: str) -> str:
+    """A results folder name: plain (no path separators, not . or ..)."""
+    import re
+
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", name or "") or name in (".", ".."):
+        raise UserError(f"name {name!r}: use letters, digits, '.', '_' and '-' only (it names "
+                        f"results/<name>/, inside the results folder)")
+    return name
 
 
 def check_workload(space: Space) -> None:
@@ -337,8 +375,15 @@ def check_workload(space: Space) -> None:
     from tuner.workloads import check_args, resolve_factory
 
     where = space.where or _Where(str(space.path or "<space>"), {})
+    from tuner.errors import WorkloadError
+    from tuner.workloads import load_workload
+
     try:
         func = resolve_factory(space.model.workload, space.base_dir)
         check_args(space.model.workload, func, space.model.workload_args)
-    except UserError as exc:
-        raise UserError(f"{where(('workload',))}: {exc}") from None
+        # The factory itself (it returns a Workload of callables: building the model and
+        # the dataset stays a trial's job, where failing is a result).
+        load_workload(space.model.workload, space.model.workload_args, space.base_dir)
+    except (UserError, WorkloadError) as exc:
+        field = ("workload_args",) if str(exc).startswith("workload_args") else ("workload",)
+        raise UserError(f"{where(field)}: {exc}") from None

@@ -121,6 +121,11 @@ def classify(exc: BaseException) -> tuple[str, str]:
     import torch
 
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if text.startswith("Caught ") and "Original Traceback" in str(exc):
+        # Raised in a DataLoader worker: PyTorch re-raises "Caught X in DataLoader worker
+        # process N." with the original traceback as text; keep the user's own message.
+        original = [ln for ln in str(exc).strip().splitlines() if ln.strip()][-1].strip()
+        text = f"{text.rstrip('.')}: {original}"
     text = text[:300]
     module = type(exc).__module__ or ""
     if isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower():

@@ -130,11 +130,52 @@ def resolve_factory(ref: str, base_dir: Path | None = None) -> Callable[..., Wor
 
 
 def check_args(ref: str, func: Callable, args: dict) -> None:
-    """Check ``workload_args`` against the function's signature before anything runs."""
+    """Check ``workload_args`` against the function's signature, and against its type
+    annotations where it has simple ones (int, float, str, bool, list, dict, X | None),
+    before anything runs."""
     try:
         inspect.signature(func).bind(**args)
     except TypeError as exc:
         raise UserError(f"workload_args for '{ref}': {exc}") from None
+    try:
+        import typing
+
+        hints = typing.get_type_hints(func)
+    except Exception:  # annotations that do not resolve: nothing to check against
+        return
+    for name, value in args.items():
+        allowed = _simple_types(hints.get(name))
+        if allowed is None:
+            continue
+        ok = any(_is_instance(value, t) for t in allowed)
+        if not ok:
+            names = " or ".join("None" if t is type(None) else t.__name__ for t in allowed)
+            raise UserError(f"workload_args.{name}: {value!r} is not {names} (the signature of '{ref}')")
+
+
+def _simple_types(hint: Any) -> tuple | None:
+    """The plain types a hint allows, or None when it is not a simple one."""
+    import types
+    import typing
+
+    simple = (int, float, str, bool, list, dict, type(None))
+    if hint in simple:
+        return (hint,)
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        parts = [typing.get_origin(a) or a for a in typing.get_args(hint)]
+        return tuple(parts) if all(p in simple for p in parts) else None
+    if origin in (list, dict):
+        return (origin,)
+    return None
+
+
+def _is_instance(value: Any, t: type) -> bool:
+    if t is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if t is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, t)
 
 
 def load_workload(ref: str, args: dict | None = None, base_dir: Path | None = None) -> Workload:

@@ -1,0 +1,76 @@
+"""Exports a user runs as they are: a plain PyTorch script, Hugging Face and Lightning kwargs."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers import FIXTURES
+from tuner.cli import main
+
+
+def _results(tmp_path, workload, args, config, hardware=None, base_dir=None):
+    folder = tmp_path / "results" / "r"
+    folder.mkdir(parents=True)
+    (folder / "space.yaml").write_text(json.dumps({"name": "r", "workload": workload, "workload_args": args}))
+    (folder / "meta.json").write_text(json.dumps({"base_dir": str(base_dir or tmp_path)}))
+    (folder / "trials.jsonl").write_text(json.dumps(
+        {"phase": "search", "key": "k", "config": config, "status": "ok", "samples_per_sec": 100.0,
+         "hardware": hardware or {"cpu": "test", "gpu": None, "torch": "x"}}) + "\n")
+    return folder
+
+
+@pytest.mark.parametrize("workload, args, config", [
+    ("conv", {"size": 128}, {"precision": "bf16", "micro_batch_size": 8, "num_workers": 1,
+                             "persistent_workers": True, "channels_last": True, "torch_threads": 1,
+                             "fused_optimizer": True, "grad_accum_steps": 2}),
+    ("multisource", {"size": 96}, {"micro_batch_size": 8, "batch_grouping": "by_source"}),
+    ("linear", {"size": 64}, {"micro_batch_size": 8}),  # a workload file beside the space
+])
+def test_the_exported_script_trains_as_it_is(tmp_path, workload, args, config):
+    ref = f"{FIXTURES.name}:{workload}" if workload == "linear" else workload
+    folder = _results(tmp_path, ref, args, config, base_dir=FIXTURES.parent)
+    script = tmp_path / "train.py"
+    assert main(["export", str(folder), "--format", "python", "-o", str(script)]) == 0
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "trained" in r.stdout and "optimizer steps" in r.stdout
+    r = subprocess.run([sys.executable, str(script), "--steps", "3"], capture_output=True, text=True,
+                       timeout=300, cwd=tmp_path)
+    assert r.returncode == 0 and "samples/sec:" in r.stdout, r.stderr
+
+
+def _snippet(tmp_path, fmt, config, gpu=None):
+    folder = _results(tmp_path, "conv", {}, config, hardware={"cpu": "t", "gpu": gpu, "torch": "x"})
+    out = tmp_path / f"{fmt}.py"
+    assert main(["export", str(folder), "--format", fmt, "-o", str(out)]) == 0
+    return out.read_text()
+
+
+def test_hugging_face_training_arguments_accept_the_export(tmp_path, monkeypatch):
+    pytest.importorskip("transformers")
+    monkeypatch.chdir(tmp_path)
+    text = _snippet(tmp_path, "hf", {"precision": "bf16", "micro_batch_size": 16, "grad_accum_steps": 2,
+                                     "num_workers": 2, "persistent_workers": True, "prefetch_factor": 4,
+                                     "channels_last": True, "torch_threads": 1})
+    ns: dict = {}
+    exec(compile(text, "hf.py", "exec"), ns)  # builds TrainingArguments(**training_args)
+    args = ns["args"]
+    assert args.bf16 and args.per_device_train_batch_size == 16 and args.gradient_accumulation_steps == 2
+    assert args.dataloader_num_workers == 2 and args.dataloader_persistent_workers
+    assert args.dataloader_prefetch_factor == 4
+    assert "channels_last" in text and "torch.set_num_threads(1)" in text  # said, not dropped
+
+
+def test_lightning_trainer_accepts_the_export(tmp_path, monkeypatch):
+    pytest.importorskip("lightning")
+    monkeypatch.chdir(tmp_path)
+    text = _snippet(tmp_path, "lightning", {"precision": "bf16", "micro_batch_size": 16, "grad_accum_steps": 4,
+                                            "num_workers": 1, "persistent_workers": True})
+    ns: dict = {"dataset": list(range(64))}
+    exec(compile(text, "lightning.py", "exec"), ns)
+    trainer = ns["trainer"]
+    assert trainer.accumulate_grad_batches == 4 and "bf16" in str(trainer.precision)
+    loader = ns["train_loader"]
+    assert loader.batch_size == 16 and loader.num_workers == 1 and loader.persistent_workers

@@ -1,0 +1,50 @@
+"""The package's layers: pure modules never import Ray, reading results never starts it,
+and nothing imports the command line (no import cycle)."""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+PACKAGE = Path(__file__).parent.parent / "tuner"
+
+
+def _imports(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+    return names
+
+
+def test_pure_modules_never_import_ray():
+    for name in ("records", "knobs", "measure", "batches", "errors"):
+        assert not any(i == "ray" or i.startswith("ray.") for i in _imports(PACKAGE / f"{name}.py")), name
+
+
+def test_nothing_imports_the_command_line():
+    for path in PACKAGE.rglob("*.py"):
+        if path.name in ("cli.py", "__main__.py"):
+            continue
+        assert "tuner.cli" not in _imports(path), path
+
+
+def test_show_export_report_run_without_ray(tmp_path):
+    folder = tmp_path / "r"
+    folder.mkdir()
+    (folder / "space.yaml").write_text("name: r\nworkload: conv\n")
+    (folder / "trials.jsonl").write_text(
+        '{"phase": "search", "key": "k", "config": {"micro_batch_size": 8}, "status": "ok", '
+        '"samples_per_sec": 10.0}\n')
+    code = (
+        "import sys, io, contextlib\n"
+        "from tuner.cli import main\n"
+        f"for argv in (['show', {str(folder)!r}], ['export', {str(folder)!r}]):\n"
+        "    with contextlib.redirect_stdout(io.StringIO()):\n"
+        "        assert main(argv) == 0, argv\n"
+        "assert 'ray' not in sys.modules, 'ray was imported'\n"
+        "print('ok')\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr

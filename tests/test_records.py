@@ -1,0 +1,95 @@
+"""Results files read defensively, and the one-writer lock (tuner/records.py), on real files."""
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tuner.errors import UserError
+from tuner.records import read_json, read_trials, writer_lock
+
+
+def _rec(i):
+    return json.dumps({"phase": "search", "config": {"micro_batch_size": 8 * (i + 1)}, "status": "ok",
+                       "samples_per_sec": 100.0 + i})
+
+
+def test_a_torn_last_line_is_skipped_with_a_warning(tmp_path):
+    p = tmp_path / "trials.jsonl"
+    p.write_text(_rec(0) + "\n" + _rec(1) + "\n" + _rec(2)[:20])  # a kill mid-write
+    warn = io.StringIO()
+    records = read_trials(p, warn=warn)
+    assert [r["samples_per_sec"] for r in records] == [100.0, 101.0]
+    assert f"{p}:3" in warn.getvalue() and "torn last line" in warn.getvalue()
+
+
+@pytest.mark.parametrize("bad", ["{not json", "{}", "[1, 2]", '{"config": 3}'])
+def test_a_malformed_middle_line_is_an_error_naming_it(tmp_path, bad):
+    p = tmp_path / "trials.jsonl"
+    p.write_text(_rec(0) + "\n" + bad + "\n" + _rec(1) + "\n")
+    with pytest.raises(UserError, match=f"{p}:2: "):
+        read_trials(p)
+
+
+def test_truncated_or_foreign_json_is_one_line(tmp_path):
+    p = tmp_path / "summary.json"
+    p.write_text('{"name": "x", "best": {"config"')
+    with pytest.raises(UserError, match="summary.json:1: not valid JSON"):
+        read_json(p)
+    p.write_text("[1, 2]")
+    with pytest.raises(UserError, match="expected a JSON object, found list"):
+        read_json(p)
+
+
+def test_the_recorder_cuts_a_torn_tail_before_appending(tmp_path):
+    from tuner import knobs
+    from tuner.search import Recorder
+
+    p = tmp_path / "trials.jsonl"
+    p.write_text(_rec(0) + "\n" + _rec(1)[:15])
+    rec = Recorder(p, knobs.Context("cpu", 2))
+    rec.add({"phase": "search", "config": {"micro_batch_size": 8}, "status": "ok", "samples_per_sec": 1.0})
+    assert len(read_trials(p)) == 2  # no torn line left in the middle
+
+
+_HOLD = """
+import sys, time
+from pathlib import Path
+from tuner.records import writer_lock
+with writer_lock(Path(sys.argv[1])):
+    print("held", flush=True)
+    time.sleep(60)
+"""
+
+
+def test_the_lock_names_a_live_holder_and_dies_with_a_killed_one(tmp_path):
+    folder = tmp_path / "results" / "x"
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD, str(folder)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(UserError, match=f"another search is writing here \\(pid {holder.pid} on "), \
+                writer_lock(folder):
+            pass
+    finally:
+        os.kill(holder.pid, signal.SIGKILL)  # kill -9: nothing is left to clean up
+        holder.wait()
+    with writer_lock(folder):  # the lock died with its process
+        assert (folder / ".lock.json").is_file()
+
+
+def test_readers_work_while_a_search_holds_the_lock(tmp_path):
+    from tuner.results import open_results
+
+    folder = tmp_path / "r"
+    folder.mkdir()
+    (folder / "space.yaml").write_text("name: r\nworkload: conv\n")
+    (folder / "trials.jsonl").write_text(_rec(0) + "\n")
+    with writer_lock(folder):
+        res = open_results(folder)
+        assert len(res.records) == 1
+    time.sleep(0)  # nothing to wait for: readers take no lock

@@ -1,0 +1,299 @@
+"""Trial records: reading a results folder's files defensively, the folder's one-writer
+lock, and the arithmetic over records (which memory figure counts, speed-up,
+constraints, aggregation per config, ranking, the winner, the Pareto front).
+
+Pure: no Ray, no torch. Every parse or shape failure is a one-line ``UserError``
+naming the file (and, for ``trials.jsonl``, the line). A torn *last* line of
+``trials.jsonl`` is what a kill mid-write leaves: it is skipped with a one-line
+warning, every complete record kept.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import statistics
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from tuner.errors import UserError
+
+OBJECTIVE_METRICS = {"samples_per_sec": "max", "projected_run_s": "min"}
+PENALTY = {"max": 0.0, "min": 1e18}  # what Optuna is told for an infeasible trial
+LOCK = ".lock"
+LOCK_INFO = ".lock.json"
+
+
+def read_trials(path: Path, warn: Any = sys.stderr) -> list[dict]:
+    """Every record of ``trials.jsonl``; a torn last line is skipped with a warning."""
+    try:
+        lines = path.read_text().split("\n")
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read ({exc.strerror})") from None
+    except UnicodeDecodeError:
+        raise UserError(f"{path}: not a text file") from None
+    last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
+    records = []
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            if i == last and not path.read_text().endswith("\n"):
+                print(f"warning: {path}:{i + 1}: skipped a torn last line (a search killed mid-write)",
+                      file=warn)
+                continue
+            raise UserError(f"{path}:{i + 1}: not a JSON record ({exc.msg})") from None
+        if not isinstance(record, dict) or not isinstance(record.get("config"), dict) \
+                or not isinstance(record.get("phase", "search"), str):
+            raise UserError(f"{path}:{i + 1}: not a trial record (expected an object with a 'config' mapping)")
+        records.append(record)
+    return records
+
+
+def read_json(path: Path) -> dict:
+    """A JSON object file (summary.json, meta.json)."""
+    try:
+        data = json.loads(path.read_text())
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read ({exc.strerror})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        where = f":{exc.lineno}" if isinstance(exc, json.JSONDecodeError) else ""
+        raise UserError(f"{path}{where}: not valid JSON (a torn or hand-edited file?)") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: expected a JSON object, found {type(data).__name__}")
+    return data
+
+
+@contextmanager
+def writer_lock(folder: Path) -> Iterator[None]:
+    """Hold ``folder``'s one-writer lock (an OS-level lock: it dies with its process,
+    so a kill -9 leaves nothing to clean up). A second writer gets a one-line
+    UserError naming the holder (pid, host, start time)."""
+    from filelock import FileLock, Timeout
+
+    folder.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(folder / LOCK), timeout=0)
+    try:
+        lock.acquire()
+    except Timeout:
+        raise UserError(f"{folder}: another search is writing here ({holder(folder)}); "
+                        f"wait for it, or use another --name") from None
+    try:
+        (folder / LOCK_INFO).write_text(json.dumps(
+            {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()}))
+        yield
+    finally:
+        lock.release()
+
+
+def holder(folder: Path) -> str:
+    """Who holds the lock, in words (from the info its holder wrote)."""
+    try:
+        info = json.loads((folder / LOCK_INFO).read_text())
+        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(info["started"]))
+        return f"pid {info['pid']} on {info['host']}, started {started}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "holder unknown"
+
+
+# ---- the arithmetic over records ---------------------------------------------------------
+
+
+def speedup(value: float | None, base: float | None, metric: str) -> float | None:
+    """How many times better ``value`` is than the baseline's ``base`` (the one place)."""
+    if value is None or not base:
+        return None
+    return value / base if OBJECTIVE_METRICS[metric] == "max" else base / value
+
+
+def memory_mb(record: dict) -> float | None:
+    """The memory a constraint or objective speaks of: device peak on a GPU, else host peak."""
+    dev = record.get("peak_device_memory_mb")
+    return dev if dev is not None else record.get("peak_host_memory_mb")
+
+
+def apply_constraints(record: dict, constraints: Any) -> dict:
+    """Mark a measured record infeasible when it breaks a constraint."""
+    cap = constraints.max_memory_mb
+    mem = memory_mb(record)
+    if record.get("status") == "ok" and cap is not None and mem is not None and mem > cap:
+        record["status"] = "infeasible"
+        record["reason"] = f"peak memory {mem:.0f} MB exceeds max_memory_mb {cap:.0f}"
+    return record
+
+
+def objective_values(record: dict, objective: Any) -> dict[str, float]:
+    """What Optuna is told: the metric, or a penalty for an infeasible trial."""
+    metric = objective.metric
+    mode = OBJECTIVE_METRICS[metric]
+    ok = record.get("status") == "ok" and record.get(metric) is not None
+    out = {"objective": float(record[metric]) if ok else PENALTY[mode]}
+    if objective.memory:
+        mem = memory_mb(record)
+        out["memory"] = float(mem) if ok and mem is not None else 1e18
+    return out
+
+
+def device_model(record: dict) -> str:
+    """The GPU model a record was measured on, or "cpu"."""
+    return (record.get("hardware") or {}).get("gpu") or record.get("gpu_model") or "cpu"
+
+
+def aggregate(records: list[dict], metric: str) -> list[dict]:
+    """One row per distinct config: the median of its measurements and their spread."""
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for r in records:
+        if r.get("phase") == "baseline":
+            continue
+        # the same config on two GPU models is two results (mixed clusters)
+        groups.setdefault((r["key"], device_model(r)), []).append(r)
+    rows = []
+    for (key, model), rs in groups.items():
+        measured = [r for r in rs if r.get("status") == "ok" and r.get(metric) is not None]
+        # A screening figure (a few windows, stopped as out of the running) and a
+        # measurement that stayed disturbed (other load on the machine) count only when
+        # nothing better exists, and then the row is marked: it never wins.
+        full = [r for r in measured if not r.get("screened")]
+        quiet = [r for r in full if not r.get("disturbed")]
+        ok = quiet or full or measured
+        values = [r[metric] for r in ok]
+        row = {
+            "key": key, "device_model": model, "config": rs[0]["config"], "measurements": len(rs),
+            "feasible": bool(measured) and len(measured) == len(rs),
+            "disturbed": bool(full) and not quiet,
+            "screened": bool(measured) and not full,
+            "error": statistics.median(r["samples_per_sec_error"] for r in ok)
+            if ok and all(r.get("samples_per_sec_error") is not None for r in ok) else None,
+            "reason": next((r.get("reason") for r in rs if r.get("status") != "ok"), None),
+            metric: _pooled_median(ok, metric) if values else None,
+            "values": values,
+            "spread": (max(values) - min(values)) / statistics.median(values) if len(values) > 1 else None,
+            "trial_numbers": [r.get("trial_number") for r in rs],
+        }
+        for m in ("samples_per_sec", "projected_run_s", "peak_host_memory_mb", "peak_device_memory_mb",
+                  "compile_s", "data_wait_fraction", "samples_per_sec_spread", "step_time_ms",
+                  "gpu_util_pct"):
+            vals = [r[m] for r in ok if r.get(m) is not None]
+            if m != metric:
+                row[m] = statistics.median(vals) if vals else None
+        row["memory_mb"] = memory_mb(row) if ok else None
+        row["hardware"] = rs[0].get("hardware")
+        row["has_groups"] = rs[0].get("has_groups")
+        rows.append(row)
+    return rows
+
+
+def _pooled_median(records: list[dict], metric: str) -> float:
+    """A config's figure over several measurements: for throughput, the median of the
+    measurements' figures (each is all its samples over all its time); with repeated
+    measurements, the confirm rounds interleave them with the other contenders'."""
+    return statistics.median(r[metric] for r in records)
+
+
+def rank(rows: list[dict], metric: str) -> list[dict]:
+    """Feasible rows best first; rows only screened or measured only on a disturbed
+    machine last."""
+    sign = -1.0 if OBJECTIVE_METRICS[metric] == "max" else 1.0
+    return sorted((r for r in rows if r["feasible"]), key=lambda r: (not contender(r), sign * r[metric]))
+
+
+def contender(row: dict) -> bool:
+    """Whether a row may win: fully measured, on a quiet machine."""
+    return not row.get("disturbed") and not row.get("screened")
+
+
+def best_of(ranked: list[dict], finished: bool = True) -> dict | None:
+    """The winner: once the search has finished, the best of the re-measured configs
+    (chosen on repeated figures); before that, the best so far. A config measured
+    only on a disturbed machine never wins."""
+    quiet = [r for r in ranked if contender(r)]
+    confirmed = [r for r in quiet if r["measurements"] > 1]
+    if confirmed and finished:
+        return confirmed[0]
+    return quiet[0] if quiet else None
+
+
+def baseline_of(records: list[dict], metric: str) -> dict | None:
+    """The baseline: its first record, with the figures pooled over all of its
+    measurements (the confirm rounds re-measure it beside the contenders)."""
+    bases = [r for r in records if r.get("phase") == "baseline"]
+    if not bases:
+        return None
+    out = dict(bases[0])
+    measured = [r for r in bases if r.get("status") == "ok" and r.get(metric) is not None]
+    quiet = [r for r in measured if not r.get("disturbed")] or measured
+    out["measurements"] = len(bases)
+    if quiet:
+        out.update(status="ok", reason=None, disturbed=not any(not r.get("disturbed") for r in measured))
+        out[metric] = _pooled_median(quiet, metric)
+        for m in ("samples_per_sec", "projected_run_s", "peak_host_memory_mb", "peak_device_memory_mb"):
+            vals = [r[m] for r in quiet if r.get(m) is not None]
+            if m != metric:
+                out[m] = statistics.median(vals) if vals else None
+    return out
+
+
+def pareto_front(rows: list[dict], metric: str) -> list[dict]:
+    """Feasible rows not dominated in (metric, memory)."""
+    better = (lambda a, b: a >= b) if OBJECTIVE_METRICS[metric] == "max" else (lambda a, b: a <= b)
+    feas = [r for r in rows if r["feasible"] and r.get("memory_mb") is not None]
+    front = []
+    for r in feas:
+        dominated = any(
+            better(o[metric], r[metric]) and o["memory_mb"] <= r["memory_mb"]
+            and (o[metric] != r[metric] or o["memory_mb"] != r["memory_mb"])
+            for o in feas)
+        if not dominated:
+            front.append(r)
+    return sorted(front, key=lambda r: r["memory_mb"])
+
+
+def with_cold_compile(record: dict, cold_s: float | None) -> dict:
+    """A trial that compiled with its group's warm cache: its projection keeps the cold
+    compile cost (``compile_s_cold``), because the user's first run pays it."""
+    if record.get("compile_cache") == "cold":
+        record["compile_s_cold"] = record.get("compile_s")
+    elif record.get("compile_cache") == "warm" and cold_s is not None:
+        record["compile_s_cold"] = cold_s
+        if record.get("projected_run_s") is not None:
+            record["projected_run_s"] += max(0.0, cold_s - (record.get("compile_s") or 0.0))
+    return record
+
+
+def cold_compile_of(records: list[dict], group: str | None) -> float | None:
+    """The compile seconds the first (cold) trial of a compile group paid."""
+    return next((r["compile_s"] for r in records if group and r.get("compile_group") == group
+                 and r.get("compile_cache") == "cold" and r.get("compile_s") is not None), None)
+
+
+def within_noise(rows: list[dict], metric: str, floor: float = 0.03) -> list[dict]:
+    """The ranked contenders that the leader has not beaten beyond noise: a row whose
+    figure is within 2 x (leader's error + its own, each at least ``floor``) of the
+    leader's. ``floor``: run-to-run drift on a shared machine exceeds a single
+    measurement's window error."""
+    rows = [r for r in rows if contender(r)]
+    if not rows:
+        return []
+    lead = rows[0]
+    better = OBJECTIVE_METRICS[metric] == "max"
+    out = [lead]
+    for r in rows[1:]:
+        allowance = 2 * (max(floor, lead.get("error") or floor) + max(floor, r.get("error") or floor))
+        if (r[metric] >= lead[metric] * (1 - allowance)) if better else (r[metric] <= lead[metric] * (1 + allowance)):
+            out.append(r)
+    return out
+
+
+def winner_first(ranked: list[dict], best: dict | None) -> list[dict]:
+    """The ranked rows with the winner (``best_of``) first: the first row of every table
+    is the config ``export --pick best`` gives."""
+    if best is None:
+        return ranked
+    return [best] + [r for r in ranked if r is not best]
