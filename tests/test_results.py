@@ -70,7 +70,7 @@ def test_export_picks_and_headroom(folder, capsys):
     assert "under 10% headroom" in captured.err
     assert main(["export", str(folder), "--format", "python"]) == 0
     code = capsys.readouterr().out
-    assert "batch_size=64" in code and "zero_grad(set_to_none=True)" in code
+    assert "'micro_batch_size': 64," in code and "zero_grad(set_to_none=True)" in code
     compile(code, "snippet", "exec")
 
 

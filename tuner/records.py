@@ -296,4 +296,5 @@ def winner_first(ranked: list[dict], best: dict | None) -> list[dict]:
     is the config ``export --pick best`` gives."""
     if best is None:
         return ranked
-    return [best] + [r for r in ranked if r is not best]
+    same = (best["key"], best.get("device_model"))
+    return [best] + [r for r in ranked if (r["key"], r.get("device_model")) != same]

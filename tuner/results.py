@@ -256,14 +256,12 @@ def lightning_kwargs(payload: dict) -> tuple[dict, dict, list[str]]:
     }
     if gpu:
         trainer["benchmark"] = c["cudnn_benchmark"]
-    loader: dict[str, Any] = {"batch_size": c["micro_batch_size"], "num_workers": c["num_workers"],
-                              "shuffle": True, "drop_last": True}
-    if c["num_workers"] > 0:
-        loader["persistent_workers"] = c["persistent_workers"]
-        if c["prefetch_factor"]:
-            loader["prefetch_factor"] = c["prefetch_factor"]
-    if gpu:
-        loader["pin_memory"] = c["pin_memory"]
+    import torch
+
+    from tuner import knobs
+
+    loader: dict[str, Any] = {"batch_size": c["micro_batch_size"], "shuffle": True, "drop_last": True,
+                              **knobs.loader_kwargs(c, torch.device("cuda" if gpu else "cpu"))}
     code = []
     if c["torch_threads"]:
         code.append(f"torch.set_num_threads({c['torch_threads']})")

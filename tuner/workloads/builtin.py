@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import zlib
 from collections import defaultdict
+from typing import Any
 
 import numpy as np
 import torch
@@ -98,9 +99,14 @@ def _conv_flops(image_size: int, width: int) -> float:
 
 def conv(size: int = 2048, image_size: int = 32, width: int = 32) -> Workload:
     """A small conv net on augmented synthetic images (input-heavy on a CPU)."""
+    return _conv_workload(lambda: SyntheticImages(size, image_size), image_size, width)
+
+
+def _conv_workload(dataset: Any, image_size: int, width: int) -> Workload:
+    """The conv net, its loss and optimizer, around a dataset factory."""
     return Workload(
         model=lambda: SmallConvNet(width=width),
-        dataset=lambda: SyntheticImages(size, image_size),
+        dataset=dataset,
         loss=lambda model, batch: nn.functional.cross_entropy(model(batch[0]), batch[1]),
         optimizer=lambda params: torch.optim.SGD(params, lr=0.05, momentum=0.9),
         flops_per_sample=_conv_flops(image_size, width),
@@ -354,10 +360,4 @@ def files(size: int = 2048, image_size: int = 32, width: int = 32, root: str | N
     path = os.path.join(folder, f"images-{size}-{image_size}.zip")
     if not os.path.exists(path):
         _write_image_zip(path, size, 4 * image_size + 16)
-    return Workload(
-        model=lambda: SmallConvNet(width=width),
-        dataset=lambda: ZipImages(path, image_size),
-        loss=lambda model, batch: nn.functional.cross_entropy(model(batch[0]), batch[1]),
-        optimizer=lambda params: torch.optim.SGD(params, lr=0.05, momentum=0.9),
-        flops_per_sample=_conv_flops(image_size, width),
-    )
+    return _conv_workload(lambda: ZipImages(path, image_size), image_size, width)
