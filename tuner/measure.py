@@ -75,11 +75,12 @@ class RunPlan:
 _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
-def machine_cpu() -> tuple[float, float] | None:
-    """(busy, idle) CPU-seconds of the whole machine since boot, from /proc/stat.
+def machine_cpu() -> tuple[float, float, float] | None:
+    """(busy, idle, stolen) CPU-seconds of the whole machine since boot, from /proc/stat.
 
-    Busy includes time stolen by a hypervisor (a neighbour VM disturbs a trial too).
-    None where /proc/stat does not exist.
+    Stolen: time a hypervisor gave to other VMs. It is recorded apart and does not make
+    a window disturbed: on a loaded VM it grows with the trial's own load, and measuring
+    again cannot escape it. None where /proc/stat does not exist.
     """
     try:
         with open("/proc/stat") as f:
@@ -87,7 +88,7 @@ def machine_cpu() -> tuple[float, float] | None:
     except (OSError, ValueError):
         return None
     user, nice, system, idle, iowait, irq, softirq, steal = (fields + [0] * 8)[:8]
-    return (user + nice + system + irq + softirq + steal) / _CLK_TCK, (idle + iowait) / _CLK_TCK
+    return (user + nice + system + irq + softirq) / _CLK_TCK, (idle + iowait) / _CLK_TCK, steal / _CLK_TCK
 
 
 def _cpu_s(p: psutil.Process) -> float:
@@ -227,6 +228,7 @@ class Load:
     tuner_cores: float
     idle_cores: float
     gpu_others: int = 0
+    steal_cores: float = 0.0
 
     def disturbed(self, max_interference: float, cpus: int) -> bool:
         cpu = self.other_cores > max_interference * cpus and self.idle_cores < 0.5
@@ -247,16 +249,17 @@ class LoadMeter:
     def stop(self, wall_s: float) -> Load | None:
         if self._start is None or self._start[0] is None or wall_s <= 0:
             return None
-        (busy0, idle0), tree0, obs0 = self._start
+        (busy0, idle0, steal0), tree0, obs0 = self._start
         now = machine_cpu()
         if now is None:
             return None
-        busy1, idle1 = now
+        busy1, idle1, steal1 = now
         tree = self.probe.tree_cpu_s() - tree0
         gpu_others = self.nvml.other_processes() if self.nvml is not None else 0
         return Load(other_cores=max(0.0, (busy1 - busy0 - tree) / wall_s),
                     tuner_cores=max(0.0, (self.probe.observers_cpu_s() - obs0) / wall_s),
-                    idle_cores=max(0.0, (idle1 - idle0) / wall_s), gpu_others=gpu_others)
+                    idle_cores=max(0.0, (idle1 - idle0) / wall_s), gpu_others=gpu_others,
+                    steal_cores=max(0.0, (steal1 - steal0) / wall_s))
 
 
 class NvmlSampler:
@@ -573,6 +576,7 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
         # what ran beside the timed windows (medians over the windows kept)
         "interference_cores": statistics.median(ld.other_cores for ld in loads) if loads else None,
         "tuner_cpu_cores": statistics.median(ld.tuner_cores for ld in loads) if loads else None,
+        "steal_cores": statistics.median(ld.steal_cores for ld in loads) if loads else None,
         "disturbed_windows_dropped": len(disturbed),
         "disturbed": is_disturbed,
         "screened": screened,
