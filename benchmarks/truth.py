@@ -18,6 +18,11 @@ on and off among them):
 Prints a table and writes JSON (default benchmarks/out/truth.json).
 
     python benchmarks/truth.py [--workloads conv,transformer,multisource,files] [--rounds 3]
+    python benchmarks/truth.py --device cuda      # GPU cases: pinning, non_blocking, fp16
+
+On a GPU the plain loop also moves each batch itself (``.to(device, non_blocking=...)``),
+synchronizes before reading the clock and reports ``torch.cuda.max_memory_allocated``,
+compared with bench's ``peak_device_memory_mb``.
 """
 
 from __future__ import annotations
@@ -64,11 +69,27 @@ CASES = {
     ]),
 }
 
+# GPU cases: the knobs that only matter there, sizes that keep an epoch near a second.
+GPU_CASES = {
+    "conv": ({"size": 4096}, [
+        {"precision": "bf16", "micro_batch_size": 256, "channels_last": True},
+        {"precision": "bf16", "micro_batch_size": 512, "channels_last": True, "num_workers": 8,
+         "persistent_workers": True, "pin_memory": True, "non_blocking": True},
+        {"precision": "bf16", "micro_batch_size": 512, "channels_last": True, "num_workers": 8,
+         "persistent_workers": False, "pin_memory": True, "non_blocking": True},
+        {"precision": "fp16", "micro_batch_size": 128, "num_workers": 4, "cudnn_benchmark": True},
+    ]),
+    "transformer": ({"size": 8192}, [
+        {"precision": "fp32", "micro_batch_size": 32, "tf32": True},
+        {"precision": "fp16", "micro_batch_size": 64, "num_workers": 2, "persistent_workers": True},
+    ]),
+}
+
 
 # ---- the plain loop, as a user writes it (runs in its own process: --plain) -----------
 
 
-def plain_loop(workload: str, args: dict, config: dict, epochs: int) -> dict:
+def plain_loop(workload: str, args: dict, config: dict, epochs: int, device: str = "cpu") -> dict:
     import psutil
     import torch
     from torch.utils.data import DataLoader
@@ -77,21 +98,26 @@ def plain_loop(workload: str, args: dict, config: dict, epochs: int) -> dict:
 
     if config.get("torch_threads"):
         torch.set_num_threads(config["torch_threads"])
+    dev = torch.device(device)
+    torch.backends.cudnn.benchmark = bool(config.get("cudnn_benchmark"))
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = bool(config.get("tf32"))
     wl = load_workload(workload, args)
-    model = wl.model()
+    model = wl.model().to(dev)
     if config.get("channels_last"):
         model = model.to(memory_format=torch.channels_last)
     opt = wl.make_optimizer(model.parameters())
     ds = wl.dataset()
     bs, workers = config["micro_batch_size"], config.get("num_workers", 0)
-    kw = {"num_workers": workers}
+    kw = {"num_workers": workers, "pin_memory": bool(config.get("pin_memory"))}
     if workers:
         kw["persistent_workers"] = config.get("persistent_workers", False)
     if config.get("batch_grouping") == "by_source":
         loader = DataLoader(ds, batch_sampler=by_source_batches(wl.groups(ds), bs), collate_fn=wl.collate, **kw)
     else:
         loader = DataLoader(ds, batch_size=bs, shuffle=True, drop_last=True, collate_fn=wl.collate, **kw)
-    bf16 = config.get("precision") == "bf16"
+    amp = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(config.get("precision"))
+    scaler = torch.amp.GradScaler(dev.type, enabled=config.get("precision") == "fp16")
+    nb = bool(config.get("non_blocking"))
     cl = config.get("channels_last")
     me = psutil.Process()
     workers_peak = 0
@@ -101,15 +127,31 @@ def plain_loop(workload: str, args: dict, config: dict, epochs: int) -> dict:
             return (b[0].contiguous(memory_format=torch.channels_last), *b[1:])
         return b
 
+    def to_dev(b):  # what a user writes for tensors, lists and dicts
+        if dev.type == "cpu":
+            return b
+        if isinstance(b, torch.Tensor):
+            return b.to(dev, non_blocking=nb)
+        if isinstance(b, dict):
+            return {k: to_dev(v) for k, v in b.items()}
+        if isinstance(b, (list, tuple)):
+            return type(b)(to_dev(v) for v in b)
+        return b
+
+    def sync():
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+
     def epoch() -> int:
         nonlocal workers_peak
         n = 0
         for i, batch in enumerate(loader):
-            batch = to_cl(batch)
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            batch = to_cl(to_dev(batch))
+            with torch.autocast(dev.type, dtype=amp or torch.float32, enabled=amp is not None):
                 loss = wl.loss(model, batch)
-            loss.backward()
-            opt.step()
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
             opt.zero_grad(set_to_none=True)
             n += bs
             if i == 5:
@@ -117,8 +159,10 @@ def plain_loop(workload: str, args: dict, config: dict, epochs: int) -> dict:
         return n
 
     epoch()  # start-up: first workers, first allocations
+    sync()
     t0 = time.perf_counter()
     samples = sum(epoch() for _ in range(epochs))
+    sync()
     wall = time.perf_counter() - t0
     # The kernel's high-water mark of this process (VmHWM, what /usr/bin/time's max RSS
     # reads for a process it starts); not ru_maxrss, which keeps the peak of whatever
@@ -126,7 +170,8 @@ def plain_loop(workload: str, args: dict, config: dict, epochs: int) -> dict:
     rss = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM")) / 1024
     return {"samples_per_sec": samples / wall, "epochs": epochs, "epoch_s": wall / epochs,
             "peak_rss_mb": rss, "workers_private_mb": workers_peak / 2**20,
-            "peak_host_memory_mb": rss + workers_peak / 2**20}
+            "peak_host_memory_mb": rss + workers_peak / 2**20,
+            "peak_device_memory_mb": torch.cuda.max_memory_allocated(dev) / 2**20 if dev.type == "cuda" else None}
 
 
 class by_source_batches:  # noqa: N801 -- the user's own grouped batch sampler
@@ -152,15 +197,15 @@ class by_source_batches:  # noqa: N801 -- the user's own grouped batch sampler
 # ---- the harness ---------------------------------------------------------------------
 
 
-def run_plain(workload: str, args: dict, config: dict, epochs: int) -> dict:
-    out = subprocess.run([sys.executable, __file__, "--plain", json.dumps([workload, args, config, epochs])],
+def run_plain(workload: str, args: dict, config: dict, epochs: int, device: str = "cpu") -> dict:
+    out = subprocess.run([sys.executable, __file__, "--plain", json.dumps([workload, args, config, epochs, device])],
                          capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def space_file(folder: Path, workload: str, args: dict, name: str = "truth") -> Path:
+def space_file(folder: Path, workload: str, args: dict, name: str = "truth", device: str = "cpu") -> Path:
     path = folder / f"{name}-{workload}.yaml"
-    path.write_text(yaml.safe_dump({"name": name, "workload": workload, "workload_args": args, "device": "cpu"}))
+    path.write_text(yaml.safe_dump({"name": name, "workload": workload, "workload_args": args, "device": device}))
     return path
 
 
@@ -173,13 +218,13 @@ def run_bench(space: Path, config: dict) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def run_trial(workload: str, args: dict, config: dict, results: Path, tag: str) -> dict:
+def run_trial(workload: str, args: dict, config: dict, results: Path, tag: str, device: str = "cpu") -> dict:
     """One config as a trial of a real Tune search (Ray already started by the caller)."""
     from tuner import spec
     from tuner.search import run_search
 
     space = spec.parse({"name": f"truth-{workload}-{tag}", "workload": workload, "workload_args": args,
-                        "device": "cpu", "knobs": config, "budget": {"trials": 1},
+                        "device": device, "knobs": config, "budget": {"trials": 1},
                         "confirm": {"top": 0, "repeats": 0}})
     run_search(space, results_root=results, quiet=True)
     records = [json.loads(line) for line in (results / space.name / "trials.jsonl").read_text().splitlines()]
@@ -198,7 +243,8 @@ def main() -> None:
     ap.add_argument("--configs", type=int, default=None, help="only the first N configs per workload")
     ap.add_argument("--no-search", action="store_true", help="skip the Tune-trial comparison")
     ap.add_argument("--search-rounds", type=int, default=2, help="rounds of the Tune-trial comparison")
-    ap.add_argument("--out", default="benchmarks/out/truth.json")
+    ap.add_argument("--device", default="cpu", help="cpu, or cuda for the GPU cases")
+    ap.add_argument("--out", default=None, help="default benchmarks/out/truth.json (truth-cuda.json on a GPU)")
     ap.add_argument("--plain", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.plain:
@@ -207,11 +253,15 @@ def main() -> None:
 
     from tuner.hardware import describe
 
+    cases = GPU_CASES if a.device == "cuda" else CASES
+    if a.workloads == ",".join(CASES):
+        a.workloads = ",".join(cases)
+    a.out = a.out or ("benchmarks/out/truth-cuda.json" if a.device == "cuda" else "benchmarks/out/truth.json")
     tmp = Path(tempfile.mkdtemp(prefix="truth-"))
     rows, search_rows = [], []
     for workload in a.workloads.split(","):
-        args, configs = CASES[workload]
-        space = space_file(tmp, workload, args)
+        args, configs = cases[workload]
+        space = space_file(tmp, workload, args, device=a.device)
         for config in configs[: a.configs]:
             bench, plain = [], []
             for r in range(a.rounds):
@@ -220,7 +270,7 @@ def main() -> None:
                     if which == "bench":
                         bench.append(run_bench(space, config))
                     else:
-                        plain.append(run_plain(workload, args, config, a.epochs))
+                        plain.append(run_plain(workload, args, config, a.epochs, a.device))
             b = statistics.median(x["samples_per_sec"] for x in bench)
             p = statistics.median(x["samples_per_sec"] for x in plain)
             bm = statistics.median(x["peak_host_memory_mb"] for x in bench)
@@ -233,6 +283,9 @@ def main() -> None:
                    "bench_interference_cores": [x.get("interference_cores") for x in bench],
                    "bench_disturbed": [x.get("disturbed") for x in bench],
                    "plain_epoch_s": statistics.median(x["epoch_s"] for x in plain)}
+            if a.device == "cuda":
+                row["bench_device_memory_mb"] = statistics.median(x["peak_device_memory_mb"] for x in bench)
+                row["plain_device_memory_mb"] = statistics.median(x["peak_device_memory_mb"] for x in plain)
             rows.append(row)
             print(f"{workload:<12} {_short(config):<58} bench {b:8.1f}  plain {p:8.1f}  "
                   f"ratio {b / p:5.3f}  memory {bm:6.0f} / {pm:6.0f} MB = {bm / pm:5.3f}", flush=True)
@@ -255,8 +308,8 @@ def main() -> None:
         ray.init(include_dashboard=False, log_to_driver=False, logging_level="ERROR")
         try:
             for workload in a.workloads.split(","):
-                args, configs = CASES[workload]
-                space = space_file(tmp, workload, args)
+                args, configs = cases[workload]
+                space = space_file(tmp, workload, args, device=a.device)
                 config = configs[0]
                 bench, trial = [], []
                 for r in range(a.search_rounds):
@@ -265,7 +318,7 @@ def main() -> None:
                         if which == "bench":
                             bench.append(run_bench(space, config)["samples_per_sec"])
                         else:
-                            rec = run_trial(workload, args, config, tmp / "results", f"r{r}")
+                            rec = run_trial(workload, args, config, tmp / "results", f"r{r}", a.device)
                             trial.append(rec["samples_per_sec"])
                 b, t = statistics.median(bench), statistics.median(trial)
                 search_rows.append({"workload": workload, "config": config, "bench_samples_per_sec": b,
@@ -283,10 +336,13 @@ def main() -> None:
     Path(a.out).write_text(json.dumps({"hardware": describe(), "rounds": a.rounds, "plain_epochs": a.epochs,
                                        "rows": rows, "persistence": persistence, "search": search_rows},
                                       indent=2, default=str))
-    print(f"\n{'workload':<12} {'config':<58} {'bench':>8} {'plain':>8} {'ratio':>6} {'mem ratio':>9}")
+    print(f"\n{'workload':<12} {'config':<58} {'bench':>8} {'plain':>8} {'ratio':>6} {'mem ratio':>9} "
+          f"{'device MB bench/plain':>22}")
     for r in rows:
+        dev_mb = (f"{r['bench_device_memory_mb']:8.0f} / {r['plain_device_memory_mb']:8.0f}"
+                  if r.get("plain_device_memory_mb") else "")
         print(f"{r['workload']:<12} {_short(r['config']):<58} {r['bench_samples_per_sec']:8.1f} "
-              f"{r['plain_samples_per_sec']:8.1f} {r['bench_over_plain']:6.3f} {r['memory_ratio']:9.3f}")
+              f"{r['plain_samples_per_sec']:8.1f} {r['bench_over_plain']:6.3f} {r['memory_ratio']:9.3f} {dev_mb:>22}")
     for p in persistence:
         print(f"{p['workload']:<12} persistent on/off: bench {p['bench_on_over_off']:.3f}, "
               f"plain whole epochs {p['plain_on_over_off']:.3f}, agreement {p['agreement']:.3f}")

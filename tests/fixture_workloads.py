@@ -189,25 +189,25 @@ def ballast(mb_per_sample: int = 4, step_s: float = 0.02) -> Workload:
 class SlowData(Dataset):
     """Each sample takes sample_s seconds to load (a sleep: it costs no CPU)."""
 
-    def __init__(self, sample_s: float):
-        self.sample_s = sample_s
+    def __init__(self, sample_s: float, size: int = 512):
+        self.sample_s, self.size = sample_s, size
 
     def __len__(self) -> int:
-        return 512
+        return self.size
 
     def __getitem__(self, i: int):
         time.sleep(self.sample_s)
         return torch.ones(8) * (i % 7), torch.zeros(1)
 
 
-def slow_data(sample_s: float = 0.002, step_s: float = 0.01) -> Workload:
+def slow_data(sample_s: float = 0.002, step_s: float = 0.01, size: int = 512) -> Workload:
     """Loading a batch of 8 takes 8 * sample_s; the step takes step_s (both sleeps)."""
 
     def loss(model, batch):
         time.sleep(step_s)
         return _mse(model, batch)
 
-    return Workload(model=lambda: nn.Linear(8, 1), dataset=lambda: SlowData(sample_s), loss=loss)
+    return Workload(model=lambda: nn.Linear(8, 1), dataset=lambda: SlowData(sample_s, size), loss=loss)
 
 
 class SlowExitWorkers(Dataset):
@@ -275,3 +275,24 @@ def raises_in_worker() -> Workload:
 
 def not_a_workload() -> int:
     return 3
+
+
+def _encoding_collate(samples):
+    """Batches as a Hugging Face ``BatchEncoding`` (a ``UserDict``, not a ``dict``)."""
+    from torch.utils.data import default_collate
+    from transformers import BatchEncoding
+
+    x, y = default_collate(samples)
+    return BatchEncoding({"x": x, "y": y})
+
+
+def _encoding_loss(model, batch):
+    device = next(model.parameters()).device
+    assert batch["x"].device == device and batch["y"].device == device, "batch left on the host"
+    return torch.nn.functional.mse_loss(model(batch["x"]), batch["y"])
+
+
+def encoding_batches(size: int = 64) -> Workload:
+    """Hugging Face-style batches: each tensor must reach the model's device."""
+    return Workload(model=lambda: nn.Linear(8, 1), dataset=lambda: Numbers(size), loss=_encoding_loss,
+                    collate=_encoding_collate)

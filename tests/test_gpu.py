@@ -23,7 +23,7 @@ def test_pin_memory_non_blocking_and_cudnn_reach_torch():
     t = Trainer(load_workload("conv", {"size": 256}),
                 _config(pin_memory=True, non_blocking=True, cudnn_benchmark=True, tf32=True,
                         num_workers=1, micro_batch_size=32), CUDA)
-    assert t.loader.pin_memory is True and t.non_blocking is True
+    assert t.loader.pin_memory is True and t.move.non_blocking is True
     assert torch.backends.cudnn.benchmark is True and torch.backends.cuda.matmul.allow_tf32 is True
     t.start()
     t.step()
@@ -45,4 +45,24 @@ def test_known_rate_on_gpu():
     r = run_isolated(make_request(workload=ref("sleepy"), workload_args={"step_s": 0.05},
                                   config={"micro_batch_size": 4}, device="cuda", measure=FAST_MEASURE),
                      timeout_s=120)
-    assert r["samples_per_sec"] == pytest.approx(80, rel=0.05)
+    # The 50 ms sleep bounds the step from below; a tiny model's forward, backward and
+    # AdamW step on a GPU add kernel launches (2.5 ms seen on an H100 VM).
+    assert 4 / 0.050 * 0.90 <= r["samples_per_sec"] <= 4 / 0.050 * 1.01
+
+
+def test_hugging_face_batches_reach_the_gpu_with_workers_and_pinning():
+    r = run_isolated(make_request(workload=ref("encoding_batches"), workload_args={"size": 256},
+                                  config={"micro_batch_size": 8, "num_workers": 1, "pin_memory": True,
+                                          "non_blocking": True}, device="cuda", measure=FAST_MEASURE),
+                     timeout_s=120)
+    assert r["status"] == "ok", r.get("reason")
+
+
+def test_fp16_with_grad_scaler_and_compile_on_gpu():
+    for config in ({"precision": "fp16", "micro_batch_size": 32, "cudnn_benchmark": True},
+                   {"precision": "bf16", "micro_batch_size": 32, "compile": "default", "fused_optimizer": True}):
+        r = run_isolated(make_request(workload="conv", workload_args={"size": 512}, config=config,
+                                      device="cuda", measure=FAST_MEASURE), timeout_s=300)
+        assert r["status"] == "ok", (config, r.get("reason"))
+        assert r["loss_finite"] is True and r["samples_per_sec"] > 0
+        assert (r["compile_s"] > 0) == (config.get("compile") == "default")

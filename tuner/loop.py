@@ -36,13 +36,14 @@ class EpochSampler(Sampler[int]):
     """Random order over the dataset, with an adjustable number of samples per epoch.
 
     The measurement shortens epochs so that every trial crosses epoch boundaries
-    (where worker respawn and dataset reopening cost time); the DataLoader reads
-    the sampler in the main process at each new epoch, so a new limit applies
-    from the next epoch on, with persistent workers too.
+    (where worker respawn and dataset reopening cost time). ``limit`` applies from
+    the next epoch on; ``current`` is the epoch under way's, read at each draw (the
+    DataLoader draws indices in the main process as it goes), so lowering it ends
+    that epoch after the batches already sent to workers.
     """
 
     def __init__(self, size: int, limit: int | None = None, seed: int = 0):
-        self.size, self.limit, self.epoch = size, limit, 0
+        self.size, self.limit, self.current, self.epoch = size, limit, limit, 0
         self.seed = seed
 
     def __len__(self) -> int:
@@ -51,14 +52,18 @@ class EpochSampler(Sampler[int]):
     def __iter__(self) -> Iterator[int]:
         g = torch.Generator().manual_seed(self.seed + self.epoch)
         self.epoch += 1
-        return iter(torch.randperm(self.size, generator=g)[: len(self)].tolist())
+        self.current = self.limit
+        for i, index in enumerate(torch.randperm(self.size, generator=g).tolist()):
+            if self.current is not None and i >= self.current:
+                return
+            yield index
 
 
 class GroupedBatchSampler(Sampler[list[int]]):
     """Batches that each hold samples of one source (``batch_grouping=by_source``)."""
 
     def __init__(self, groups: list[list[int]], batch_size: int, limit: int | None = None, seed: int = 0):
-        self.groups, self.batch_size, self.limit = groups, batch_size, limit
+        self.groups, self.batch_size, self.limit, self.current = groups, batch_size, limit, limit
         self.seed, self.epoch = seed, 0
 
     def _all_batches(self) -> list[list[int]]:
@@ -76,9 +81,13 @@ class GroupedBatchSampler(Sampler[list[int]]):
         return n if self.limit is None else min(n, max(1, self.limit // self.batch_size))
 
     def __iter__(self) -> Iterator[list[int]]:
-        batches = self._all_batches()[: len(self)]
+        batches = self._all_batches()
         self.epoch += 1
-        return iter(batches)
+        self.current = self.limit
+        for i, batch in enumerate(batches):
+            if self.current is not None and i >= max(1, self.current // self.batch_size):
+                return
+            yield batch
 
 
 class Trainer:
@@ -152,10 +161,13 @@ class Trainer:
         loader = DataLoader(ds, batch_size=bs, sampler=sampler, drop_last=True, collate_fn=wl.collate, **kwargs)
         return loader, sampler
 
-    def set_epoch_limit(self, samples: int | None) -> None:
-        """Samples per epoch from the next epoch on (None: the whole dataset)."""
+    def set_epoch_limit(self, samples: int | None, now: bool = False) -> None:
+        """Samples per epoch from the next epoch on (None: the whole dataset); ``now``:
+        for the epoch under way too, which ends there if it is already past it."""
         if self.sampler is not None:
             self.sampler.limit = samples
+            if now:
+                self.sampler.current = samples
 
     def _new_epoch(self, t0: float) -> tuple[Any, float]:
         """The epoch ended in a next() that began at ``t0``: start the next epoch.

@@ -7,12 +7,16 @@ Method (see DESIGN.md, "Measuring honestly"):
 - then timed windows of whole optimizer steps, synchronized at window edges only;
   the window clock stops while a new epoch starts, and those epoch starts are
   measured apart;
-- the steady rate is all timed samples over all timed seconds (what the user's own
-  loop sees); while the windows disagree so much that the median's standard error
-  exceeds ``target_error``, more windows are measured (up to ``max_windows``);
-  windows disturbed by other load are redone (``Load``);
+- the steady step time comes from windows that neither hold an epoch boundary nor
+  follow one; the cost of an epoch boundary is what the other windows took beyond
+  that steady time, per boundary. (DataLoader workers restarted together deliver
+  their first batches together, so the steps just after a boundary run fast: a
+  boundary's cost is its pause minus that catch-up, which the whole windows see.)
+  While the windows disagree so much that the median's standard error exceeds
+  ``target_error``, more windows are measured (up to ``max_windows``); windows
+  disturbed by other load are redone (``Load``);
 - ``samples_per_sec`` is the sustained rate of real training: the steady step
-  rate with the per-epoch cost spread over an epoch of the planned size.
+  time over an epoch of the planned size, plus one boundary's cost.
 """
 
 from __future__ import annotations
@@ -441,20 +445,36 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
     # -- size the windows from the last warm-up steps, and shorten epochs so that
     #    the timed phase crosses epoch boundaries.
     est = min(warm_steps[-2:]) if len(warm_steps) >= 2 else warm_steps[-1]
-    window_steps = max(1, math.ceil(settings.window_s / max(est, 1e-6)))
-    epoch_steps = settings.epoch_steps or max(2, math.ceil(settings.min_windows * window_steps / 3))
-    trainer.set_epoch_limit(epoch_steps * trainer.samples_per_step)
+    # The warm-up can read fast: DataLoader workers fill their prefetch queues while the
+    # first steps compile, and the last warm-up steps only drain them. So the first
+    # window is also capped in time, and sizes the windows after it.
+    # Workers started together deliver their batches in groups of num_workers: a window
+    # spans at least two groups, so that its figure does not depend on the phase.
+    workers = getattr(trainer.loader, "num_workers", 0)
+    min_steps = max(1, math.ceil(2 * workers / trainer.accum))
+    window_steps = max(min_steps, math.ceil(settings.window_s / max(est, 1e-6)))
+
+    def size_epochs(now: bool = False) -> None:
+        # four windows per epoch: one holds the boundary, the next may hold its
+        # catch-up, two are steady
+        epoch_steps = settings.epoch_steps or 4 * window_steps
+        trainer.set_epoch_limit(epoch_steps * trainer.samples_per_step, now=now)
+
+    size_epochs()
+    window_cap_s = 3 * settings.window_s
+    sized = False
 
     # Each kept window: (samples, wall s, s paused at epoch boundaries, boundaries,
-    # micro-batches, data wait outside the boundaries).
-    kept: list[tuple[int, float, float, int, int, float]] = []
+    # micro-batches, data wait outside the boundaries, boundaries in the window before).
+    kept: list[tuple[int, float, float, int, int, float, int]] = []
+    before = 1  # the warm-up ended on an epoch boundary
+    gap_s = 0.0  # untimed, between windows
     rates: list[float] = []
     loads: list[Load] = []
     disturbed: list[float] = []  # rates of windows dropped as disturbed
     screened = False
     timed_s = 0.0
     starts_before = len(trainer.epoch_start_s)
-    micro = window_steps * trainer.accum
 
     def fetch_s() -> float:
         """An ordinary micro-batch fetch: data wait outside epoch boundaries, per micro-batch."""
@@ -473,16 +493,36 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
     with nvml:
         while True:
             synchronize(device)
-            probe.sample_memory()  # untimed: between windows
+            g0 = perf_counter()
+            if not kept and not disturbed:
+                # Workers' private pages, before the first window and after the last only:
+                # reading them takes milliseconds per worker, during which the workers
+                # run on and fill their queues, so the window after such a pause would
+                # read fast.
+                probe.sample_memory()
             meter.start()
             w0, dw0, e0 = perf_counter(), trainer.data_wait_s, len(trainer.epoch_start_s)
-            for _ in range(window_steps):
+            gap_s += w0 - g0
+            steps = 0
+            while steps < window_steps:
                 trainer.step()
+                steps += 1
+                if not sized and perf_counter() - w0 > window_cap_s:
+                    break
             synchronize(device)
             wall = perf_counter() - w0
             paused = sum(trainer.epoch_start_s[e0:])
-            window = (window_steps * trainer.samples_per_step, wall, paused, len(trainer.epoch_start_s) - e0,
-                      micro, trainer.data_wait_s - dw0 - paused)
+            window = (steps * trainer.samples_per_step, wall, paused, len(trainer.epoch_start_s) - e0,
+                      steps * trainer.accum, trainer.data_wait_s - dw0 - paused, before)
+            before = window[3]
+            if not sized:
+                sized = True
+                fit = max(min_steps, math.ceil(settings.window_s * steps / max(wall - paused, 1e-6)))
+                if not window_steps / 1.5 <= fit <= window_steps * 1.5:
+                    say(f"warm-up read {est * 1e3:.1f} ms per step, the first window "
+                        f"{(wall - paused) / steps * 1e3:.1f} ms: {fit} steps per window")
+                    window_steps = fit
+                    size_epochs(now=True)
             load = meter.stop(wall)
             if load is not None and load.disturbed(settings.max_interference, meter.cpus) \
                     and len(disturbed) < settings.max_windows:
@@ -516,16 +556,28 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
     micro_fetch_s = fetch_s()
     rates = [rate(w, micro_fetch_s) for w in kept]
     elapsed = [w[0] / r for w, r in zip(kept, rates, strict=True)]
-    # The steady rate is all samples over all time, as the user's own loop sees it (not a
-    # median of window rates: a right-skewed step time would read fast). Disturbed
-    # windows were redone above, so there are no outliers to be robust against.
-    steady = sum(w[0] for w in kept) / sum(elapsed)
-    step_s = trainer.samples_per_step / steady
     wait_fraction = (sum(w[5] for w in kept) + micro_fetch_s * sum(w[3] for w in kept)) / sum(elapsed)
     starts = trainer.epoch_start_s[starts_before:]
-    # What an epoch boundary costs beyond an ordinary batch fetch (old workers shut down,
-    # new ones spawned, the dataset reopened, the prefetch pipeline refilled).
-    epoch_overhead_s = max(0.0, statistics.median(starts) - micro_fetch_s) if starts else None
+    # Steady time per sample: all samples over all time (not a median of window rates:
+    # a right-skewed step time would read fast) of the windows that neither hold an
+    # epoch boundary nor follow one. A boundary costs what all windows took beyond that,
+    # per boundary: its pause (old workers shut down, new ones spawned, the dataset
+    # reopened) less the catch-up of the batches the new workers then deliver at once.
+    steady_windows = [w for w in kept if w[3] == 0 and w[6] == 0]
+    boundaries = sum(w[3] for w in kept)
+    if boundaries and len(steady_windows) >= 2:
+        per_sample = sum(w[1] for w in steady_windows) / sum(w[0] for w in steady_windows)
+        extra = sum(w[1] for w in kept) - per_sample * sum(w[0] for w in kept)
+        epoch_overhead_s = max(0.0, extra / boundaries)
+        overhead_from = "windows"
+    else:
+        # Too few steady windows (epochs as long as the timed phase): each boundary's
+        # pause beyond an ordinary batch fetch, and the rest of the time as steady.
+        per_sample = sum(elapsed) / sum(w[0] for w in kept)
+        epoch_overhead_s = max(0.0, statistics.median(starts) - micro_fetch_s) if starts else None
+        overhead_from = "pauses"
+    steady = 1 / per_sample
+    step_s = trainer.samples_per_step / steady
 
     epoch_size = plan.epoch_size or _dataset_len(trainer) or trainer.workload.epoch_size
     if epoch_size is not None:
@@ -563,6 +615,8 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
         "one_time_s": one_time_s,
         "epoch_overhead_s": epoch_overhead_s,
         "epoch_starts_measured": len(starts),
+        "epoch_overhead_from": overhead_from,
+        "between_windows_s": gap_s,
         "epoch_size": epoch_size,
         "epoch_s": epoch_s,
         "projected_run_s": projected,
