@@ -69,8 +69,9 @@ def measure_grid(space: spec.Space) -> list[dict]:
 
 
 def _ctx(space: spec.Space) -> knobs.Context:
-    _, _, wl, device = resolve_config(make_request(workload=space.model.workload,
-                                                   workload_args=space.model.workload_args, device="cpu"))
+    resolved = resolve_config(make_request(workload=space.model.workload,
+                                           workload_args=space.model.workload_args, device="cpu"))
+    wl, device = resolved.workload, resolved.device
     return knobs.context_for(device, has_groups=wl.groups is not None)
 
 

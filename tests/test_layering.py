@@ -20,8 +20,17 @@ def _imports(path: Path) -> set[str]:
 
 
 def test_pure_modules_never_import_ray():
-    for name in ("records", "knobs", "measure", "batches", "errors"):
+    for name in ("records", "knobs", "measure", "batches", "errors", "settings", "scaffold"):
         assert not any(i == "ray" or i.startswith("ray.") for i in _imports(PACKAGE / f"{name}.py")), name
+
+
+def test_measure_settings_have_one_definition():
+    # spec validates the measure:/run: sections with the very classes measure consumes
+    from tuner import settings, spec
+
+    assert spec.Measure is settings.MeasureSettings and spec.Run is settings.RunPlan
+    assert "tuner.measure" not in _imports(PACKAGE / "spec.py")
+    assert settings.MeasureSettings.model_fields["window_s"].description  # documented per field
 
 
 def test_nothing_imports_the_command_line():

@@ -206,6 +206,20 @@ def test_screening_stops_a_config_that_cannot_reach_the_incumbent():
     # within the margin of the incumbent (~78 x 1.05 > 76): measured in full
     full = _run("sleepy", {"step_s": 0.05}, {"micro_batch_size": 4}, screen={"below": 76.0, "margin": 0.05})
     assert full["screened"] is False and full["windows"] >= FAST_MEASURE["min_windows"]
+    assert full["below_incumbent"] is False
+
+
+def test_a_config_clearly_below_the_incumbent_stops_at_min_windows():
+    # A wide screening margin lets it past the first 2 windows; at min_windows its figure
+    # (80) is below the incumbent (120) by far more than its error: no more windows.
+    measure = {**FAST_MEASURE, "min_windows": 3, "max_windows": 8, "target_error": 1e-6}
+    out = _run("sleepy", {"step_s": 0.05}, {"micro_batch_size": 4}, measure=measure,
+               screen={"below": 120.0, "margin": 1.0})
+    assert out["screened"] is False and out["below_incumbent"] is True and out["windows"] == 3
+    # above the incumbent it keeps measuring (to max_windows here: the target error is unreachable)
+    above = _run("sleepy", {"step_s": 0.05}, {"micro_batch_size": 4}, measure=measure,
+                 screen={"below": 60.0, "margin": 1.0})
+    assert above["below_incumbent"] is False and above["windows"] == 8
 
 
 @pytest.mark.slow

@@ -32,55 +32,6 @@ def _parse_sets(items: list[str]) -> dict[str, Any]:
     return out
 
 
-def _fmt(value: Any, unit: str = "", digits: int = 1) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:,.{digits}f}{unit}"
-    return f"{value}{unit}"
-
-
-def print_bench(result: dict, out: Any = sys.stdout) -> None:
-    """A readable table of one measurement."""
-    rows = [
-        ("status", result["status"] + (f" ({result['reason']})" if result.get("reason") else "")),
-        ("samples/sec (sustained)", _fmt(result.get("samples_per_sec"))),
-        ("  window spread", _fmt((result.get("samples_per_sec_spread") or 0) * 100, "%")
-         if result.get("samples_per_sec_spread") is not None else "-"),
-        ("  steady (in-epoch)", _fmt(result.get("steady_samples_per_sec"))),
-        ("step time", _fmt(result.get("step_time_ms"), " ms", 2)),
-        ("data wait", _fmt((result.get("data_wait_fraction") or 0) * 100, "% of step")
-         if result.get("data_wait_fraction") is not None else "-"),
-        ("warm-up", _fmt(result.get("warmup_s"), " s", 2)),
-        ("compile", _fmt(result.get("compile_s"), " s", 2)),
-        ("epoch start overhead", _fmt(result.get("epoch_overhead_s"), " s", 3)),
-        ("projected run", _fmt(result.get("projected_run_s"), " s")),
-        ("peak host memory", _fmt(result.get("peak_host_memory_mb"), " MB", 0)
-         + (" (peak RSS + workers' private pages)" if result.get("peak_host_memory_mb") else "")),
-        ("peak device memory", _fmt(result.get("peak_device_memory_mb"), " MB", 0)),
-        ("MFU", _fmt((result.get("mfu") or 0) * 100, "%", 2) if result.get("mfu") else "-"),
-        ("loss finite", _fmt(result.get("loss_finite"))),
-        ("other load beside it", _fmt(result.get("interference_cores"), " cores", 3)
-         + (f" (tuner's own {result['tuner_cpu_cores']:.3f})" if result.get("tuner_cpu_cores") else "")),
-        ("disturbed windows redone", _fmt(result.get("disturbed_windows_dropped"))),
-    ]
-    width = max(len(r[0]) for r in rows)
-    for name, value in rows:
-        print(f"{name:<{width}}  {value}", file=out)
-    cfg = result.get("config") or {}
-    print("config: " + ", ".join(f"{k}={v}" for k, v in cfg.items()), file=out)
-    for note in result.get("notes") or []:
-        print(f"note: {note}", file=out)
-    if result.get("disturbed"):
-        print("warning: other load on the machine disturbed most windows even after re-measuring; "
-              "measure again on a quiet machine", file=out)
-    if result["status"] == "ok":
-        from tuner.diagnose import diagnose
-        from tuner.report import print_diagnosis
-
-        print_diagnosis("bottleneck", diagnose(result), out)
-
-
 def _bench_request(space: Any, args: argparse.Namespace, extra: dict | None = None) -> dict:
     """The measurement request of ``bench``/``profile``: the space's recommended config
     (or the baseline), an exported config, then --set overrides; checked strictly."""
@@ -94,7 +45,8 @@ def _bench_request(space: Any, args: argparse.Namespace, extra: dict | None = No
     m = space.model
     base = make_request(workload=m.workload, workload_args=m.workload_args,
                         base_dir=str(space.base_dir), device=m.device)
-    _, _, workload, device = resolve_config(base)  # the device and workload decide the defaults
+    resolved = resolve_config(base)
+    workload, device = resolved.workload, resolved.device  # the device and workload decide the defaults
     if args.baseline:
         config = space.baseline_config()
     else:
@@ -136,6 +88,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
             result["diagnosis"] = diagnose(result).as_dict()
         print(json.dumps(result, default=str))
     else:
+        from tuner.tables import print_bench
+
         print_bench(result)
     if result["status"] != "ok":
         # infeasible (OOM, NaN, a hang, a crash): the reason was printed; status 3
@@ -264,7 +218,8 @@ def cmd_knobs(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from tuner import spec
-    from tuner.search import print_summary, run_search
+    from tuner.search import run_search
+    from tuner.tables import print_summary
 
     space = spec.load(args.space)
     if args.resume:
@@ -277,6 +232,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         space.model.budget.time_s = args.time_budget
     if args.name:
         space.model.name = args.name
+    if args.log_to:
+        space.model.log_to = sorted(set(space.model.log_to) | set(args.log_to))
     spec.check_workload(space)
     summary = run_search(space, results_root=Path(args.results_dir), address=args.address,
                          resume=args.resume, quiet=args.quiet)
@@ -287,8 +244,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from tuner.report import print_show
     from tuner.results import open_results
+    from tuner.tables import print_show
 
     print_show(open_results(args.results), limit=args.limit)
     return 0
@@ -338,7 +295,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_resume(args: argparse.Namespace) -> int:
     from tuner import spec
     from tuner.results import open_results
-    from tuner.search import print_summary, run_search
+    from tuner.search import run_search
+    from tuner.tables import print_summary
 
     res = open_results(args.results)
     space = spec.load(res.path / "space.yaml")
@@ -352,6 +310,49 @@ def cmd_resume(args: argparse.Namespace) -> int:
     summary = run_search(space, results_root=res.path.resolve().parent, address=args.address,
                          resume=True, quiet=args.quiet)
     print_summary(summary)
+    return 0
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    import yaml
+
+    from tuner.scaffold import init_space
+
+    out = Path(args.output)
+    if out.exists() and not args.force:
+        raise UserError(f"-o {out}: exists; pass --force to overwrite it")
+    try:
+        workload_args = yaml.safe_load(args.workload_args) if args.workload_args else {}
+    except yaml.YAMLError as e:
+        raise UserError(f"--workload-args: not YAML/JSON: {e}") from e
+    if not isinstance(workload_args, dict):
+        raise UserError(f"--workload-args {args.workload_args}: must be a mapping, e.g. '{{size: 1024}}'")
+    text = init_space(args.workload, workload_args, out, device=args.device, max_memory_mb=args.max_memory_mb,
+                      max_step_s=args.max_step_s, upper=args.upper, trials=args.trials or 12, name=args.name,
+                      say=lambda msg: print(msg, file=sys.stderr, flush=True))
+    print(text, end="")
+    print(f"wrote {out}; search it with: python -m tuner run {out}", file=sys.stderr)
+    return 0
+
+
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    """optuna-dashboard on the search's own study (its journal), on loopback."""
+    import optuna
+
+    from tuner.results import open_results
+
+    res = open_results(args.results)
+    journal = res.path / "optuna.journal"
+    if not journal.exists():
+        raise UserError(f"{res.path}: no optuna.journal (no search trial has run there yet)")
+    try:
+        import optuna_dashboard
+    except ImportError as e:
+        raise UserError("dashboard needs optuna-dashboard: pip install optuna-dashboard") from e
+    storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(journal)))
+    print(f"optuna-dashboard for {res.path.name}: http://{args.host}:{args.port}/dashboard/  (Ctrl-C stops it)",
+          flush=True)
+    optuna_dashboard.run_server(storage, host=args.host, port=args.port)
     return 0
 
 
@@ -402,6 +403,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--address", help="attach to a running Ray cluster instead of a local one")
     p.add_argument("--resume", action="store_true", help="continue an interrupted search of this name")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--log-to", action="append", choices=["tensorboard", "mlflow"],
+                   help="also log each trial with Ray Tune's logger callbacks (repeatable): TensorBoard "
+                   "events under results/<name>/ray/, an MLflow SQLite store, results/<name>/mlflow.db")
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("show", help="the trials of a results folder (also while the search runs)")
@@ -419,6 +423,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device-model", help="on a mixed cluster: the GPU model to export for (default: each)")
     p.add_argument("-o", "--output", help="write to this file instead of stdout")
     p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("init", help="write a space.yaml fitted to this machine (probes the micro-batch)")
+    p.add_argument("workload", help="built-in name, my_workload.py:make or my_pkg.mod:make")
+    p.add_argument("--workload-args", help="the factory's arguments, e.g. '{size: 1024}'")
+    p.add_argument("-o", "--output", default="space.yaml", help="the file to write (default space.yaml)")
+    p.add_argument("--force", action="store_true", help="overwrite an existing file")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--max-memory-mb", type=float,
+                   help="a micro-batch whose peak memory is above this does not fit (default: 90%% of the "
+                   "GPU's memory; none on CPUs)")
+    p.add_argument("--max-step-s", type=float, default=2.0, help="nor one whose step takes longer (default 2)")
+    p.add_argument("--upper", type=int, default=4096, help="the largest micro-batch probed")
+    p.add_argument("--trials", type=int, help="budget.trials of the written file (default 12)")
+    p.add_argument("--name", help="the space's name (default: the workload's)")
+    p.set_defaults(func=cmd_init)
+
+    p = sub.add_parser("dashboard", help="the study in optuna-dashboard (on loopback)")
+    p.add_argument("results", help="results/<name>")
+    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--host", default="127.0.0.1", help="127.0.0.1: this machine only")
+    p.set_defaults(func=cmd_dashboard)
 
     p = sub.add_parser("report", help="write report.md with plots into the results folder")
     p.add_argument("results", help="results/<name>")

@@ -111,6 +111,8 @@ def doctor(address: str | None = None, out: Any = sys.stdout) -> int:
 
     import torch
 
+    from tuner.hardware import cpu_has_bf16, nvml_status
+
     lines: list[tuple[str, str, str]] = []
 
     def check(name: str, ok: bool | None, detail: str, fix: str = "") -> None:
@@ -135,9 +137,9 @@ def doctor(address: str | None = None, out: Any = sys.stdout) -> int:
         check("fp16", True, "fp16 autocast + GradScaler")
     else:
         cap = torch.backends.cpu.get_cpu_capability()
-        fast_bf16 = _cpu_has_bf16()
+        fast_bf16 = cpu_has_bf16()
         check("bf16 (CPU)", True, f"autocast works; {'native AVX512-BF16/AMX: fast' if fast_bf16 else 'no native bf16 instructions: may be slower than fp32'} ({cap})")
-    nvml = _nvml_status()
+    nvml = nvml_status()
     check("nvml", True if nvml[0] else (False if cuda else None), nvml[1],
           "install nvidia-ml-py; GPU utilization/power sampling is off without it")
     cc = shutil.which(os.environ.get("CC", "")) or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
@@ -162,26 +164,3 @@ def doctor(address: str | None = None, out: Any = sys.stdout) -> int:
     for status, name, detail in lines:
         print(f"{status} {name:<12} {detail}", file=out)
     return 0
-
-
-def _cpu_has_bf16() -> bool:
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
-
-
-def _nvml_status() -> tuple[bool, str]:
-    try:
-        import pynvml
-    except ImportError:
-        return False, "pynvml not installed (pip install nvidia-ml-py)"
-    try:
-        pynvml.nvmlInit()
-        n = pynvml.nvmlDeviceGetCount()
-        driver = pynvml.nvmlSystemGetDriverVersion()
-        pynvml.nvmlShutdown()
-        return True, f"driver {driver}, {n} device(s)"
-    except Exception as exc:
-        return False, f"no NVIDIA driver ({type(exc).__name__})"

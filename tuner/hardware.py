@@ -36,6 +36,32 @@ def _host_memory_mb() -> float | None:
         return None
 
 
+def cpu_has_bf16() -> bool:
+    """Native bf16 on this CPU (AVX512-BF16 or AMX): without it, bf16 autocast is slow."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith("flags")), "")
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def nvml_status() -> tuple[bool, str]:
+    """Whether NVML (GPU utilization, power, clocks) answers here, and what it said."""
+    try:
+        import pynvml
+    except ImportError:
+        return False, "pynvml not installed (pip install nvidia-ml-py)"
+    try:
+        pynvml.nvmlInit()
+        n = pynvml.nvmlDeviceGetCount()
+        driver = pynvml.nvmlSystemGetDriverVersion()
+        pynvml.nvmlShutdown()
+        return True, f"driver {driver}, {n} device(s)"
+    except Exception as exc:
+        return False, f"no NVIDIA driver ({type(exc).__name__})"
+
+
 @lru_cache(maxsize=1)
 def describe() -> dict:
     """Hardware and software of this process: host, CPU, GPU, versions."""

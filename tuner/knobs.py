@@ -3,7 +3,7 @@
 The table (``KNOBS``) is read by validation (``resolve``), by the search space,
 by the docs (``python -m tuner knobs``) and by the report. A new knob is one
 entry here and, if it changes the run, one ``apply_*`` function called by
-``tuner.loop.build`` (which owns the order in which they are applied).
+``tuner.loop.Trainer`` (which owns the order in which they are applied).
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ class Knob:
     inactive: Callable[[dict, Context], str | None] | None = None
     cost: str = ""  # what the knob costs, for docs and report
     recompiles: bool = False  # changes what torch.compile traces: configs differing in it compile apart
+    priority: int = 99  # the guided sampler moves knobs in this order (lower first): the biggest levers first
 
 
 def _needs_workers(config: dict, ctx: Context) -> str | None:
@@ -81,42 +82,42 @@ def _recommended_workers(ctx: Context) -> int:
 _TABLE = [
     Knob("precision", str, "autocast dtype of the forward pass; fp16 adds a GradScaler",
          "fp32", _recommended_precision, choices=PRECISIONS,
-         cost="bf16/fp16 may change numerics; fp16 needs loss scaling", recompiles=True),
+         cost="bf16/fp16 may change numerics; fp16 needs loss scaling", recompiles=True, priority=0),
     Knob("micro_batch_size", int, "samples per forward/backward pass",
-         32, lambda ctx: 32, minimum=1, cost="memory grows with it", recompiles=True),
+         32, lambda ctx: 32, minimum=1, cost="memory grows with it", recompiles=True, priority=2),
     Knob("grad_accum_steps", int, "micro-batches accumulated per optimizer step (loss / steps)",
-         1, lambda ctx: 1, minimum=1),
+         1, lambda ctx: 1, minimum=1, priority=14),
     Knob("num_workers", int, "DataLoader worker processes",
          0, _recommended_workers, minimum=0,
-         cost="1 CPU and host memory per worker; the trial reserves 1 + num_workers CPUs"),
+         cost="1 CPU and host memory per worker; the trial reserves 1 + num_workers CPUs", priority=1),
     Knob("prefetch_factor", int, "batches loaded in advance per worker",
          None, lambda ctx: 2, minimum=1, nullable=True, inactive=_needs_workers,
-         cost="host memory"),
+         cost="host memory", priority=9),
     Knob("persistent_workers", bool, "keep DataLoader workers alive across epochs",
          False, lambda ctx: True, inactive=_needs_workers,
-         cost="workers hold their memory between epochs"),
+         cost="workers hold their memory between epochs", priority=6),
     Knob("pin_memory", bool, "page-locked host buffers for host-to-device copies",
-         False, lambda ctx: True, gpu_only=True, cost="pinned host memory"),
+         False, lambda ctx: True, gpu_only=True, cost="pinned host memory", priority=10),
     Knob("non_blocking", bool, "asynchronous host-to-device copies",
-         False, lambda ctx: True, gpu_only=True),
+         False, lambda ctx: True, gpu_only=True, priority=11),
     Knob("compile", str, "torch.compile mode",
          "off", lambda ctx: "default" if ctx.device == "cuda" else "off", choices=COMPILE_MODES,
-         cost="one-time compile seconds, measured as compile_s", recompiles=True),
+         cost="one-time compile seconds, measured as compile_s", recompiles=True, priority=4),
     Knob("channels_last", bool, "NHWC memory format for the model and 4-D inputs",
-         False, lambda ctx: False, cost="helps conv nets, can slow others", recompiles=True),
+         False, lambda ctx: False, cost="helps conv nets, can slow others", recompiles=True, priority=7),
     Knob("cudnn_benchmark", bool, "cudnn autotuner for fixed input shapes",
-         False, lambda ctx: True, gpu_only=True, cost="autotuning in the first steps"),
+         False, lambda ctx: True, gpu_only=True, cost="autotuning in the first steps", priority=12),
     Knob("tf32", bool, "TF32 matmuls and convolutions on Ampere and newer",
-         False, lambda ctx: True, gpu_only=True, cost="lower matmul precision"),
+         False, lambda ctx: True, gpu_only=True, cost="lower matmul precision", priority=13),
     Knob("fused_optimizer", bool, "fused optimizer kernels (fused=True)",
-         False, lambda ctx: True),
+         False, lambda ctx: True, priority=8),
     Knob("activation_checkpointing", bool, "recompute block activations in backward",
-         False, lambda ctx: False, cost="about one extra forward pass of compute", recompiles=True),
+         False, lambda ctx: False, cost="about one extra forward pass of compute", recompiles=True, priority=15),
     Knob("torch_threads", int, "intra-op threads of the training process (null: PyTorch's default)",
-         None, lambda ctx: None, minimum=1, nullable=True),
+         None, lambda ctx: None, minimum=1, nullable=True, priority=5),
     Knob("batch_grouping", str, "multi-source data: mixed batches, or each batch from one source",
          "mixed", lambda ctx: "by_source" if ctx.has_groups else "mixed", choices=GROUPINGS,
-         inactive=_needs_groups, recompiles=True),
+         inactive=_needs_groups, recompiles=True, priority=3),
 ]
 
 KNOBS: dict[str, Knob] = {k.name: k for k in _TABLE}

@@ -33,44 +33,9 @@ import psutil
 import torch
 
 from tuner.loop import Trainer, synchronize
+from tuner.settings import MeasureSettings, RunPlan
 
 perf_counter = time.perf_counter
-
-
-@dataclass
-class MeasureSettings:
-    """How a config is measured (the ``measure:`` section of space.yaml)."""
-
-    warmup_steps: int = 3
-    """Optimizer steps before timing (compile and worker start happen here)."""
-    window_s: float = 1.0
-    """Target seconds per timed window; the window's step count is derived from warm-up."""
-    min_windows: int = 5
-    max_windows: int = 12
-    target_error: float = 0.01
-    """Add windows (up to max_windows) while the median's relative standard error,
-    estimated robustly from the windows' median absolute deviation, exceeds this."""
-    epoch_steps: int | None = None
-    """Optimizer steps per measured epoch; None: short enough to cross 2+ epoch boundaries."""
-    max_timed_s: float = 60.0
-    """Stop adding windows once this much time was timed."""
-    screen_windows: int = 2
-    """Screening: when the search passes a threshold (its incumbent's figure), a config
-    whose best of its first ``screen_windows`` windows, raised by the noise allowance,
-    stays below it stops there, recorded as ``screened``; 0 never screens."""
-    max_interference: float = 0.10
-    """A window is disturbed when processes outside the trial (the tuner's own
-    included) used more than this share of the machine's cores while no core was
-    left idle; it is dropped and measured again (up to max_windows more times)."""
-
-
-@dataclass
-class RunPlan:
-    """The training run a projection is made for (the ``run:`` section)."""
-
-    epochs: int = 1
-    epoch_size: int | None = None
-    """Samples per epoch; None: the dataset's length."""
 
 
 # ---- the trial's own process tree: CPU time and memory, read at window edges ----------
@@ -473,6 +438,7 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
     loads: list[Load] = []
     disturbed: list[float] = []  # rates of windows dropped as disturbed
     screened = False
+    below_incumbent = False  # measured to min_windows only: clearly below the incumbent
     timed_s = 0.0
     starts_before = len(trainer.epoch_start_s)
 
@@ -546,6 +512,11 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
             enough = len(rates) >= settings.min_windows
             if enough and (median_error(rates) <= settings.target_error or len(rates) >= settings.max_windows
                            or timed_s >= settings.max_timed_s):
+                break
+            # Precision only matters near the top: a config clearly below the incumbent
+            # (by twice its own error) is no contender, and more windows would not make it one.
+            if enough and screen and statistics.median(rates) * (1 + 2 * median_error(rates)) < screen["below"]:
+                below_incumbent = True
                 break
     probe.sample_memory()
     # Windows kept after the cap on re-measurement may still be disturbed: the
@@ -634,6 +605,7 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
         "disturbed_windows_dropped": len(disturbed),
         "disturbed": is_disturbed,
         "screened": screened,
+        "below_incumbent": below_incumbent,
         "screened_below": screen["below"] if screened and screen else None,
     }
     if device.type == "cuda":

@@ -10,7 +10,10 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tuner.trial import TrialRequest
 
 import torch
 
@@ -44,17 +47,18 @@ class Infeasible(Exception):
     """The profiled config cannot run (its reason is the message)."""
 
 
-def profile_config(request: dict, out_dir: Path, steps: int = 6) -> dict:
+def profile_config(request: TrialRequest, out_dir: Path, steps: int = 6) -> dict:
     """Measure (unprofiled), then profile ``steps`` optimizer steps; write the trace and summary."""
     from torch.profiler import ProfilerActivity, profile
 
     from tuner.loop import Trainer, synchronize
-    from tuner.measure import MeasureSettings, RunPlan, measure
+    from tuner.measure import measure
+    from tuner.settings import MeasureSettings, RunPlan
     from tuner.trial import resolve_config
 
     config, notes, workload, device = resolve_config(request)
-    trainer = Trainer(workload, config, device, baseline=request["baseline"], seed=request["seed"])
-    metrics = measure(trainer, MeasureSettings(**request["measure"]), RunPlan(**request["run"]))
+    trainer = Trainer(workload, config, device, baseline=request.baseline, seed=request.seed)
+    metrics = measure(trainer, MeasureSettings(**request.measure), RunPlan(**request.run))
     if not metrics.get("loss_finite", True):
         raise Infeasible(metrics.get("reason") or "non-finite loss")
     trainer.loader = _LabelledLoader(trainer.loader)
@@ -126,7 +130,7 @@ def print_profile(summary: dict, out: Any) -> None:
     measured = summary.get("measurement")
     if measured and measured.get("loss_finite"):
         from tuner.diagnose import diagnose
-        from tuner.report import print_diagnosis
+        from tuner.tables import print_diagnosis
 
         # the same verdict as `bench`, from the unprofiled measurement (the time blocked on
         # the DataLoader sees the workers' work, which the trace does not)

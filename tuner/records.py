@@ -141,6 +141,18 @@ def objective_values(record: dict, objective: Any) -> dict[str, float]:
     return out
 
 
+LOGGED_METRICS = ("samples_per_sec", "steady_samples_per_sec", "samples_per_sec_spread", "step_time_ms",
+                  "data_wait_fraction", "peak_host_memory_mb", "peak_device_memory_mb", "compile_s",
+                  "epoch_overhead_s", "projected_run_s", "mfu", "gpu_util_pct")
+
+
+def logged_metrics(record: dict) -> dict[str, float]:
+    """The figures a trial reports to Ray Tune (and so to TensorBoard, MLflow, Optuna's
+    user attributes): the numeric ones it has."""
+    return {k: float(record[k]) for k in LOGGED_METRICS
+            if isinstance(record.get(k), (int, float)) and not isinstance(record.get(k), bool)}
+
+
 def device_model(record: dict) -> str:
     """The GPU model a record was measured on, or "cpu"."""
     return (record.get("hardware") or {}).get("gpu") or record.get("gpu_model") or "cpu"

@@ -1,94 +1,15 @@
-"""Terminal tables, ``report.md`` and its PNG plots for a results folder."""
+"""``report.md`` and its PNG plots for a results folder (terminal tables: ``tables``)."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
-from tuner import knobs, spec
-from tuner.diagnose import Diagnosis, diagnose
+from tuner import spec
+from tuner.diagnose import diagnose
 from tuner.errors import UserError
 from tuner.results import Results
-
-
-def _fmt(v: Any, digits: int = 1) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return f"{v:,.{digits}f}"
-    return str(v)
-
-
-def diff_from_default(config: dict) -> str:
-    """The knobs a config sets away from PyTorch's defaults (what makes it different)."""
-    d = knobs.defaults()
-    parts = [f"{k}={v}" for k, v in config.items() if k not in d or d[k] != v]
-    return ", ".join(parts) or "PyTorch defaults"
-
-
-def table_rows(res: Results) -> list[dict]:
-    """Every config: feasible ones sorted by the objective, then the infeasible ones."""
-    from tuner.records import winner_first
-
-    rows = res.rows()
-    ranked = winner_first(res.ranked(), res.best())
-    feasible_keys = {r["key"] for r in ranked}
-    return ranked + [r for r in rows if r["key"] not in feasible_keys]
-
-
-def print_show(res: Results, out: Any = sys.stdout, limit: int | None = None) -> None:
-    metric = res.metric
-    searched = [r for r in res.records if r.get("phase") == "search"]
-    state = "finished" if res.summary else "running or interrupted"
-    print(f"{res.space.name}: {len(searched)}/{res.space.budget.trials} trials ({state}), "
-          f"objective {metric} ({spec.OBJECTIVE_METRICS[metric]})", file=out)
-    print(f"{'#':>3}  {'status':<10} {metric:>16} {'spread':>7} {'n':>2} {'speedup':>7} {'memory MB':>9}  "
-          f"{'bottleneck':<15}  config / reason", file=out)
-    rows = table_rows(res)
-    cap = res.space.constraints.max_memory_mb
-    for i, r in enumerate(rows[:limit] if limit else rows, 1):
-        status = ("screened" if r.get("screened") else "disturbed" if r.get("disturbed") else "ok") \
-            if r["feasible"] else "infeasible"
-        spread = f"{r['spread'] * 100:.1f}%" if r.get("spread") is not None else "-"
-        sp = res.speedup(r)
-        detail = diff_from_default(r["config"])
-        if not r["feasible"]:
-            detail += f"  -- {r['reason']}"
-        elif r.get("screened"):
-            detail += "  -- screened: its first windows could not reach the leader; never picked"
-        elif r.get("disturbed"):
-            detail += "  -- measured only while other load disturbed the machine: never picked"
-        verdict = diagnose(r, cap).verdict if r["feasible"] else "-"
-        print(f"{i:>3}  {status:<10} {_fmt(r.get(metric)):>16} {spread:>7} {r['measurements']:>2} "
-              f"{(f'{sp:.2f}x' if sp else '-'):>7} {_fmt(r.get('memory_mb'), 0):>9}  {verdict:<15}  {detail}",
-              file=out)
-    models = {r["device_model"] for r in rows if r["feasible"]}
-    if len(models) > 1:  # a mixed cluster: each GPU model has its own winner
-        print("best per device model:", file=out)
-        for model in sorted(models):
-            r = next(r for r in res.ranked() if r["device_model"] == model)
-            print(f"  {model}: {_fmt(r.get(metric))} {metric}  {diff_from_default(r['config'])}", file=out)
-    base = res.baseline
-    if base:
-        extra = "" if base.get("status") == "ok" else f"  -- {base.get('reason')}"
-        mem = base.get("peak_device_memory_mb") or base.get("peak_host_memory_mb")
-        print(f"{'b':>3}  {base.get('status', '-'):<10} {_fmt(base.get(metric)):>16} {'':>7} {1:>2} "
-              f"{'1.00x':>7} {_fmt(mem, 0):>9}  {diagnose(base, cap).verdict:<15}  "
-              f"baseline: plain PyTorch loop, {diff_from_default(base['config'])}{extra}", file=out)
-    best = res.best()
-    if best is not None:
-        print_diagnosis("best config", diagnose(best, cap), out)
-
-
-def print_diagnosis(what: str, d: Diagnosis, out: Any = sys.stdout) -> None:
-    """The verdict and the recommendations, each with the figure that triggered it."""
-    print(f"{what}: {d.verdict} ({d.evidence})", file=out)
-    for r in d.recommendations:
-        print(f"  try: {r}", file=out)
-    for f in d.flags:
-        print(f"  note: {f}", file=out)
-
+from tuner.tables import diff_from_default, fmt, table_rows
 
 # ---- report.md and plots ------------------------------------------------------------------
 
@@ -232,7 +153,7 @@ def write_report(res: Results) -> Path:
     lines.append("")
     if best:
         sp = res.speedup(best)
-        lines.append(f"**Best**: {_fmt(best[metric])} {metric}"
+        lines.append(f"**Best**: {fmt(best[metric])} {metric}"
                      + (f", **{sp:.2f}x** the plain PyTorch loop" if sp else "")
                      + f" (median of {best['measurements']} measurement(s)"
                      + (f", spread {best['spread'] * 100:.1f}%" if best.get("spread") is not None else "") + ").")
@@ -251,13 +172,13 @@ def write_report(res: Results) -> Path:
         detail = diff_from_default(r["config"]) + ("" if r["feasible"] else f" — {r['reason']}")
         spread = f"{r['spread'] * 100:.1f}%" if r.get("spread") is not None else "-"
         verdict = diagnose(r, cap).verdict if r["feasible"] else "-"
-        lines.append(f"| {i} | {'ok' if r['feasible'] else 'infeasible'} | {_fmt(r.get(metric))} | {spread} | "
-                     f"{r['measurements']} | {f'{sp:.2f}x' if sp else '-'} | {_fmt(r.get('memory_mb'), 0)} | "
+        lines.append(f"| {i} | {'ok' if r['feasible'] else 'infeasible'} | {fmt(r.get(metric))} | {spread} | "
+                     f"{r['measurements']} | {f'{sp:.2f}x' if sp else '-'} | {fmt(r.get('memory_mb'), digits=0)} | "
                      f"{verdict} | {detail} |")
     base = res.baseline
     if base:
-        lines.append(f"| b | {base.get('status')} | {_fmt(base.get(metric))} | - | 1 | 1.00x | "
-                     f"{_fmt(base.get('peak_device_memory_mb') or base.get('peak_host_memory_mb'), 0)} | "
+        lines.append(f"| b | {base.get('status')} | {fmt(base.get(metric))} | - | 1 | 1.00x | "
+                     f"{fmt(base.get('peak_device_memory_mb') or base.get('peak_host_memory_mb'), 0)} | "
                      f"{diagnose(base, cap).verdict} | baseline (plain loop) |")
     lines += ["", "## Plots", "", "Best so far over trials:", "", "![best so far](best_so_far.png)", "",
               "Throughput against peak memory, Pareto front in red:", "", "![speed vs memory](speed_vs_memory.png)", ""]

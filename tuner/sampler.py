@@ -9,7 +9,7 @@ one effect per (knob, value), fitted by ridge regression on every trial so far,
 plus an exploration bonus for values never measured. Knob effects are largely
 separable, so a value that helped in one trial is combined with one that helped in
 another (a two-knob move) instead of being rediscovered; among equal scores, knobs
-of larger usual impact go first. When no neighbour is left, any untried config is
+of larger usual impact go first (the knob table's ``priority``). When no neighbour is left, any untried config is
 taken (Optuna's TPE only for spaces too large to enumerate); when every config has
 been measured, TPE's proposals re-measure configs.
 Noise is handled after the search, by re-measuring the top configs.
@@ -30,14 +30,12 @@ import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.trial import FrozenTrial, TrialState
 
-# Knobs in the order of their usual impact on throughput: changes to earlier ones are tried first.
-PRIORITY = ["precision", "num_workers", "micro_batch_size", "batch_grouping", "compile", "torch_threads",
-            "persistent_workers", "channels_last", "fused_optimizer", "prefetch_factor", "pin_memory",
-            "non_blocking", "cudnn_benchmark", "tf32", "grad_accum_steps", "activation_checkpointing"]
+from tuner import knobs
 
 
 class GuidedSampler(optuna.samplers.BaseSampler):
-    """Starting points first, then one-knob moves from the incumbent; TPE when those run out.
+    """Starting points first, then the one- or two-knob move from the incumbent that the
+    separable model scores highest; any untried config when no move is left.
 
     Args:
         domain: the searched knobs and their values (every list has 2+ values).
@@ -49,8 +47,8 @@ class GuidedSampler(optuna.samplers.BaseSampler):
 
     def __init__(self, domain: dict[str, list], start: dict | list[dict], canonical: Callable[[dict], Any],
                  direction: str = "maximize", seed: int | None = None):
-        order = {k: i for i, k in enumerate(PRIORITY)}
-        self.domain = dict(sorted(domain.items(), key=lambda kv: order.get(kv[0], len(order))))
+        self.domain = dict(sorted(domain.items(), key=lambda kv: knobs.KNOBS[kv[0]].priority
+                                  if kv[0] in knobs.KNOBS else 99))
         starts = start if isinstance(start, list) else [start]
         self.starts = [{k: s[k] for k in self.domain} for s in starts]
         self.start = self.starts[-1]  # fills knobs a trial was not asked (inactive ones)

@@ -23,7 +23,6 @@ import itertools
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -40,6 +39,7 @@ from tuner.records import (
     baseline_of,
     best_of,
     cold_compile_of,
+    logged_metrics,
     objective_values,
     pareto_front,
     rank,
@@ -50,6 +50,7 @@ from tuner.records import (
     within_noise,
     writer_lock,
 )
+from tuner.tables import Progress, print_summary  # noqa: F401  (search.print_summary, read by callers)
 
 # ---- keys of what a config really runs ---------------------------------------------------
 
@@ -172,6 +173,7 @@ def _trainable(config: dict, job: dict) -> None:
     record["phase"] = "search"
     record["trial_id"] = tune.get_context().get_trial_id()
     report = objective_values(record, job["objective"])
+    report.update(logged_metrics(record))
     report["record"] = json.dumps(record, default=str)
     tune.report(report)
 
@@ -205,49 +207,6 @@ class Recorder:
             os.fsync(f.fileno())
         self.records.append(record)
         return record
-
-
-class Progress:
-    """One status line: trials done/total, best so far and its speedup, elapsed."""
-
-    def __init__(self, total: int, metric: str, quiet: bool):
-        self.total, self.metric, self.quiet = total, metric, quiet
-        self.tty = sys.stderr.isatty()
-        self.t0 = time.time()
-        self.done = 0
-        self.best: float | None = None
-        self.baseline: float | None = None
-
-    def update(self, record: dict | None = None, msg: str | None = None) -> None:
-        if record is not None and record.get("phase") == "search":
-            self.done += 1
-            v = record.get(self.metric)
-            if record.get("status") == "ok" and v is not None:
-                if self.best is None or (v > self.best if spec.OBJECTIVE_METRICS[self.metric] == "max" else v < self.best):
-                    self.best = v
-        if self.quiet:
-            return
-        elapsed = time.time() - self.t0
-        parts = [f"[{self.done}/{self.total}]"]
-        if self.best is not None:
-            parts.append(f"best {self.best:,.1f} {self.metric}")
-            ratio = speedup(self.best, self.baseline, self.metric)
-            if ratio is not None:
-                parts.append(f"({ratio:.2f}x baseline)")
-        parts.append(f"elapsed {int(elapsed // 60)}:{int(elapsed % 60):02d}")
-        if msg:
-            parts.append(msg)
-        if record is not None and record.get("status") not in (None, "ok"):
-            parts.append(f"trial infeasible: {record.get('reason')}")
-        line = "  ".join(parts)
-        if self.tty:
-            print("\r\033[K" + line, end="", file=sys.stderr, flush=True)
-        else:
-            print(line, file=sys.stderr, flush=True)
-
-    def close(self) -> None:
-        if self.tty and not self.quiet:
-            print(file=sys.stderr)
 
 
 def _start_ray(address: str | None) -> bool:
@@ -457,8 +416,8 @@ def _search(space: spec.Space, out: Path, progress: Progress, ray_start_s: float
     from tuner.trial import make_request, resolve_config
 
     # The knob context of the trial machines: device kind, cores, whether the workload has sources.
-    _, _, workload, _ = resolve_config(make_request(
-        workload=m.workload, workload_args=m.workload_args, base_dir=str(space.base_dir), device="cpu"))
+    workload = resolve_config(make_request(
+        workload=m.workload, workload_args=m.workload_args, base_dir=str(space.base_dir), device="cpu")).workload
     # bf16 where the trials run (a V100 or T4 has none: the guides' bf16 start would be a
     # wasted trial), asked of a GPU node, not of this driver.
     bf16_ok = True
@@ -685,9 +644,25 @@ def _fit(space: spec.Space, ctx: knobs.Context, start: list[dict], job: dict, ou
             if canon(point) not in keys:
                 keys.append(canon(point))
                 points.append(search_space.active(point))
-    searcher = OptunaSearch(space=search_space, metric=metric_names, mode=modes,
-                            sampler=sampler, storage=storage, study_name=m.name,
-                            points_to_evaluate=points or None, seed=m.seed)
+
+    class Searcher(OptunaSearch):
+        """OptunaSearch that also keeps each trial's figures and status as the Optuna
+        trial's user attributes (what optuna-dashboard shows)."""
+
+        def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
+            ot = self._ot_trials.get(trial_id)
+            if ot is not None and result and "record" in result:
+                rec = json.loads(result["record"])
+                for k, v in logged_metrics(rec).items():
+                    ot.set_user_attr(k, v)
+                ot.set_user_attr("status", rec.get("status"))
+                if rec.get("reason"):
+                    ot.set_user_attr("reason", str(rec["reason"])[:500])
+            super().on_trial_complete(trial_id, result=result, error=error)
+
+    searcher = Searcher(space=search_space, metric=metric_names, mode=modes,
+                        sampler=sampler, storage=storage, study_name=m.name,
+                        points_to_evaluate=points or None, seed=m.seed)
 
     class OnResult(tune.Callback):
         def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
@@ -720,11 +695,33 @@ def _fit(space: spec.Space, ctx: knobs.Context, start: list[dict], job: dict, ou
         tune_config=tune.TuneConfig(search_alg=searcher, num_samples=remaining,
                                     max_concurrent_trials=concurrent, time_budget_s=time_left,
                                     reuse_actors=True),
-        run_config=tune.RunConfig(name=ray_name, storage_path=str(out), verbose=0, callbacks=[OnResult()],
+        run_config=tune.RunConfig(name=ray_name, storage_path=str(out), verbose=0,
+                                  callbacks=[OnResult(), *logger_callbacks(m.log_to, out, m.name)],
                                   log_to_file=True,
                                   failure_config=tune.FailureConfig(max_failures=1)),
     )
     tuner.fit()
+
+
+def logger_callbacks(log_to: list[str], out: Path, name: str) -> list:
+    """Ray Tune's own logger callbacks for ``log_to``: TensorBoard event files in each
+    trial's folder under ``out/ray*/``, an MLflow store in ``out/mlflow.db``."""
+    callbacks = []
+    for target in log_to:
+        if target == "tensorboard":
+            from ray.tune.logger import TBXLoggerCallback
+
+            callbacks.append(TBXLoggerCallback())
+        elif target == "mlflow":
+            try:
+                import mlflow  # noqa: F401
+                from ray.air.integrations.mlflow import MLflowLoggerCallback
+            except ImportError as e:
+                raise UserError("log_to: mlflow needs the mlflow package: pip install mlflow") from e
+            # a local SQLite store (MLflow 3 keeps its file store in maintenance mode)
+            callbacks.append(MLflowLoggerCallback(tracking_uri=f"sqlite:///{out / 'mlflow.db'}",
+                                                  experiment_name=name, save_artifact=False))
+    return callbacks
 
 
 def summarize(space: spec.Space, records: list[dict], baseline: dict, *, describe_cluster: dict,
@@ -782,45 +779,3 @@ def _public(row: dict | None) -> dict | None:
     if row is None:
         return None
     return {k: v for k, v in row.items() if k not in ("key",)}
-
-
-# ---- terminal ---------------------------------------------------------------------------
-
-
-def print_summary(summary: dict, out: Any = sys.stdout) -> None:
-    metric = summary["objective"]["metric"]
-    base = summary["baseline"]
-    print(f"\n{summary['name']}: {summary['trials']} trials, {summary['measurements']} measurements, "
-          f"{summary['search_wall_s']:.0f} s", file=out)
-    header = f"{'#':>2}  {metric:>16}  {'spread':>7}  {'n':>2}  {'speedup':>7}  {'memory MB':>9}  config"
-    print(header, file=out)
-    base_v = base.get(metric)
-
-    def speed(v: float | None) -> str:
-        x = speedup(v, base_v, metric)
-        return "-" if x is None else f"{x:.2f}x"
-
-    for i, r in enumerate(summary["top"], 1):
-        spread = f"{r['spread'] * 100:.1f}%" if r.get("spread") is not None else "-"
-        mem = r.get("memory_mb")
-        diff = ", ".join(f"{k}={v}" for k, v in r["config"].items() if base["config"] is None or
-                         base["config"].get(k, knobs.KNOBS[k].default if k in knobs.KNOBS else None) != v)
-        if r.get("screened"):
-            diff += "  (screened: never picked)"
-        elif r.get("disturbed"):
-            diff += "  (disturbed: never picked)"
-        print(f"{i:>2}  {r[metric]:>16,.1f}  {spread:>7}  {r['measurements']:>2}  {speed(r[metric]):>7}  "
-              f"{mem if mem is None else f'{mem:,.0f}':>9}  {diff}", file=out)
-    bv = "-" if base_v is None else f"{base_v:,.1f}"
-    print(f"{'b':>2}  {bv:>16}  {'':>7}  {base.get('measurements') or 1:>2}  {'1.00x':>7}  {'':>9}  baseline (plain PyTorch loop)"
-          + (f" {base['status']}: {base['reason']}" if base.get("status") != "ok" else ""), file=out)
-    for r in summary["infeasible"][:10]:
-        print(f"infeasible: {r['reason']}  ({', '.join(f'{k}={v}' for k, v in r['config'].items() if k in ('precision', 'micro_batch_size', 'num_workers', 'compile'))})", file=out)
-    if summary.get("disturbed_measurements"):
-        print(f"disturbed: {summary['disturbed_measurements']} measurement(s) stayed disturbed by other load "
-              f"on the machine; they are marked (show) and never pick the winner", file=out)
-    if summary.get("verdict"):
-        print(f"NOTE: {summary['verdict']}", file=out)
-    if summary.get("overhead_ratio"):
-        print(f"search overhead: wall {summary['search_wall_s']:.0f} s / in-trial {summary['in_trial_s']:.0f} s"
-              f" = {summary['overhead_ratio']:.2f}", file=out)

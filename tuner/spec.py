@@ -20,8 +20,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from tuner import knobs
 from tuner.errors import UserError
-from tuner.measure import MeasureSettings, RunPlan
 from tuner.records import OBJECTIVE_METRICS  # noqa: F401  (spec.OBJECTIVE_METRICS, read by callers)
+from tuner.settings import MeasureSettings as Measure
+from tuner.settings import RunPlan as Run
 
 
 class _Strict(BaseModel):
@@ -65,23 +66,6 @@ class Confirm(_Strict):
     """Extra measurements of each; the winner is chosen on the median of all."""
 
 
-class Measure(_Strict):
-    warmup_steps: int = Field(3, ge=1)
-    window_s: float = Field(1.0, gt=0)
-    min_windows: int = Field(5, ge=1)
-    max_windows: int = Field(12, ge=1)
-    target_error: float = Field(0.01, gt=0)
-    epoch_steps: int | None = Field(None, ge=1)
-    max_timed_s: float = Field(60.0, gt=0)
-    max_interference: float = Field(0.10, gt=0, le=1)
-    screen_windows: int = Field(2, ge=0)
-
-
-class Run(_Strict):
-    epochs: int = Field(1, ge=1)
-    epoch_size: int | None = Field(None, ge=1)
-
-
 class SpaceModel(_Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
     workload: str
@@ -100,6 +84,9 @@ class SpaceModel(_Strict):
     confirm: Confirm = Confirm()
     measure: Measure = Measure()
     run: Run = Run()
+    log_to: list[Literal["tensorboard", "mlflow"]] = []
+    """Also log every trial's figures with Ray Tune's logger callbacks: TensorBoard event
+    files under results/<name>/ray/, an MLflow SQLite store in results/<name>/mlflow.db."""
 
     @field_validator("objective", mode="before")
     @classmethod
@@ -143,12 +130,6 @@ class Space:
     @property
     def fixed(self) -> dict[str, Any]:
         return {k: v[0] for k, v in self.domain.items() if len(v) == 1}
-
-    def measure_settings(self) -> MeasureSettings:
-        return MeasureSettings(**self.model.measure.model_dump())
-
-    def run_plan(self) -> RunPlan:
-        return RunPlan(**self.model.run.model_dump())
 
     def size(self) -> int:
         return math.prod(len(v) for v in self.domain.values()) if self.domain else 1

@@ -18,7 +18,8 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 import psutil
 
@@ -27,36 +28,69 @@ from tuner.errors import UserError, WorkloadError
 _PRELOAD = ["torch", "tuner.loop", "tuner.measure"]
 
 
+@dataclass
+class TrialRequest:
+    """What one trial measures and how: plain data, picklable (it crosses into the
+    trial's process and Ray's workers)."""
+
+    workload: str
+    """A built-in name, ``file.py:factory`` or ``pkg.mod:factory``."""
+    workload_args: dict = field(default_factory=dict)
+    base_dir: str | None = None
+    """Where a relative workload file is found (the space file's folder)."""
+    config: dict = field(default_factory=dict)
+    """Knob values; the rest are resolved to their defaults on the trial's device."""
+    baseline: bool = False
+    """Measure the plain PyTorch loop instead of the optimized one."""
+    strict: bool = False
+    """A knob that cannot apply here is an error (``bench --set``), not a note."""
+    device: str = "auto"
+    measure: dict = field(default_factory=dict)
+    """``MeasureSettings`` fields (the space's ``measure:`` section)."""
+    run: dict = field(default_factory=dict)
+    """``RunPlan`` fields (the space's ``run:`` section)."""
+    seed: int = 0
+    env: dict = field(default_factory=dict)
+    """Environment of the trial's process (OMP_NUM_THREADS, CUDA_VISIBLE_DEVICES)."""
+    isolate_compile_cache: bool = True
+    """Without ``compile_cache``: a cold inductor cache of the trial's own."""
+    observers: list = field(default_factory=list)
+    """Pids of the tuner's own processes (the launcher, the Tune driver, Ray's daemons),
+    whose CPU use during the timed windows is reported apart."""
+    screen: dict | None = None
+    """``{"below": samples/sec, "margin": fraction}``: the search's screening threshold."""
+    compile_cache: str | None = None
+    """An inductor cache folder shared by one compile group of a search: cold (empty)
+    for the group's first trial, warm after."""
+
+
 def make_request(*, workload: str, workload_args: dict | None = None, base_dir: str | None = None,
                  config: dict | None = None, baseline: bool = False, strict: bool = False,
                  device: str = "auto", measure: dict | None = None, run: dict | None = None,
                  seed: int = 0, env: dict | None = None, isolate_compile_cache: bool = True,
                  observers: list[int] | None = None, screen: dict | None = None,
-                 compile_cache: str | None = None) -> dict:
-    """A trial request: plain data, picklable, saved beside the result.
-
-    ``observers``: pids of the tuner's own processes (the launcher, the Tune driver,
-    Ray's daemons) whose CPU use during the timed windows is reported apart.
-    ``compile_cache``: an inductor cache folder shared by the configs of one compile
-    group (a search's); cold (empty) for the group's first trial, warm after.
-    Without it, a compiling trial gets a cold cache of its own (``isolate_compile_cache``).
-    """
-    return {
-        "workload": workload, "workload_args": dict(workload_args or {}), "base_dir": base_dir,
-        "config": dict(config or {}), "baseline": baseline, "strict": strict, "device": device,
-        "measure": dict(measure or {}), "run": dict(run or {}), "seed": seed,
-        "env": dict(env or {}), "isolate_compile_cache": isolate_compile_cache,
-        "observers": list(observers or []),
-        "screen": screen,
-        "compile_cache": compile_cache,
-    }
+                 compile_cache: str | None = None) -> TrialRequest:
+    """A ``TrialRequest``, with its mappings copied (the caller's may change later)."""
+    return TrialRequest(workload=workload, workload_args=dict(workload_args or {}), base_dir=base_dir,
+                        config=dict(config or {}), baseline=baseline, strict=strict, device=device,
+                        measure=dict(measure or {}), run=dict(run or {}), seed=seed, env=dict(env or {}),
+                        isolate_compile_cache=isolate_compile_cache, observers=list(observers or []),
+                        screen=screen, compile_cache=compile_cache)
 
 
-def resolve_config(request: dict) -> tuple[dict, list[str], Any, Any]:
-    """Load the workload and resolve the request's knobs on this machine's device.
+class Resolved(NamedTuple):
+    """A request resolved on this machine: its full config, the notes on knobs that do
+    not apply here, the workload, the torch device."""
 
-    Returns (config, notes, workload, device); raises UserError for a bad knob.
-    """
+    config: dict
+    notes: list[str]
+    workload: Any
+    device: Any
+
+
+def resolve_config(request: TrialRequest) -> Resolved:
+    """Load the workload and resolve the request's knobs on this machine's device;
+    raises UserError for a bad knob."""
     from pathlib import Path
 
     import torch
@@ -65,45 +99,46 @@ def resolve_config(request: dict) -> tuple[dict, list[str], Any, Any]:
     from tuner.hardware import pick_device
     from tuner.workloads import load_workload
 
-    device = torch.device(pick_device(request["device"]))
-    base = Path(request["base_dir"]) if request["base_dir"] else None
-    workload = load_workload(request["workload"], request["workload_args"], base)
+    device = torch.device(pick_device(request.device))
+    base = Path(request.base_dir) if request.base_dir else None
+    workload = load_workload(request.workload, request.workload_args, base)
     ctx = knobs.context_for(device, has_groups=workload.groups is not None)
-    config, notes = knobs.resolve(request["config"], ctx, strict=request["strict"])
-    return config, notes, workload, device
+    config, notes = knobs.resolve(request.config, ctx, strict=request.strict)
+    return Resolved(config, notes, workload, device)
 
 
-def execute(request: dict, progress: Callable[[str], None] | None = None,
+def execute(request: TrialRequest, progress: Callable[[str], None] | None = None,
             server: int | None = None) -> dict:
     """Build and measure the request's config in this process; return metrics + context."""
     import torch
 
     from tuner.hardware import describe
     from tuner.loop import Trainer
-    from tuner.measure import MeasureSettings, RunPlan, TreeProbe, measure
+    from tuner.measure import TreeProbe, measure
+    from tuner.settings import MeasureSettings, RunPlan
 
     t0 = time.perf_counter()
     config, notes, workload, device = resolve_config(request)
     cache_dir, cleanup, cache_state = None, False, None
     if config["compile"] != "off":
-        if request.get("compile_cache"):
+        if request.compile_cache:
             # The group's cache: cold for its first trial (which measures the compile the
             # user's first run pays), warm for the others (which measure steady speed).
-            cache_dir = request["compile_cache"]
+            cache_dir = request.compile_cache
             cache_state = "warm" if os.path.isdir(cache_dir) and os.listdir(cache_dir) else "cold"
             os.makedirs(cache_dir, exist_ok=True)
-        elif request["isolate_compile_cache"]:
+        elif request.isolate_compile_cache:
             # A cold inductor cache per trial: compile_s must not depend on what ran before.
             cache_dir, cleanup, cache_state = tempfile.mkdtemp(prefix="tuner-inductor-"), True, "cold"
         if cache_dir:
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache_dir
             torch._dynamo.reset()
     try:
-        trainer = Trainer(workload, config, device, baseline=request["baseline"], seed=request["seed"])
-        metrics = measure(trainer, MeasureSettings(**request["measure"]), RunPlan(**request["run"]),
+        trainer = Trainer(workload, config, device, baseline=request.baseline, seed=request.seed)
+        metrics = measure(trainer, MeasureSettings(**request.measure), RunPlan(**request.run),
                           startup_s=time.perf_counter() - t0, progress=progress,
-                          probe=TreeProbe(request.get("observers"), server=server),
-                          screen=request.get("screen"))
+                          probe=TreeProbe(request.observers, server=server),
+                          screen=request.screen)
     finally:
         if cleanup:
             shutil.rmtree(cache_dir, ignore_errors=True)
@@ -113,7 +148,7 @@ def execute(request: dict, progress: Callable[[str], None] | None = None,
         status, reason = "infeasible", metrics.pop("reason")
     return {"status": status, "reason": reason, **metrics, "config": config, "notes": notes,
             "has_groups": workload.groups is not None,
-            "baseline": request["baseline"], "device": str(device), "hardware": describe()}
+            "baseline": request.baseline, "device": str(device), "hardware": describe()}
 
 
 def classify(exc: BaseException) -> tuple[str, str]:
@@ -139,18 +174,18 @@ def classify(exc: BaseException) -> tuple[str, str]:
     return "error", f"raised {type(exc).__name__}: {text}"
 
 
-def _child(conn: Any, request: dict) -> None:
-    os.environ.update(request["env"])
+def _child(conn: Any, request: TrialRequest) -> None:
+    os.environ.update(request.env)
     # A forkserver child inherits "forkserver" as its default start method; put back
     # the platform default so DataLoader workers start as in the user's own script.
     mp.set_start_method(mp.get_all_start_methods()[0], force=True)
-    if "OMP_NUM_THREADS" in request["env"]:
+    if "OMP_NUM_THREADS" in request.env:
         # The forkserver imported torch already, so the variable alone would come too late:
         # the trial's default thread count is the CPUs it reserved (the torch_threads knob
         # still overrides it).
         import torch
 
-        torch.set_num_threads(max(1, int(request["env"]["OMP_NUM_THREADS"])))
+        torch.set_num_threads(max(1, int(request.env["OMP_NUM_THREADS"])))
     try:
         result = execute(request, progress=lambda msg: conn.send(("progress", msg)), server=os.getppid())
         conn.send(("result", result))
@@ -176,12 +211,12 @@ def kill_tree(pid: int) -> None:
     psutil.wait_procs(procs, timeout=5)
 
 
-def _infeasible(kind: str, reason: str, request: dict, **extra: Any) -> dict:
+def _infeasible(kind: str, reason: str, request: TrialRequest, **extra: Any) -> dict:
     return {"status": "infeasible", "error_kind": kind, "reason": reason, "samples_per_sec": None,
-            "loss_finite": None, "config": request["config"], "baseline": request["baseline"], **extra}
+            "loss_finite": None, "config": request.config, "baseline": request.baseline, **extra}
 
 
-def _run_once(request: dict, timeout_s: float, progress: Callable[[str], None] | None) -> dict:
+def _run_once(request: TrialRequest, timeout_s: float, progress: Callable[[str], None] | None) -> dict:
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(_PRELOAD)
     recv, send = ctx.Pipe(duplex=False)
@@ -227,7 +262,7 @@ def _run_once(request: dict, timeout_s: float, progress: Callable[[str], None] |
     return result
 
 
-def run_isolated(request: dict, timeout_s: float = 600.0,
+def run_isolated(request: TrialRequest, timeout_s: float = 600.0,
                  progress: Callable[[str], None] | None = None, retries: int = 1) -> dict:
     """Measure ``request`` in a fresh process; never raises for a failing trial.
 

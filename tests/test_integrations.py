@@ -1,0 +1,178 @@
+"""Where teams already look: TensorBoard and MLflow through Ray Tune's logger
+callbacks, the study's figures as Optuna user attributes, and optuna-dashboard on it.
+A real search (real Ray, Optuna, torch) writes them; each is read back with its own
+format or API."""
+
+import json
+import os
+import re
+import socket
+import struct
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import FIXTURES
+from tuner import spec
+from tuner.search import run_search
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def searched(tmp_path_factory):
+    """One small search, logged to TensorBoard and MLflow."""
+    tmp = tmp_path_factory.mktemp("integrations")
+    p = tmp / "space.yaml"
+    p.write_text(textwrap.dedent(f"""\
+        name: logged
+        workload: {FIXTURES}:linear
+        knobs:
+          micro_batch_size: [4, 8, 16]
+        budget: {{trials: 2, trial_timeout_s: 120}}
+        confirm: {{top: 0, repeats: 0}}
+        log_to: [tensorboard, mlflow]
+        measure: {{warmup_steps: 2, window_s: 0.2, min_windows: 3, max_windows: 4, max_timed_s: 4}}
+        """))
+    run_search(spec.load(p), results_root=tmp / "results", quiet=True)
+    return tmp / "results" / "logged"
+
+
+def _tfevent_tags(path: Path) -> set[str]:
+    """The scalar tags of a TensorBoard event file (TFRecord framing: length, its CRC,
+    the Event proto, its CRC)."""
+    from tensorboardX.proto.event_pb2 import Event
+
+    tags, data = set(), path.read_bytes()
+    i = 0
+    while i + 12 <= len(data):
+        (n,) = struct.unpack("<Q", data[i:i + 8])
+        event = Event.FromString(data[i + 12:i + 12 + n])
+        tags |= {v.tag for v in event.summary.value}
+        i += 12 + n + 4
+    return tags
+
+
+def test_tensorboard_events_hold_each_trials_figures(searched):
+    files = list((searched / "ray").glob("*/events.out.tfevents*"))
+    assert len(files) == 2, files  # one per trial
+    for f in files:
+        tags = _tfevent_tags(f)
+        assert any(t.endswith("samples_per_sec") for t in tags), tags
+        assert any(t.endswith("peak_host_memory_mb") for t in tags), tags
+
+
+def test_mlflow_store_holds_a_run_per_trial(searched):
+    import mlflow
+
+    mlflow.set_tracking_uri(f"sqlite:///{searched / 'mlflow.db'}")
+    runs = mlflow.search_runs(experiment_names=["logged"])
+    assert len(runs) == 2
+    assert (runs["metrics.samples_per_sec"] > 0).all()
+    assert set(runs["params.micro_batch_size"]) <= {"4", "8", "16"}
+
+
+def test_optuna_trials_carry_figures_as_user_attributes(searched):
+    import optuna
+
+    storage = optuna.storages.JournalStorage(
+        optuna.storages.journal.JournalFileBackend(str(searched / "optuna.journal")))
+    study = optuna.load_study(study_name="logged", storage=storage)
+    done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert len(done) == 2
+    records = {json.loads(x)["config"]["micro_batch_size"]: json.loads(x)
+               for x in (searched / "trials.jsonl").read_text().splitlines() if '"search"' in x}
+    for t in done:
+        rec = records[t.params["micro_batch_size"]]
+        assert t.user_attrs["status"] == "ok"
+        assert t.user_attrs["samples_per_sec"] == pytest.approx(rec["samples_per_sec"])
+        assert t.user_attrs["peak_host_memory_mb"] > 0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_dashboard_serves_the_study_on_loopback(searched):
+    pytest.importorskip("optuna_dashboard")
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "tuner", "dashboard", str(searched), "--port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        assert f"http://127.0.0.1:{port}/dashboard/" in proc.stdout.readline()
+        deadline, studies = time.time() + 60, None
+        while studies is None and time.time() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies", timeout=5) as r:
+                    studies = json.load(r)["study_summaries"]
+            except OSError:
+                time.sleep(0.5)
+        assert studies is not None, "the dashboard never answered"
+        study = next(s for s in studies if s["study_name"] == "logged")
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies/{study['study_id']}?after=0",
+                                    timeout=10) as r:
+            trials = json.load(r)["trials"]
+        attrs = [{a["key"] for a in t["user_attrs"]} for t in trials if t["state"] == "Complete"]
+        assert attrs and all({"samples_per_sec", "status"} <= a for a in attrs)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def _chromium() -> str | None:
+    import shutil
+
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.mark.skipif(_chromium() is None, reason="needs Debian's chromium (.ci/run installs it)")
+def test_dashboard_page_in_headless_chromium_shows_the_study(searched, tmp_path):
+    pytest.importorskip("optuna_dashboard")
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "tuner", "dashboard", str(searched), "--port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        url = re.search(r"http://127\.0\.0\.1:\d+/dashboard/", proc.stdout.readline()).group(0)
+        _wait_for(f"http://127.0.0.1:{port}/api/studies")
+        browser = [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                   "--window-size=1280,900", "--virtual-time-budget=15000", f"--user-data-dir={tmp_path / 'profile'}"]
+        shot = tmp_path / "dashboard.png"
+        subprocess.run([*browser, f"--screenshot={shot}", url], capture_output=True, timeout=120)
+        assert shot.is_file() and shot.stat().st_size > 10_000  # a rendered page, not a blank one
+        dom = subprocess.run([*browser, "--dump-dom", url], capture_output=True, text=True, timeout=120).stdout
+        assert "logged" in dom  # the study's name in the study list
+        assert re.search(r"\b2\b", _text(dom))  # and its trial count
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def _wait_for(url: str, timeout_s: float = 60) -> None:
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        try:
+            urllib.request.urlopen(url, timeout=5).close()
+            return
+        except OSError:
+            time.sleep(0.5)
+    raise AssertionError(f"{url} never answered")
+
+
+def _text(html: str) -> str:
+    return re.sub(r"<[^>]+>", " ", re.sub(r"<(script|style)[^>]*>.*?</\1>", " ", html, flags=re.S))
+
+
+def test_dashboard_without_a_study_is_a_clear_error(tmp_path):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "trials.jsonl").write_text("")
+    out = subprocess.run([sys.executable, "-m", "tuner", "dashboard", str(tmp_path / "empty")],
+                         capture_output=True, text=True)
+    assert out.returncode != 0 and "optuna.journal" in out.stderr

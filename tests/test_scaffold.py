@@ -1,0 +1,86 @@
+"""``tuner init``: the batch probe and the written space file."""
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers import ref
+from tuner import spec
+from tuner.scaffold import PROBE_MEASURE, batch_values, knob_lines, probe_batch
+from tuner.trial import make_request, run_isolated
+
+
+def test_probe_doubles_then_bisects_to_the_largest_that_fits():
+    # 10 MB per sample against a 300 MB cap: 30 fits, 32 does not (the probe's logic
+    # alone, on a known memory curve).
+    seen = []
+
+    def measure(b):
+        seen.append(b)
+        return {"status": "ok", "peak_host_memory_mb": 10.0 * b, "step_time_ms": 1.0}
+
+    fit = probe_batch(measure, device="cpu", max_memory_mb=300, max_step_s=1.0)
+    assert seen[:6] == [1, 2, 4, 8, 16, 32]
+    assert 28 <= fit.largest <= 30 and fit.largest * 10 <= 300
+    assert fit.first_too_big.batch * 10 > 300 and fit.first_too_big.batch - fit.largest <= max(1, fit.largest // 8)
+
+
+def test_probe_treats_a_failed_or_slow_step_as_not_fitting():
+    fit = probe_batch(lambda b: {"status": "infeasible", "reason": "out of memory"} if b >= 64
+                      else {"status": "ok", "peak_host_memory_mb": 1.0, "step_time_ms": b * 10.0},
+                      device="cpu", max_memory_mb=None, max_step_s=0.5)
+    assert fit.largest < 64 and fit.largest * 10 <= 500  # slower than 0.5 s above 50
+    assert "step" in fit.first_too_big.why
+
+
+def test_batch_values_and_knobs_follow_the_hardware():
+    assert batch_values(48) == [8, 16, 32, 48]
+    assert batch_values(64) == [8, 16, 32, 64]
+    assert batch_values(1) == [1]
+    cpu = dict((k, v) for k, v, _ in knob_lines("cpu", 2, bf16=False, conv=False, compiler=True))
+    assert cpu["precision"] == ["fp32"] and "pin_memory" not in cpu and cpu["num_workers"] == [0, 1]
+    assert "channels_last" not in cpu and cpu["compile"] == ["off", "default"]
+    gpu = dict((k, v) for k, v, _ in knob_lines("cuda", 16, bf16=True, conv=True, compiler=False))
+    assert gpu["precision"] == ["fp32", "bf16", "fp16"] and gpu["pin_memory"] == [False, True]
+    assert gpu["num_workers"] == [0, 1, 2, 4, 8] and "compile" not in gpu and "channels_last" in gpu
+
+
+@pytest.mark.slow
+def test_init_on_cpu_with_a_memory_cap(tmp_path):
+    # 8 MB held per sample: with the cap 300 MB above a 1-sample trial's peak, the
+    # largest micro-batch is about 37. The written file loads, its largest value trains
+    # under the cap, and the next probed size does not.
+    args = {"mb_per_sample": 8, "step_s": 0.001}
+
+    def peak(b):
+        r = run_isolated(make_request(workload=ref("ballast"), workload_args=args, device="cpu",
+                                      config={"micro_batch_size": b}, measure=PROBE_MEASURE), timeout_s=120)
+        assert r["status"] == "ok", r.get("reason")
+        return r["peak_host_memory_mb"]
+
+    cap = peak(1) + 300
+    out = tmp_path / "space.yaml"
+    run = subprocess.run([sys.executable, "-m", "tuner", "init", ref("ballast"), "--workload-args",
+                          "{mb_per_sample: 8, step_s: 0.001}", "--device", "cpu", "--max-memory-mb", str(cap),
+                          "-o", str(out)], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    space = spec.load(out)
+    sizes = space.model.knobs["micro_batch_size"]
+    largest = max(sizes)
+    assert 30 <= largest <= 40, sizes
+    comment = next(line for line in out.read_text().splitlines() if line.lstrip().startswith("micro_batch_size"))
+    too_big = int(re.search(r"; (\d+) did not", comment).group(1))
+    assert too_big > largest
+    assert peak(largest) <= cap < peak(too_big)
+    # a CPU without GPU knobs; a 2-core machine gets 0 or 1 worker
+    assert "pin_memory" not in space.model.knobs and "torch_threads" in space.model.knobs
+
+
+def test_init_refuses_to_overwrite(tmp_path):
+    out = tmp_path / "space.yaml"
+    out.write_text("keep me")
+    run = subprocess.run([sys.executable, "-m", "tuner", "init", "conv", "-o", str(out)],
+                         capture_output=True, text=True)
+    assert run.returncode == 2 and "--force" in run.stderr and out.read_text() == "keep me"

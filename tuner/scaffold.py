@@ -1,0 +1,212 @@
+"""``tuner init``: a space.yaml fitted to the machine it runs on.
+
+The micro-batch values come from a probe on the real device: batch sizes double from 1
+until one fails to fit (an OOM, a peak above the memory cap, or a step slower than
+``max_step_s``), then bisect between the last that fit and the first that did not.
+Each probe is a fresh process (``run_isolated``), so an OOM cannot poison the next.
+The knobs are those worth searching on this hardware, each line with its reason.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from tuner.errors import UserError
+
+# A probe: a short warm-up and one short window. Enough to allocate what a step
+# allocates (the peaks) and to time a step; no epoch boundaries, no screening.
+PROBE_MEASURE = {"warmup_steps": 2, "window_s": 0.05, "min_windows": 1, "max_windows": 1,
+                 "max_timed_s": 5.0, "screen_windows": 0, "max_interference": 1.0}
+
+
+@dataclass
+class Probe:
+    """One probed micro-batch size and why it fit or not."""
+
+    batch: int
+    fits: bool
+    why: str
+    peak_mb: float | None = None
+    step_ms: float | None = None
+
+
+@dataclass
+class Fit:
+    """The result of the batch probe."""
+
+    largest: int | None
+    probes: list[Probe] = field(default_factory=list)
+
+    @property
+    def first_too_big(self) -> Probe | None:
+        bigger = [p for p in self.probes if not p.fits and self.largest is not None and p.batch > self.largest]
+        return min(bigger, key=lambda p: p.batch) if bigger else None
+
+
+def probe_batch(measure_one: Callable[[int], dict], *, device: str, max_memory_mb: float | None,
+                max_step_s: float, upper: int = 4096,
+                say: Callable[[str], None] = lambda msg: None) -> Fit:
+    """Doubling then bisection over micro-batch sizes; ``measure_one(b)`` is a trial result."""
+    fit = Fit(largest=None)
+
+    def fits(b: int) -> bool:
+        r = measure_one(b)
+        peak = r.get("peak_device_memory_mb") if device == "cuda" else r.get("peak_host_memory_mb")
+        step_ms = r.get("step_time_ms")
+        if r.get("status") != "ok":
+            p = Probe(b, False, r.get("reason") or r.get("status") or "failed")
+        elif max_memory_mb is not None and peak is not None and peak > max_memory_mb:
+            p = Probe(b, False, f"peak {peak:.0f} MB > cap {max_memory_mb:.0f} MB", peak, step_ms)
+        elif step_ms is not None and step_ms / 1e3 > max_step_s:
+            p = Probe(b, False, f"step {step_ms / 1e3:.1f} s > {max_step_s:g} s", peak, step_ms)
+        else:
+            p = Probe(b, True, "fits", peak, step_ms)
+        fit.probes.append(p)
+        say(f"micro_batch_size={b}: {p.why}" + (f" (peak {peak:.0f} MB, step {step_ms:.0f} ms)"
+                                                 if p.fits and peak is not None and step_ms is not None else ""))
+        return p.fits
+
+    lo, hi = 0, None  # lo fits (0: none yet), hi does not
+    b = 1
+    while b <= upper:
+        if fits(b):
+            lo, b = b, b * 2
+        else:
+            hi = b
+            break
+    if lo == 0:
+        return fit
+    if hi is not None:
+        # bisect to a granularity of an eighth of the size that fits
+        while hi - lo > max(1, lo // 8):
+            mid = (lo + hi) // 2
+            if fits(mid):
+                lo = mid
+            else:
+                hi = mid
+    fit.largest = lo
+    return fit
+
+
+def batch_values(largest: int) -> list[int]:
+    """Up to four sizes: the largest that fits, and the powers of two below it down to
+    an eighth of it."""
+    values = {largest}
+    p = 1 << (largest.bit_length() - 1)  # the highest power of two <= largest
+    if p == largest:
+        p //= 2
+    while p >= max(1, largest // 8) and len(values) < 4:
+        values.add(p)
+        p //= 2
+    return sorted(values)
+
+
+def has_conv2d(model) -> bool:
+    import torch
+
+    return any(isinstance(m, torch.nn.Conv2d) for m in model.modules())
+
+
+def knob_lines(device: str, cores: int, bf16: bool, conv: bool, compiler: bool) -> list[tuple[str, object, str]]:
+    """(knob, values, why) for this hardware, micro_batch_size excluded."""
+    lines: list[tuple[str, object, str]] = []
+    precisions = ["fp32"] + (["bf16"] if bf16 else []) + (["fp16"] if device == "cuda" else [])
+    why = "bf16 runs natively here" if bf16 else "no native bf16 here (it would only be slower)"
+    lines.append(("precision", precisions, why + ("; fp16 with a GradScaler" if device == "cuda" else "")))
+    workers = [0] + [w for w in (1, 2, 4, 8, 16) if w <= max(1, cores - 1)]
+    lines.append(("num_workers", workers, f"up to the {cores} cores a trial can have, one left for the step"))
+    lines.append(("persistent_workers", [False, True], "only with num_workers > 0: no respawn per epoch"))
+    if device == "cuda":
+        lines += [("pin_memory", [False, True], "a GPU: page-locked buffers for the copies"),
+                  ("non_blocking", [False, True], "a GPU: copies overlap the step"),
+                  ("cudnn_benchmark", [False, True], "a GPU: cudnn picks kernels for fixed shapes"),
+                  ("tf32", [False, True], "a GPU: TF32 matmuls on Ampere and newer"),
+                  ("fused_optimizer", [False, True], "a GPU: one fused optimizer kernel")]
+    else:
+        lines.append(("torch_threads", sorted({1, max(1, cores // 2), cores}),
+                      f"intra-op threads share the {cores} cores with the DataLoader workers"))
+    if conv:
+        lines.append(("channels_last", [False, True], "the model has Conv2d layers"))
+    if compiler:
+        lines.append(("compile", ["off", "default"], "a C compiler is here; compile pays off on long runs"))
+    return lines
+
+
+def write_space(path: Path, *, name: str, workload: str, workload_args: dict, device: str,
+                fit: Fit, lines: list[tuple[str, object, str]], trials: int, cap_note: str) -> str:
+    """The space file, each line with its reason; validated before it is written."""
+    from tuner import spec
+
+    assert fit.largest is not None
+    too_big = fit.first_too_big
+    mb_why = f"largest that fits: {fit.largest}" + (
+        f"; {too_big.batch} did not ({too_big.why})" if too_big else "; the probe stopped at its upper bound") + cap_note
+    rows = [("micro_batch_size", batch_values(fit.largest), mb_why), *lines]
+    width = max(len(f"  {k}: {_flow(v)}") for k, v, _ in rows) + 2
+    text = [f"# Written by `tuner init` for this machine ({device}). Edit freely.",
+            f"name: {name}",
+            f"workload: {workload}",
+            f"workload_args: {_flow(workload_args)}",
+            f"device: {device}",
+            "knobs:"]
+    text += [f"{'  ' + k + ': ' + _flow(v):<{width}}# {why}" for k, v, why in rows]
+    text += [f"budget: {{trials: {trials}}}"]
+    body = "\n".join(text) + "\n"
+    spec.parse(yaml.safe_load(body))  # a file we write must load
+    path.write_text(body)
+    return body
+
+
+def _flow(value: object) -> str:
+    return yaml.safe_dump(value, default_flow_style=True, width=10_000).strip().removesuffix("\n...")
+
+
+def init_space(workload: str, workload_args: dict, out: Path, *, device: str = "auto",
+               max_memory_mb: float | None = None, max_step_s: float = 2.0, upper: int = 4096,
+               trials: int = 12, name: str | None = None, timeout_s: float = 120.0,
+               say: Callable[[str], None] = print) -> str:
+    """Probe the workload here and write ``out``; returns the file's text."""
+    import shutil
+
+    import torch
+
+    from tuner.hardware import cpu_has_bf16, describe, pick_device
+    from tuner.trial import make_request, resolve_config, run_isolated
+
+    device = pick_device(device)
+    wl = resolve_config(make_request(workload=workload, workload_args=workload_args,
+                                     base_dir=str(Path.cwd()), device="cpu")).workload
+    cores = os.cpu_count() or 1
+    bf16 = torch.cuda.is_bf16_supported() if device == "cuda" else cpu_has_bf16()
+    cap_note = ""
+    if device == "cuda" and max_memory_mb is None:
+        gpu_mb = describe().get("gpu_memory_mb")
+        max_memory_mb = 0.9 * gpu_mb if gpu_mb else None
+        cap_note = f" (cap: 90% of the GPU's {gpu_mb:.0f} MB)" if gpu_mb else ""
+    elif max_memory_mb is not None:
+        cap_note = f" (cap: --max-memory-mb {max_memory_mb:g})"
+    precision = "bf16" if bf16 else "fp32"  # memory at the precision that will likely win
+
+    def measure_one(b: int) -> dict:
+        req = make_request(workload=workload, workload_args=workload_args, base_dir=str(Path.cwd()),
+                           config={"micro_batch_size": b, "precision": precision}, device=device,
+                           measure=PROBE_MEASURE)
+        return run_isolated(req, timeout_s=timeout_s, retries=0)
+
+    say(f"probing micro-batch sizes on {device} ({precision}), each in a fresh process")
+    fit = probe_batch(measure_one, device=device, max_memory_mb=max_memory_mb, max_step_s=max_step_s,
+                      upper=upper, say=say)
+    if fit.largest is None:
+        first = fit.probes[0] if fit.probes else None
+        raise UserError(f"workload: micro_batch_size=1 does not fit here: {first.why if first else 'no probe'}")
+    model = wl.model()
+    lines = knob_lines(device, cores, bf16, has_conv2d(model), shutil.which("cc") is not None
+                       or shutil.which("gcc") is not None)
+    stem = name or Path(workload.split(":")[0]).stem.replace(".", "-") or "space"
+    return write_space(out, name=stem, workload=workload, workload_args=workload_args, device=device,
+                       fit=fit, lines=lines, trials=trials, cap_note=cap_note)

@@ -1,0 +1,49 @@
+"""How a config is measured and the run it is projected for: the ``measure:`` and
+``run:`` sections of space.yaml. ``spec`` validates them (field errors name the line);
+``measure`` consumes them. One definition, one set of defaults."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Strict(BaseModel):
+    """A section of space.yaml: unknown keys are errors."""
+
+    model_config = ConfigDict(extra="forbid", strict=False, use_attribute_docstrings=True)
+
+
+class MeasureSettings(Strict):
+    """How a config is measured (the ``measure:`` section of space.yaml)."""
+
+    warmup_steps: int = Field(3, ge=1)
+    """Optimizer steps before timing (compile and worker start happen here)."""
+    window_s: float = Field(1.0, gt=0)
+    """Target seconds per timed window. The step count is derived from the warm-up, and
+    from the first window when the warm-up read fast (workers' prefetched batches)."""
+    min_windows: int = Field(5, ge=1)
+    max_windows: int = Field(12, ge=1)
+    target_error: float = Field(0.01, gt=0)
+    """Add windows (up to max_windows) while the median's relative standard error,
+    estimated robustly from the windows' median absolute deviation, exceeds this."""
+    epoch_steps: int | None = Field(None, ge=1)
+    """Optimizer steps per measured epoch; None: four windows, so that the timed phase
+    crosses epoch boundaries and has windows clear of them."""
+    max_timed_s: float = Field(60.0, gt=0)
+    """Stop adding windows once this much time was timed."""
+    screen_windows: int = Field(2, ge=0)
+    """Screening: when the search passes a threshold (its incumbent's figure), a config
+    whose best of its first ``screen_windows`` windows, raised by the noise allowance,
+    stays below it stops there, recorded as ``screened``; 0 never screens."""
+    max_interference: float = Field(0.10, gt=0, le=1)
+    """A window is disturbed when processes outside the trial (the tuner's own
+    included) used more than this share of the machine's cores while no core was
+    left idle; it is dropped and measured again (up to max_windows more times)."""
+
+
+class RunPlan(Strict):
+    """The training run a projection is made for (the ``run:`` section)."""
+
+    epochs: int = Field(1, ge=1)
+    epoch_size: int | None = Field(None, ge=1)
+    """Samples per epoch; None: the dataset's length."""

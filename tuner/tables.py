@@ -1,0 +1,218 @@
+"""Every terminal table and the progress line, with one number formatter.
+
+``show``'s table, ``bench``'s, the search's summary and progress line, and the
+bottleneck diagnosis all print from here; nothing here computes a figure (that is
+``records``) or starts Ray.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+from tuner import knobs, spec
+from tuner.diagnose import Diagnosis, diagnose
+from tuner.records import speedup
+from tuner.results import Results
+
+
+def fmt(value: Any, unit: str = "", digits: int = 1) -> str:
+    """A figure for a table: ``-`` when missing, floats with thousands separators."""
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:,.{digits}f}{unit}"
+    return f"{value}{unit}"
+
+
+def diff_from_default(config: dict) -> str:
+    """The knobs a config sets away from PyTorch's defaults (what makes it different)."""
+    d = knobs.defaults()
+    parts = [f"{k}={v}" for k, v in config.items() if k not in d or d[k] != v]
+    return ", ".join(parts) or "PyTorch defaults"
+
+
+def table_rows(res: Results) -> list[dict]:
+    """Every config: feasible ones sorted by the objective, then the infeasible ones."""
+    from tuner.records import winner_first
+
+    rows = res.rows()
+    ranked = winner_first(res.ranked(), res.best())
+    feasible_keys = {r["key"] for r in ranked}
+    return ranked + [r for r in rows if r["key"] not in feasible_keys]
+
+
+def print_show(res: Results, out: Any = sys.stdout, limit: int | None = None) -> None:
+    metric = res.metric
+    searched = [r for r in res.records if r.get("phase") == "search"]
+    state = "finished" if res.summary else "running or interrupted"
+    print(f"{res.space.name}: {len(searched)}/{res.space.budget.trials} trials ({state}), "
+          f"objective {metric} ({spec.OBJECTIVE_METRICS[metric]})", file=out)
+    print(f"{'#':>3}  {'status':<10} {metric:>16} {'spread':>7} {'n':>2} {'speedup':>7} {'memory MB':>9}  "
+          f"{'bottleneck':<15}  config / reason", file=out)
+    rows = table_rows(res)
+    cap = res.space.constraints.max_memory_mb
+    for i, r in enumerate(rows[:limit] if limit else rows, 1):
+        status = ("screened" if r.get("screened") else "disturbed" if r.get("disturbed") else "ok") \
+            if r["feasible"] else "infeasible"
+        spread = f"{r['spread'] * 100:.1f}%" if r.get("spread") is not None else "-"
+        sp = res.speedup(r)
+        detail = diff_from_default(r["config"])
+        if not r["feasible"]:
+            detail += f"  -- {r['reason']}"
+        elif r.get("screened"):
+            detail += "  -- screened: its first windows could not reach the leader; never picked"
+        elif r.get("disturbed"):
+            detail += "  -- measured only while other load disturbed the machine: never picked"
+        verdict = diagnose(r, cap).verdict if r["feasible"] else "-"
+        print(f"{i:>3}  {status:<10} {fmt(r.get(metric)):>16} {spread:>7} {r['measurements']:>2} "
+              f"{(f'{sp:.2f}x' if sp else '-'):>7} {fmt(r.get('memory_mb'), digits=0):>9}  {verdict:<15}  {detail}",
+              file=out)
+    models = {r["device_model"] for r in rows if r["feasible"]}
+    if len(models) > 1:  # a mixed cluster: each GPU model has its own winner
+        print("best per device model:", file=out)
+        for model in sorted(models):
+            r = next(r for r in res.ranked() if r["device_model"] == model)
+            print(f"  {model}: {fmt(r.get(metric))} {metric}  {diff_from_default(r['config'])}", file=out)
+    base = res.baseline
+    if base:
+        extra = "" if base.get("status") == "ok" else f"  -- {base.get('reason')}"
+        mem = base.get("peak_device_memory_mb") or base.get("peak_host_memory_mb")
+        print(f"{'b':>3}  {base.get('status', '-'):<10} {fmt(base.get(metric)):>16} {'':>7} {1:>2} "
+              f"{'1.00x':>7} {fmt(mem, digits=0):>9}  {diagnose(base, cap).verdict:<15}  "
+              f"baseline: plain PyTorch loop, {diff_from_default(base['config'])}{extra}", file=out)
+    best = res.best()
+    if best is not None:
+        print_diagnosis("best config", diagnose(best, cap), out)
+
+
+def print_diagnosis(what: str, d: Diagnosis, out: Any = sys.stdout) -> None:
+    """The verdict and the recommendations, each with the figure that triggered it."""
+    print(f"{what}: {d.verdict} ({d.evidence})", file=out)
+    for r in d.recommendations:
+        print(f"  try: {r}", file=out)
+    for f in d.flags:
+        print(f"  note: {f}", file=out)
+
+
+def print_bench(result: dict, out: Any = sys.stdout) -> None:
+    """A readable table of one measurement."""
+    rows = [
+        ("status", result["status"] + (f" ({result['reason']})" if result.get("reason") else "")),
+        ("samples/sec (sustained)", fmt(result.get("samples_per_sec"))),
+        ("  window spread", fmt((result.get("samples_per_sec_spread") or 0) * 100, "%")
+         if result.get("samples_per_sec_spread") is not None else "-"),
+        ("  steady (in-epoch)", fmt(result.get("steady_samples_per_sec"))),
+        ("step time", fmt(result.get("step_time_ms"), " ms", 2)),
+        ("data wait", fmt((result.get("data_wait_fraction") or 0) * 100, "% of step")
+         if result.get("data_wait_fraction") is not None else "-"),
+        ("warm-up", fmt(result.get("warmup_s"), " s", 2)),
+        ("compile", fmt(result.get("compile_s"), " s", 2)),
+        ("epoch start overhead", fmt(result.get("epoch_overhead_s"), " s", 3)),
+        ("projected run", fmt(result.get("projected_run_s"), " s")),
+        ("peak host memory", fmt(result.get("peak_host_memory_mb"), " MB", 0)
+         + (" (peak RSS + workers' private pages)" if result.get("peak_host_memory_mb") else "")),
+        ("peak device memory", fmt(result.get("peak_device_memory_mb"), " MB", 0)),
+        ("MFU", fmt((result.get("mfu") or 0) * 100, "%", 2) if result.get("mfu") else "-"),
+        ("loss finite", fmt(result.get("loss_finite"))),
+        ("other load beside it", fmt(result.get("interference_cores"), " cores", 3)
+         + (f" (tuner's own {result['tuner_cpu_cores']:.3f})" if result.get("tuner_cpu_cores") else "")),
+        ("disturbed windows redone", fmt(result.get("disturbed_windows_dropped"))),
+    ]
+    width = max(len(r[0]) for r in rows)
+    for name, value in rows:
+        print(f"{name:<{width}}  {value}", file=out)
+    cfg = result.get("config") or {}
+    print("config: " + ", ".join(f"{k}={v}" for k, v in cfg.items()), file=out)
+    for note in result.get("notes") or []:
+        print(f"note: {note}", file=out)
+    if result.get("disturbed"):
+        print("warning: other load on the machine disturbed most windows even after re-measuring; "
+              "measure again on a quiet machine", file=out)
+    if result["status"] == "ok":
+        from tuner.diagnose import diagnose
+
+        print_diagnosis("bottleneck", diagnose(result), out)
+
+
+class Progress:
+    """One status line: trials done/total, best so far and its speedup, elapsed."""
+
+    def __init__(self, total: int, metric: str, quiet: bool):
+        self.total, self.metric, self.quiet = total, metric, quiet
+        self.tty = sys.stderr.isatty()
+        self.t0 = time.time()
+        self.done = 0
+        self.best: float | None = None
+        self.baseline: float | None = None
+
+    def update(self, record: dict | None = None, msg: str | None = None) -> None:
+        if record is not None and record.get("phase") == "search":
+            self.done += 1
+            v = record.get(self.metric)
+            if record.get("status") == "ok" and v is not None:
+                if self.best is None or (v > self.best if spec.OBJECTIVE_METRICS[self.metric] == "max" else v < self.best):
+                    self.best = v
+        if self.quiet:
+            return
+        elapsed = time.time() - self.t0
+        parts = [f"[{self.done}/{self.total}]"]
+        if self.best is not None:
+            parts.append(f"best {self.best:,.1f} {self.metric}")
+            ratio = speedup(self.best, self.baseline, self.metric)
+            if ratio is not None:
+                parts.append(f"({ratio:.2f}x baseline)")
+        parts.append(f"elapsed {int(elapsed // 60)}:{int(elapsed % 60):02d}")
+        if msg:
+            parts.append(msg)
+        if record is not None and record.get("status") not in (None, "ok"):
+            parts.append(f"trial infeasible: {record.get('reason')}")
+        line = "  ".join(parts)
+        if self.tty:
+            print("\r\033[K" + line, end="", file=sys.stderr, flush=True)
+        else:
+            print(line, file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.tty and not self.quiet:
+            print(file=sys.stderr)
+
+
+def print_summary(summary: dict, out: Any = sys.stdout) -> None:
+    metric = summary["objective"]["metric"]
+    base = summary["baseline"]
+    print(f"\n{summary['name']}: {summary['trials']} trials, {summary['measurements']} measurements, "
+          f"{summary['search_wall_s']:.0f} s", file=out)
+    header = f"{'#':>2}  {metric:>16}  {'spread':>7}  {'n':>2}  {'speedup':>7}  {'memory MB':>9}  config"
+    print(header, file=out)
+    base_v = base.get(metric)
+
+    def speed(v: float | None) -> str:
+        x = speedup(v, base_v, metric)
+        return "-" if x is None else f"{x:.2f}x"
+
+    for i, r in enumerate(summary["top"], 1):
+        spread = f"{r['spread'] * 100:.1f}%" if r.get("spread") is not None else "-"
+        mem = r.get("memory_mb")
+        diff = ", ".join(f"{k}={v}" for k, v in r["config"].items() if base["config"] is None or
+                         base["config"].get(k, knobs.KNOBS[k].default if k in knobs.KNOBS else None) != v)
+        if r.get("screened"):
+            diff += "  (screened: never picked)"
+        elif r.get("disturbed"):
+            diff += "  (disturbed: never picked)"
+        print(f"{i:>2}  {r[metric]:>16,.1f}  {spread:>7}  {r['measurements']:>2}  {speed(r[metric]):>7}  "
+              f"{mem if mem is None else f'{mem:,.0f}':>9}  {diff}", file=out)
+    bv = "-" if base_v is None else f"{base_v:,.1f}"
+    print(f"{'b':>2}  {bv:>16}  {'':>7}  {base.get('measurements') or 1:>2}  {'1.00x':>7}  {'':>9}  baseline (plain PyTorch loop)"
+          + (f" {base['status']}: {base['reason']}" if base.get("status") != "ok" else ""), file=out)
+    for r in summary["infeasible"][:10]:
+        print(f"infeasible: {r['reason']}  ({', '.join(f'{k}={v}' for k, v in r['config'].items() if k in ('precision', 'micro_batch_size', 'num_workers', 'compile'))})", file=out)
+    if summary.get("disturbed_measurements"):
+        print(f"disturbed: {summary['disturbed_measurements']} measurement(s) stayed disturbed by other load "
+              f"on the machine; they are marked (show) and never pick the winner", file=out)
+    if summary.get("verdict"):
+        print(f"NOTE: {summary['verdict']}", file=out)
+    if summary.get("overhead_ratio"):
+        print(f"search overhead: wall {summary['search_wall_s']:.0f} s / in-trial {summary['in_trial_s']:.0f} s"
+              f" = {summary['overhead_ratio']:.2f}", file=out)
