@@ -144,12 +144,16 @@ def test_dashboard_page_in_headless_chromium_shows_the_study(searched, tmp_path)
         _wait_for(f"http://127.0.0.1:{port}/api/studies")
         browser = [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                    "--window-size=1280,900", "--virtual-time-budget=15000", f"--user-data-dir={tmp_path / 'profile'}"]
+        study = next(st for st in json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies"))
+                     ["study_summaries"] if st["study_name"] == "logged")
+        page = f"{url}studies/{study['study_id']}/trials"  # the study's trial list
         shot = tmp_path / "dashboard.png"
-        subprocess.run([*browser, f"--screenshot={shot}", url], capture_output=True, timeout=120)
+        subprocess.run([*browser, f"--screenshot={shot}", page], capture_output=True, timeout=120)
         assert shot.is_file() and shot.stat().st_size > 10_000  # a rendered page, not a blank one
-        dom = subprocess.run([*browser, "--dump-dom", url], capture_output=True, text=True, timeout=120).stdout
-        assert "logged" in dom  # the study's name in the study list
-        assert re.search(r"\b2\b", _text(dom))  # and its trial count
+        text = _text(subprocess.run([*browser, "--dump-dom", page], capture_output=True, text=True,
+                                    timeout=120).stdout)
+        assert "logged" in text and re.search(r"\b2 Trials\b", text), text[:2000]
+        assert "samples_per_sec" in text and "peak_host_memory_mb" in text  # the user attributes
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -173,6 +177,7 @@ def _text(html: str) -> str:
 def test_dashboard_without_a_study_is_a_clear_error(tmp_path):
     (tmp_path / "empty").mkdir()
     (tmp_path / "empty" / "trials.jsonl").write_text("")
+    (tmp_path / "empty" / "space.yaml").write_text("name: empty\nworkload: conv\n")
     out = subprocess.run([sys.executable, "-m", "tuner", "dashboard", str(tmp_path / "empty")],
                          capture_output=True, text=True)
     assert out.returncode != 0 and "optuna.journal" in out.stderr

@@ -348,7 +348,7 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
     try:
         import optuna_dashboard
     except ImportError as e:
-        raise UserError("dashboard needs optuna-dashboard: pip install optuna-dashboard") from e
+        raise UserError("dashboard needs optuna-dashboard: pip install optuna-dashboard (or the [dashboard] extra)") from e
     storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(journal)))
     print(f"optuna-dashboard for {res.path.name}: http://{args.host}:{args.port}/dashboard/  (Ctrl-C stops it)",
           flush=True)

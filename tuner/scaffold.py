@@ -113,10 +113,15 @@ def has_conv2d(model) -> bool:
 
 
 def knob_lines(device: str, cores: int, bf16: bool, conv: bool, compiler: bool) -> list[tuple[str, object, str]]:
-    """(knob, values, why) for this hardware, micro_batch_size excluded."""
+    """(knob, values, why) for this hardware, micro_batch_size excluded. GPU knobs only on
+    a GPU; bf16 on a GPU only where it is supported."""
     lines: list[tuple[str, object, str]] = []
-    precisions = ["fp32"] + (["bf16"] if bf16 else []) + (["fp16"] if device == "cuda" else [])
-    why = "bf16 runs natively here" if bf16 else "no native bf16 here (it would only be slower)"
+    if device == "cuda":
+        precisions = ["fp32"] + (["bf16"] if bf16 else []) + ["fp16"]
+        why = "bf16 on this GPU" if bf16 else "no bf16 on this GPU"
+    else:  # bf16 autocast runs on any CPU; without native instructions it may be slower: measured
+        precisions = ["fp32", "bf16"]
+        why = "native bf16 here" if bf16 else "no native bf16 instructions here: the search measures whether it pays"
     lines.append(("precision", precisions, why + ("; fp16 with a GradScaler" if device == "cuda" else "")))
     workers = [0] + [w for w in (1, 2, 4, 8, 16) if w <= max(1, cores - 1)]
     lines.append(("num_workers", workers, f"up to the {cores} cores a trial can have, one left for the step"))

@@ -717,7 +717,7 @@ def logger_callbacks(log_to: list[str], out: Path, name: str) -> list:
                 import mlflow  # noqa: F401
                 from ray.air.integrations.mlflow import MLflowLoggerCallback
             except ImportError as e:
-                raise UserError("log_to: mlflow needs the mlflow package: pip install mlflow") from e
+                raise UserError("log_to: mlflow needs MLflow: pip install mlflow-skinny (or the [mlflow] extra)") from e
             # a local SQLite store (MLflow 3 keeps its file store in maintenance mode)
             callbacks.append(MLflowLoggerCallback(tracking_uri=f"sqlite:///{out / 'mlflow.db'}",
                                                   experiment_name=name, save_artifact=False))
