@@ -55,8 +55,9 @@ def _client(address: str) -> Any:
 
 
 def submit(space: spec.Space, address: str, results_dir: str, *, follow: bool = False, wait: bool = False,
-           out: Any = sys.stdout) -> int:
+           out: Any = None) -> int:
     """Submit the search as a Ray Job; returns the exit status for the CLI."""
+    out = sys.stdout if out is None else out  # at call time: a replaced sys.stdout is honoured
     import tuner
 
     client = _client(address)
@@ -105,8 +106,9 @@ def _wait(client: Any, job_id: str, poll_s: float = 2.0) -> str:
 # ---- doctor ----------------------------------------------------------------------------
 
 
-def doctor(address: str | None = None, out: Any = sys.stdout) -> int:
+def doctor(address: str | None = None, out: Any = None) -> int:
     """Check the environment; one line per check, OK or what to fix. Returns 0."""
+    out = sys.stdout if out is None else out  # at call time: a replaced sys.stdout is honoured
     import os
 
     import torch

@@ -442,6 +442,15 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
     timed_s = 0.0
     starts_before = len(trainer.epoch_start_s)
 
+    dataset_steps = (_dataset_len(trainer) or 0) // trainer.samples_per_step
+
+    def steady_enough() -> bool:
+        """Two windows clear of epoch boundaries, where the epochs leave room for them
+        (a dataset shorter than three windows puts a boundary in every window)."""
+        if settings.epoch_steps is not None or dataset_steps < 3 * window_steps:
+            return True
+        return sum(1 for w in kept if w[3] == 0 and w[6] == 0) >= 2
+
     def fetch_s() -> float:
         """An ordinary micro-batch fetch: data wait outside epoch boundaries, per micro-batch."""
         n = sum(w[4] - w[3] for w in kept)
@@ -481,7 +490,11 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
             window = (steps * trainer.samples_per_step, wall, paused, len(trainer.epoch_start_s) - e0,
                       steps * trainer.accum, trainer.data_wait_s - dw0 - paused, before)
             before = window[3]
-            if not sized:
+            load = meter.stop(wall)
+            is_disturbed = load is not None and load.disturbed(settings.max_interference, meter.cpus)
+            if not sized and not (is_disturbed and len(disturbed) < settings.max_windows):
+                # the first undisturbed window sizes the windows (a disturbed one would
+                # size them to the disturbance)
                 sized = True
                 fit = max(min_steps, math.ceil(settings.window_s * steps / max(wall - paused, 1e-6)))
                 if not window_steps / 1.5 <= fit <= window_steps * 1.5:
@@ -489,9 +502,7 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
                         f"{(wall - paused) / steps * 1e3:.1f} ms: {fit} steps per window")
                     window_steps = fit
                     size_epochs(now=True)
-            load = meter.stop(wall)
-            if load is not None and load.disturbed(settings.max_interference, meter.cpus) \
-                    and len(disturbed) < settings.max_windows:
+            if is_disturbed and len(disturbed) < settings.max_windows:
                 disturbed.append(rate(window, fetch_s()))
                 say(f"window disturbed ({load.other_cores:.2f} cores used outside the trial): "
                     f"measuring it again")
@@ -510,8 +521,8 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
                 say(f"screened out: {max(rates):.1f} samples/s cannot reach {screen['below']:.1f}")
                 break
             enough = len(rates) >= settings.min_windows
-            if enough and (median_error(rates) <= settings.target_error or len(rates) >= settings.max_windows
-                           or timed_s >= settings.max_timed_s):
+            capped = len(rates) >= settings.max_windows or timed_s >= settings.max_timed_s
+            if enough and (capped or (median_error(rates) <= settings.target_error and steady_enough())):
                 break
             # Precision only matters near the top: a config clearly below the incumbent
             # (by twice its own error) is no contender, and more windows would not make it one.

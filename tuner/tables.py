@@ -43,7 +43,8 @@ def table_rows(res: Results) -> list[dict]:
     return ranked + [r for r in rows if r["key"] not in feasible_keys]
 
 
-def print_show(res: Results, out: Any = sys.stdout, limit: int | None = None) -> None:
+def print_show(res: Results, out: Any = None, limit: int | None = None) -> None:
+    out = sys.stdout if out is None else out  # at call time: a replaced sys.stdout is honoured
     metric = res.metric
     searched = [r for r in res.records if r.get("phase") == "search"]
     state = "finished" if res.summary else "running or interrupted"
@@ -87,8 +88,9 @@ def print_show(res: Results, out: Any = sys.stdout, limit: int | None = None) ->
         print_diagnosis("best config", diagnose(best, cap), out)
 
 
-def print_diagnosis(what: str, d: Diagnosis, out: Any = sys.stdout) -> None:
+def print_diagnosis(what: str, d: Diagnosis, out: Any = None) -> None:
     """The verdict and the recommendations, each with the figure that triggered it."""
+    out = sys.stdout if out is None else out  # at call time: a replaced sys.stdout is honoured
     print(f"{what}: {d.verdict} ({d.evidence})", file=out)
     for r in d.recommendations:
         print(f"  try: {r}", file=out)
@@ -96,8 +98,9 @@ def print_diagnosis(what: str, d: Diagnosis, out: Any = sys.stdout) -> None:
         print(f"  note: {f}", file=out)
 
 
-def print_bench(result: dict, out: Any = sys.stdout) -> None:
+def print_bench(result: dict, out: Any = None) -> None:
     """A readable table of one measurement."""
+    out = sys.stdout if out is None else out  # at call time: a replaced sys.stdout is honoured
     rows = [
         ("status", result["status"] + (f" ({result['reason']})" if result.get("reason") else "")),
         ("samples/sec (sustained)", fmt(result.get("samples_per_sec"))),
@@ -179,7 +182,8 @@ class Progress:
             print(file=sys.stderr)
 
 
-def print_summary(summary: dict, out: Any = sys.stdout) -> None:
+def print_summary(summary: dict, out: Any = None) -> None:
+    out = sys.stdout if out is None else out  # at call time: a replaced sys.stdout is honoured
     metric = summary["objective"]["metric"]
     base = summary["baseline"]
     print(f"\n{summary['name']}: {summary['trials']} trials, {summary['measurements']} measurements, "

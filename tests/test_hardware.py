@@ -1,0 +1,29 @@
+"""What a result was measured on (tuner/hardware.py) and the peak FLOP/s table."""
+
+import torch
+
+from tuner.hardware import cpu_has_bf16, describe, nvml_status, pick_device
+
+
+def test_describe_names_the_machine_and_versions():
+    hw = describe()
+    assert hw["cpu_count"] >= 1 and hw["torch"] == torch.__version__ and hw["ray"] and hw["optuna"]
+    assert (hw["gpu"] is not None) == torch.cuda.is_available()
+    assert pick_device("auto") == ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def test_probes_read_this_machine():
+    # the real /proc/cpuinfo and the real NVML: no driver here means a reason, not a crash
+    flags = next((line for line in open("/proc/cpuinfo") if line.startswith("flags")), "")
+    assert cpu_has_bf16() == ("avx512_bf16" in flags or "amx_bf16" in flags)
+    ok, detail = nvml_status()
+    assert detail and (ok or not torch.cuda.is_available() or "pynvml" in detail)
+
+
+def test_gpu_peak_table_matches_whole_model_names():
+    from tuner.measure import gpu_model_key
+
+    names = {"NVIDIA L40": None, "NVIDIA L4": "L4", "NVIDIA L40S": "L40S", "NVIDIA H100 80GB HBM3": "H100",
+             "NVIDIA H200": "H200", "NVIDIA A100-SXM4-80GB": "A100", "Tesla V100-SXM2-32GB": "V100",
+             "NVIDIA GeForce RTX 4090": "RTX 4090", "NVIDIA A10G": None, "Tesla T4": "T4"}
+    assert {n: gpu_model_key(n) for n in names} == names

@@ -1,0 +1,46 @@
+"""Terminal tables and the progress line (tuner/tables.py): one formatter, what each shows."""
+
+import io
+
+from tuner.tables import Progress, fmt, print_bench, print_summary
+
+
+def test_one_formatter():
+    assert fmt(None) == "-" and fmt(1234.5) == "1,234.5" and fmt(3.14159, " ms", 2) == "3.14 ms"
+    assert fmt(512.4, " MB", 0) == "512 MB" and fmt(7) == "7" and fmt(True) == "True"
+
+
+def test_bench_table_shows_the_figures_and_a_disturbed_warning():
+    out = io.StringIO()
+    print_bench({"status": "ok", "samples_per_sec": 101.5, "steady_samples_per_sec": 110.0,
+                 "epoch_overhead_s": 0.25, "peak_host_memory_mb": 400.0, "disturbed": True,
+                 "config": {"micro_batch_size": 8}, "data_wait_fraction": 0.5, "step_time_ms": 70.0}, out)
+    text = out.getvalue()
+    assert "101.5" in text and "0.250 s" in text and "400 MB" in text and "micro_batch_size=8" in text
+    assert "disturbed most windows" in text
+
+
+def test_summary_prints_the_winner_first_and_the_verdict():
+    out = io.StringIO()
+    base = {"config": {"micro_batch_size": 32}, "samples_per_sec": 100.0, "status": "ok", "measurements": 2}
+    top = [{"config": {"micro_batch_size": 64, "num_workers": 2}, "samples_per_sec": 150.0, "spread": 0.02,
+            "measurements": 3, "memory_mb": 500.0},
+           {"config": {"micro_batch_size": 32}, "samples_per_sec": 90.0, "spread": 0.05,
+            "measurements": 1, "memory_mb": 300.0, "screened": True}]
+    print_summary({"name": "s", "trials": 2, "measurements": 5, "search_wall_s": 60.0,
+                   "objective": {"metric": "samples_per_sec"}, "baseline": base, "top": top,
+                   "infeasible": [], "verdict": "a note", "overhead_ratio": None}, out)
+    lines = out.getvalue().splitlines()
+    first = next(line for line in lines if line.strip().startswith("1 "))
+    assert "150.0" in first and "1.50x" in first and "num_workers=2" in first
+    assert any("screened: never picked" in line for line in lines) and "NOTE: a note" in lines
+
+
+def test_progress_line_counts_trials_and_the_best(capsys):
+    p = Progress(total=4, metric="samples_per_sec", quiet=False)
+    p.baseline = 100.0
+    p.update({"phase": "search", "status": "ok", "samples_per_sec": 150.0})
+    p.update({"phase": "search", "status": "infeasible", "reason": "out of memory", "samples_per_sec": None})
+    err = capsys.readouterr().err
+    assert "[2/4]" in err and "best 150.0 samples_per_sec" in err and "(1.50x baseline)" in err
+    assert "trial infeasible: out of memory" in err
