@@ -25,4 +25,5 @@ def test_profile_writes_a_trace_and_honest_figures(tmp_path):
     assert names & {"aten::addmm", "aten::mm", "aten::linear", "aten::mse_loss"}, names
     assert summary["data_loading_ms"] > 4 * 4 * 1.0 * 0.9  # 4 steps of 4 samples of >= 1 ms
     # throughput from the unprofiled measurement: 4 samples per (50 ms step + 4 ms data)
-    assert summary["samples_per_sec"] == pytest.approx(4 / 0.054, rel=0.10)
+    # (at most that; the tiny model's own step adds 1-2 ms on this VM, depending on its load)
+    assert 0.85 * 4 / 0.054 <= summary["samples_per_sec"] <= 1.02 * 4 / 0.054

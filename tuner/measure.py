@@ -533,7 +533,7 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
     # Windows kept after the cap on re-measurement may still be disturbed: the
     # measurement is then marked, and never picks a winner.
     still = [ld for ld in loads if ld.disturbed(settings.max_interference, meter.cpus)]
-    is_disturbed = len(still) > len(loads) // 2 if loads else False
+    is_disturbed = 3 * len(still) > len(loads) if loads else False  # more than a third
 
     micro_fetch_s = fetch_s()
     rates = [rate(w, micro_fetch_s) for w in kept]
