@@ -449,7 +449,7 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
         (a dataset shorter than three windows puts a boundary in every window)."""
         if settings.epoch_steps is not None or dataset_steps < 3 * window_steps:
             return True
-        return sum(1 for w in kept if w[3] == 0 and w[6] == 0) >= 2
+        return sum(1 for w in kept if _clear_of_boundaries(w)) >= 2
 
     def fetch_s() -> float:
         """An ordinary micro-batch fetch: data wait outside epoch boundaries, per micro-batch."""
@@ -491,8 +491,9 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
                       steps * trainer.accum, trainer.data_wait_s - dw0 - paused, before)
             before = window[3]
             load = meter.stop(wall)
-            is_disturbed = load is not None and load.disturbed(settings.max_interference, meter.cpus)
-            if not sized and not (is_disturbed and len(disturbed) < settings.max_windows):
+            redo = load is not None and load.disturbed(settings.max_interference, meter.cpus) \
+                and len(disturbed) < settings.max_windows
+            if not sized and not redo:
                 # the first undisturbed window sizes the windows (a disturbed one would
                 # size them to the disturbance)
                 sized = True
@@ -502,7 +503,7 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
                         f"{(wall - paused) / steps * 1e3:.1f} ms: {fit} steps per window")
                     window_steps = fit
                     size_epochs(now=True)
-            if is_disturbed and len(disturbed) < settings.max_windows:
+            if redo:
                 disturbed.append(rate(window, fetch_s()))
                 say(f"window disturbed ({load.other_cores:.2f} cores used outside the trial): "
                     f"measuring it again")
@@ -545,7 +546,7 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
     # epoch boundary nor follow one. A boundary costs what all windows took beyond that,
     # per boundary: its pause (old workers shut down, new ones spawned, the dataset
     # reopened) less the catch-up of the batches the new workers then deliver at once.
-    steady_windows = [w for w in kept if w[3] == 0 and w[6] == 0]
+    steady_windows = [w for w in kept if _clear_of_boundaries(w)]
     boundaries = sum(w[3] for w in kept)
     if boundaries and len(steady_windows) >= 2:
         per_sample = sum(w[1] for w in steady_windows) / sum(w[0] for w in steady_windows)
@@ -624,6 +625,11 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
         result["peak_device_reserved_mb"] = torch.cuda.max_memory_reserved(device) / 2**20
     result.update(nvml.summary())
     return result
+
+
+def _clear_of_boundaries(window: tuple) -> bool:
+    """A kept window that neither holds an epoch boundary nor follows one."""
+    return window[3] == 0 and window[6] == 0
 
 
 def _dataset_len(trainer: Trainer) -> int | None:

@@ -50,7 +50,7 @@ from tuner.records import (
     within_noise,
     writer_lock,
 )
-from tuner.tables import Progress, print_summary  # noqa: F401  (search.print_summary, read by callers)
+from tuner.tables import Progress
 
 # ---- keys of what a config really runs ---------------------------------------------------
 

@@ -131,11 +131,9 @@ def print_bench(result: dict, out: Any = None) -> None:
     for note in result.get("notes") or []:
         print(f"note: {note}", file=out)
     if result.get("disturbed"):
-        print("warning: other load on the machine disturbed most windows even after re-measuring; "
+        print("warning: other load on the machine disturbed over a third of the windows even after re-measuring; "
               "measure again on a quiet machine", file=out)
     if result["status"] == "ok":
-        from tuner.diagnose import diagnose
-
         print_diagnosis("bottleneck", diagnose(result), out)
 
 
