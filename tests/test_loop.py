@@ -1,9 +1,11 @@
+import itertools
+
 import pytest
 import torch
 
 from tests.helpers import ref
 from tuner import knobs
-from tuner.loop import GroupedBatchSampler, Trainer
+from tuner.loop import EpochSampler, GroupedBatchSampler, Trainer
 from tuner.workloads import load_workload
 from tuner.workloads.builtin import multisource
 
@@ -74,6 +76,25 @@ def test_epochs_restart_and_are_timed_apart():
     for _ in range(6):
         t.step()
     assert len(t.epoch_start_s) >= 4
+
+
+@pytest.mark.parametrize("grouped", [False, True])
+def test_an_epoch_shortened_late_ends_on_a_whole_round(grouped):
+    # The limit is lowered after 40 samples were drawn (workers prefetch ahead): the
+    # epoch ends at the next multiple of align, not at an arbitrary point of a round.
+    if grouped:
+        sampler = GroupedBatchSampler([list(range(200))], batch_size=4)
+    else:
+        sampler = EpochSampler(200)
+    it = iter(sampler)
+    drawn = sum(len(b) if grouped else 1 for b in itertools.islice(it, 10 if grouped else 40))
+    assert drawn == 40
+    sampler.limit, sampler.current, sampler.align = 24, 24, 16
+    rest = sum(len(b) if grouped else 1 for b in it)
+    assert drawn + rest == 48
+    # the next epoch ends at the limit, itself a multiple of align here
+    sampler.limit = 32
+    assert sum(len(b) if grouped else 1 for b in iter(sampler)) == 32
 
 
 def test_baseline_syncs_each_step_and_optimized_does_not():

@@ -32,15 +32,29 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-class EpochSampler(Sampler[int]):
-    """Random order over the dataset, with an adjustable number of samples per epoch.
+class _EpochLimit:
+    """An adjustable number of samples per epoch, shared by the samplers below.
 
     The measurement shortens epochs so that every trial crosses epoch boundaries
     (where worker respawn and dataset reopening cost time). ``limit`` applies from
     the next epoch on; ``current`` is the epoch under way's, read at each draw (the
     DataLoader draws indices in the main process as it goes), so lowering it ends
-    that epoch after the batches already sent to workers.
+    that epoch after the batches already sent to workers. An epoch ends on a multiple
+    of ``align`` samples (whole rounds of the DataLoader's workers, see measure.py).
     """
+
+    limit: int | None = None
+    current: int | None = None
+    align: int = 1
+
+    def _ends(self, drawn: int) -> bool:
+        """Whether the epoch under way ends after ``drawn`` samples."""
+        return (self.current is not None and drawn > 0 and drawn >= self.current
+                and drawn % self.align == 0)
+
+
+class EpochSampler(_EpochLimit, Sampler[int]):
+    """Random order over the dataset, with an adjustable number of samples per epoch."""
 
     def __init__(self, size: int, limit: int | None = None, seed: int = 0):
         self.size, self.limit, self.current, self.epoch = size, limit, limit, 0
@@ -54,12 +68,12 @@ class EpochSampler(Sampler[int]):
         self.epoch += 1
         self.current = self.limit
         for i, index in enumerate(torch.randperm(self.size, generator=g).tolist()):
-            if self.current is not None and i >= self.current:
+            if self._ends(i):
                 return
             yield index
 
 
-class GroupedBatchSampler(Sampler[list[int]]):
+class GroupedBatchSampler(_EpochLimit, Sampler[list[int]]):
     """Batches that each hold samples of one source (``batch_grouping=by_source``)."""
 
     def __init__(self, groups: list[list[int]], batch_size: int, limit: int | None = None, seed: int = 0):
@@ -85,7 +99,7 @@ class GroupedBatchSampler(Sampler[list[int]]):
         self.epoch += 1
         self.current = self.limit
         for i, batch in enumerate(batches):
-            if self.current is not None and i >= max(1, self.current // self.batch_size):
+            if self._ends(i * self.batch_size):
                 return
             yield batch
 
@@ -161,11 +175,12 @@ class Trainer:
         loader = DataLoader(ds, batch_size=bs, sampler=sampler, drop_last=True, collate_fn=wl.collate, **kwargs)
         return loader, sampler
 
-    def set_epoch_limit(self, samples: int | None, now: bool = False) -> None:
+    def set_epoch_limit(self, samples: int | None, now: bool = False, align: int = 1) -> None:
         """Samples per epoch from the next epoch on (None: the whole dataset); ``now``:
-        for the epoch under way too, which ends there if it is already past it."""
+        for the epoch under way too, which ends there if it is already past it, on the
+        next multiple of ``align`` samples."""
         if self.sampler is not None:
-            self.sampler.limit = samples
+            self.sampler.limit, self.sampler.align = samples, align
             if now:
                 self.sampler.current = samples
 

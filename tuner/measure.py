@@ -4,7 +4,8 @@ costs apart, peak memory (device and host process tree), NVML sampling.
 Method (see DESIGN.md, "Measuring honestly"):
 
 - warm-up steps first (worker start, compile, autotune), each timed;
-- then timed windows of whole optimizer steps, synchronized at window edges only;
+- then timed windows of whole optimizer steps and whole rounds of the DataLoader's
+  workers, synchronized at window edges only;
   the window clock stops while a new epoch starts, and those epoch starts are
   measured apart;
 - the steady step time comes from windows that neither hold an epoch boundary nor
@@ -413,17 +414,28 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
     # The warm-up can read fast: DataLoader workers fill their prefetch queues while the
     # first steps compile, and the last warm-up steps only drain them. So the first
     # window is also capped in time, and sizes the windows after it.
-    # Workers started together deliver their batches in groups of num_workers: a window
-    # spans at least two groups, so that its figure does not depend on the phase.
+    # DataLoader workers take batches in turn and deliver them in order, and after an
+    # epoch starts they run in step: the waits repeat every round of num_workers
+    # micro-batches, counted from the epoch start. Windows and epochs are whole rounds
+    # (whole steps too: a cycle is the least multiple of both), so every window starts
+    # and ends at the same point of a round. A window of, say, 3.25 rounds that ends
+    # just after a round arrived reads up to a round fast, and the last window of an
+    # epoch always does: +8% with 8 workers, before windows were whole rounds.
     workers = getattr(trainer.loader, "num_workers", 0)
-    min_steps = max(1, math.ceil(2 * workers / trainer.accum))
-    window_steps = max(min_steps, math.ceil(settings.window_s / max(est, 1e-6)))
+    cycle = math.lcm(workers, trainer.accum) // trainer.accum if workers else 1
+    min_steps = cycle * max(1, math.ceil(2 * workers / (cycle * trainer.accum)))  # two rounds
+
+    def whole_cycles(steps: float) -> int:
+        return max(min_steps, cycle * math.ceil(steps / cycle))
+
+    window_steps = whole_cycles(settings.window_s / max(est, 1e-6))
 
     def size_epochs(now: bool = False) -> None:
         # four windows per epoch: one holds the boundary, the next may hold its
         # catch-up, two are steady
         epoch_steps = settings.epoch_steps or 4 * window_steps
-        trainer.set_epoch_limit(epoch_steps * trainer.samples_per_step, now=now)
+        trainer.set_epoch_limit(epoch_steps * trainer.samples_per_step, now=now,
+                                align=cycle * trainer.samples_per_step)
 
     size_epochs()
     window_cap_s = 3 * settings.window_s
@@ -482,7 +494,7 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
             while steps < window_steps:
                 trainer.step()
                 steps += 1
-                if not sized and perf_counter() - w0 > window_cap_s:
+                if not sized and steps % cycle == 0 and perf_counter() - w0 > window_cap_s:
                     break
             synchronize(device)
             wall = perf_counter() - w0
@@ -497,7 +509,7 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
                 # the first undisturbed window sizes the windows (a disturbed one would
                 # size them to the disturbance)
                 sized = True
-                fit = max(min_steps, math.ceil(settings.window_s * steps / max(wall - paused, 1e-6)))
+                fit = whole_cycles(settings.window_s * steps / max(wall - paused, 1e-6))
                 if not window_steps / 1.5 <= fit <= window_steps * 1.5:
                     say(f"warm-up read {est * 1e3:.1f} ms per step, the first window "
                         f"{(wall - paused) / steps * 1e3:.1f} ms: {fit} steps per window")
