@@ -296,3 +296,48 @@ def encoding_batches(size: int = 64) -> Workload:
     """Hugging Face-style batches: each tensor must reach the model's device."""
     return Workload(model=lambda: nn.Linear(8, 1), dataset=lambda: Numbers(size), loss=_encoding_loss,
                     collate=_encoding_collate)
+
+
+class _Unused(nn.Module):
+    """A linear model with a layer the loss never reaches (DDP then needs
+    find_unused_parameters)."""
+
+    def __init__(self):
+        super().__init__()
+        self.used, self.unused = nn.Linear(8, 1), nn.Linear(8, 1)
+
+    def forward(self, x):
+        return self.used(x)
+
+
+def ddp_spy(out: str, size: int = 256, step_s: float = 0.0, unused_layer: bool = False,
+            fail_rank: int = -1) -> Workload:
+    """What DDP each rank's loss sees, appended as JSON lines to ``out``: the rank, the
+    DDP settings, whether this backward all-reduces. ``fail_rank`` raises there."""
+    import json
+    import os
+
+    def loss(model, batch):
+        import torch.distributed as dist
+
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        if rank == fail_rank:
+            raise ValueError(f"rank {rank} was told to fail")
+        ddp = getattr(model, "_orig_mod", model)
+        with open(out, "a") as f:
+            f.write(json.dumps({
+                "rank": rank, "pid": os.getpid(), "world": dist.get_world_size() if dist.is_initialized() else 1,
+                "ddp": type(ddp).__name__ == "DistributedDataParallel",
+                "bucket_bytes": getattr(ddp, "bucket_bytes_cap", None),
+                "as_view": getattr(ddp, "gradient_as_bucket_view", None),
+                "static": getattr(ddp, "static_graph", None),
+                "unused": getattr(ddp, "find_unused_parameters", None),
+                "hook": [h.__name__ for h, _ in getattr(ddp, "_comm_hooks", [])],
+                "sync": getattr(ddp, "require_backward_grad_sync", None),
+                "x0": float(batch[0][0, 0])}) + "\n")
+        if step_s:
+            time.sleep(step_s)
+        return _mse(model, batch)
+
+    model = _Unused if unused_layer else (lambda: nn.Linear(8, 1))
+    return Workload(model=model, dataset=lambda: Numbers(size), loss=loss)

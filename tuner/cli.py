@@ -69,8 +69,21 @@ def cmd_bench(args: argparse.Namespace) -> int:
     spec.check_workload(space)
     request = _bench_request(space, args)
     progress = None if args.json or not sys.stderr.isatty() else _progress_line
-    result = run_isolated(request, timeout_s=args.timeout or space.model.budget.trial_timeout_s,
-                          progress=progress)
+    timeout_s = args.timeout or space.model.budget.trial_timeout_s
+    if request.config.get("world_size", 1) > 1:
+        # several data-parallel ranks run through Ray Train, on a local Ray (or --address)
+        import ray
+
+        from tuner.distributed import run_ranks
+
+        ray.init(address=getattr(args, "address", None), include_dashboard=False, configure_logging=False,
+                 log_to_driver=False)
+        try:
+            result = run_ranks(request, timeout_s=timeout_s, spread=space.model.resources.spread_ranks)
+        finally:
+            ray.shutdown()
+    else:
+        result = run_isolated(request, timeout_s=timeout_s, progress=progress)
     if progress:
         print("\r\033[K", end="", file=sys.stderr, flush=True)
     result["workload"] = {"ref": space.model.workload, "args": space.model.workload_args}

@@ -20,6 +20,7 @@ import torch
 from tuner.errors import UserError
 
 PRECISIONS = ("fp32", "bf16", "fp16")
+COMM_HOOKS = ("none", "bf16_compress", "fp16_compress")
 COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune")
 GROUPINGS = ("mixed", "by_source")
 
@@ -66,6 +67,22 @@ def _needs_workers(config: dict, ctx: Context) -> str | None:
 def _needs_groups(config: dict, ctx: Context) -> str | None:
     """multi-source workloads (Workload.groups)"""
     return None if ctx.has_groups else "the workload has a single source"
+
+
+def _needs_ranks(config: dict, ctx: Context) -> str | None:
+    """with world_size > 1"""
+    return "needs world_size > 1" if config.get("world_size", 1) <= 1 else None
+
+
+def _static_graph_allowed(config: dict, ctx: Context) -> str | None:
+    """with world_size > 1, but not with ddp_no_sync_accumulation under accumulation"""
+    if config.get("world_size", 1) <= 1:
+        return "needs world_size > 1"
+    if config.get("ddp_no_sync_accumulation") and config.get("grad_accum_steps", 1) > 1:
+        # DDP crashes on the first backward under no_sync with static_graph, and once past
+        # that stops all-reducing (pytorch/pytorch#143580, the fix #187732 is not merged)
+        return "cannot run with ddp_no_sync_accumulation and grad_accum_steps > 1 (a PyTorch bug, pytorch#143580)"
+    return None
 
 
 def _recommended_precision(ctx: Context) -> str:
@@ -118,6 +135,23 @@ _TABLE = [
     Knob("batch_grouping", str, "multi-source data: mixed batches, or each batch from one source",
          "mixed", lambda ctx: "by_source" if ctx.has_groups else "mixed", choices=GROUPINGS,
          inactive=_needs_groups, recompiles=True, priority=3),
+    # Data parallel (DistributedDataParallel through Ray Train; see tuner/distributed.py).
+    Knob("world_size", int, "data-parallel ranks per trial: one GPU each on GPUs, gloo processes on CPUs",
+         1, lambda ctx: 1, minimum=1, recompiles=True,
+         cost="a GPU (on GPUs) and 1 + num_workers CPUs per rank", priority=16),
+    Knob("ddp_bucket_cap_mb", int, "DDP gradient bucket size in MB (PyTorch's default: 25)",
+         25, lambda ctx: 25, minimum=1, inactive=_needs_ranks, recompiles=True, priority=17),
+    Knob("ddp_gradient_as_bucket_view", bool, "gradients are views into DDP's buckets (no copy)",
+         False, lambda ctx: True, inactive=_needs_ranks, priority=18),
+    Knob("ddp_static_graph", bool, "DDP static_graph: the set of used parameters never changes",
+         False, lambda ctx: False, inactive=_static_graph_allowed, recompiles=True, priority=19,
+         cost="wrong if the model's used parameters change between steps"),
+    Knob("ddp_comm_hook", str, "compress gradients for the all-reduce",
+         "none", lambda ctx: "none", choices=COMM_HOOKS, inactive=_needs_ranks, priority=20,
+         cost="lower gradient precision in the all-reduce"),
+    Knob("ddp_no_sync_accumulation", bool,
+         "all-reduce only on the last micro-batch of an accumulation step (DDP no_sync)",
+         False, lambda ctx: True, inactive=_needs_ranks, priority=21),
 ]
 
 KNOBS: dict[str, Knob] = {k.name: k for k in _TABLE}
@@ -154,7 +188,8 @@ def check_value(name: str, value: Any) -> Any:
     knob = KNOBS.get(name)
     if knob is None:
         raise UserError(f"unknown knob '{name}'; known knobs: {', '.join(KNOBS)}")
-    if value is None or (isinstance(value, str) and value.lower() in ("null", "none")):
+    if value is None or (isinstance(value, str) and value.lower() in ("null", "none")
+                         and value not in (knob.choices or ())):  # ddp_comm_hook's "none" is a choice
         if knob.nullable:
             return None
         raise UserError(f"knob '{name}': null is not allowed")
@@ -216,6 +251,9 @@ def resolve(config: dict, ctx: Context, *, strict: bool) -> tuple[dict, list[str
         raise UserError(f"knob 'precision=bf16' is not supported on this {ctx.device}")
     if precision == "fp16" and not ctx.fp16_ok:
         raise UserError(f"knob 'precision=fp16' is not supported on this {ctx.device}")
+    if full["ddp_comm_hook"] == "bf16_compress" and ctx.device != "cuda":
+        raise UserError("knob 'ddp_comm_hook=bf16_compress' needs NCCL on CUDA GPUs; "
+                        "CPU ranks (gloo) take fp16_compress or none")
     return full, notes
 
 
@@ -319,6 +357,26 @@ def autocast_context(device: torch.device, precision: str) -> Callable[[], conte
 def grad_scaler(device: torch.device, precision: str) -> torch.amp.GradScaler | None:
     """fp16 needs loss scaling; bf16 and fp32 do not."""
     return torch.amp.GradScaler(device.type) if precision == "fp16" else None
+
+
+def apply_ddp(model: torch.nn.Module, config: dict, device: torch.device,
+              find_unused_parameters: bool) -> torch.nn.Module:
+    """Wrap the model in DistributedDataParallel with the ddp_* knobs (the process
+    group is already up: Ray Train starts it). Compile wraps the DDP module after this,
+    as PyTorch's docs ask, so that the compiled graphs split at bucket boundaries."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" and device.index is not None else None,
+              bucket_cap_mb=config["ddp_bucket_cap_mb"],
+              gradient_as_bucket_view=config["ddp_gradient_as_bucket_view"],
+              static_graph=config["ddp_static_graph"],
+              find_unused_parameters=find_unused_parameters)
+    hook = config["ddp_comm_hook"]
+    if hook != "none":
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        ddp.register_comm_hook(None, getattr(default_hooks, f"{hook}_hook"))
+    return ddp
 
 
 def loader_kwargs(config: dict, device: torch.device) -> dict[str, Any]:

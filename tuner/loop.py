@@ -10,6 +10,7 @@ PyTorch's defaults and a ``loss.item()`` every step.
 
 from __future__ import annotations
 
+import contextlib
 import random
 import time
 from collections.abc import Iterator
@@ -54,20 +55,25 @@ class _EpochLimit:
 
 
 class EpochSampler(_EpochLimit, Sampler[int]):
-    """Random order over the dataset, with an adjustable number of samples per epoch."""
+    """Random order over the dataset, with an adjustable number of samples per epoch.
+    With ``world`` ranks, each rank draws its own shard of the same order (as
+    ``DistributedSampler`` does), all shards of equal size."""
 
-    def __init__(self, size: int, limit: int | None = None, seed: int = 0):
+    def __init__(self, size: int, limit: int | None = None, seed: int = 0, rank: int = 0, world: int = 1):
         self.size, self.limit, self.current, self.epoch = size, limit, limit, 0
-        self.seed = seed
+        self.seed, self.rank, self.world = seed, rank, world
 
     def __len__(self) -> int:
-        return min(self.size, self.limit or self.size)
+        per_rank = self.size // self.world
+        return min(per_rank, self.limit or per_rank)
 
     def __iter__(self) -> Iterator[int]:
         g = torch.Generator().manual_seed(self.seed + self.epoch)
         self.epoch += 1
         self.current = self.limit
-        for i, index in enumerate(torch.randperm(self.size, generator=g).tolist()):
+        order = torch.randperm(self.size, generator=g).tolist()
+        shard = order[self.rank:(self.size // self.world) * self.world:self.world]
+        for i, index in enumerate(shard):
             if self._ends(i):
                 return
             yield index
@@ -76,9 +82,10 @@ class EpochSampler(_EpochLimit, Sampler[int]):
 class GroupedBatchSampler(_EpochLimit, Sampler[list[int]]):
     """Batches that each hold samples of one source (``batch_grouping=by_source``)."""
 
-    def __init__(self, groups: list[list[int]], batch_size: int, limit: int | None = None, seed: int = 0):
+    def __init__(self, groups: list[list[int]], batch_size: int, limit: int | None = None, seed: int = 0,
+                 rank: int = 0, world: int = 1):
         self.groups, self.batch_size, self.limit, self.current = groups, batch_size, limit, limit
-        self.seed, self.epoch = seed, 0
+        self.seed, self.epoch, self.rank, self.world = seed, 0, rank, world
 
     def _all_batches(self) -> list[list[int]]:
         rng = random.Random(self.seed + self.epoch)
@@ -88,10 +95,11 @@ class GroupedBatchSampler(_EpochLimit, Sampler[list[int]]):
             rng.shuffle(idx)
             batches += [idx[i:i + self.batch_size] for i in range(0, len(idx) - self.batch_size + 1, self.batch_size)]
         rng.shuffle(batches)
-        return batches
+        per_rank = len(batches) // self.world
+        return batches[self.rank:per_rank * self.world:self.world]
 
     def __len__(self) -> int:
-        n = sum(len(g) // self.batch_size for g in self.groups)
+        n = sum(len(g) // self.batch_size for g in self.groups) // self.world
         return n if self.limit is None else min(n, max(1, self.limit // self.batch_size))
 
     def __iter__(self) -> Iterator[list[int]]:
@@ -115,7 +123,9 @@ class Trainer:
                  baseline: bool = False, seed: int = 0):
         self.workload, self.config, self.device, self.baseline = workload, config, device, baseline
         self.accum = config["grad_accum_steps"]
-        self.samples_per_step = config["micro_batch_size"] * self.accum
+        self.samples_per_step = config["micro_batch_size"] * self.accum  # per rank
+        self.rank, self.world = _ranks(config["world_size"])
+        self.notes: list[str] = []  # what the Trainer decided on its own (find_unused_parameters)
         torch.manual_seed(seed)
 
         # The order matters:
@@ -136,16 +146,28 @@ class Trainer:
         self.optimizer = knobs.apply_fused_optimizer(
             _call(lambda: workload.make_optimizer(model.parameters()), "optimizer"),
             config["fused_optimizer"])
-        # 5. compile last, over the final module.
-        self.model = knobs.apply_compile(model, config["compile"])
         self.autocast = knobs.autocast_context(device, config["precision"])
         self.scaler = knobs.grad_scaler(device, config["precision"])
         self.move = Mover(device, non_blocking=config["non_blocking"] and device.type == "cuda",
                           channels_last=config["channels_last"])
         self.loss_fn = workload.loss
-
         self.dataset = _call(workload.dataset, "dataset")
+        # 5. data parallel: DDP over the eager module, after a probe step that finds
+        #    parameters the loss does not reach (DDP then needs find_unused_parameters);
+        self.ddp = None
+        if self.world > 1:
+            unused = self._unused_parameters(model)
+            if unused:
+                self.notes.append(f"find_unused_parameters turned on: {len(unused)} parameters get no "
+                                  f"gradient ({', '.join(unused[:3])}{', ...' if len(unused) > 3 else ''})")
+            model = self.ddp = knobs.apply_ddp(model, config, device, find_unused_parameters=bool(unused))
+        self.no_sync = self.ddp is not None and config["ddp_no_sync_accumulation"] and self.accum > 1
+        # 6. compile last, over the final module.
+        self.model = knobs.apply_compile(model, config["compile"])
         self.loader, self.sampler = self._make_loader(seed)
+        if self.world > 1 and self.sampler is None:
+            self.notes.append("the dataset is iterable: every rank reads all of it unless it shards "
+                              "itself by rank (torch.distributed.get_rank())")
         self._it: Iterator | None = None
         # Accounting read by tuner.measure; plain floats and ints, no syncs.
         self.data_wait_s = 0.0      # time blocked in next(loader), epoch boundaries included
@@ -157,6 +179,19 @@ class Trainer:
         self.loss_sum = torch.zeros((), device=device)
         self.last_loss: float | None = None
 
+    def _unused_parameters(self, model: torch.nn.Module) -> list[str]:
+        """Names of trainable parameters that one forward/backward on a first batch
+        leaves without a gradient (the gradients are then cleared)."""
+        probe = DataLoader(self.dataset, batch_size=self.config["micro_batch_size"],
+                           collate_fn=self.workload.collate)
+        batch = self.move(next(iter(probe)))
+        with self.autocast():
+            loss = self.loss_fn(model, batch)
+        loss.float().backward()
+        unused = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
+        model.zero_grad(set_to_none=True)
+        return unused
+
     def _make_loader(self, seed: int) -> tuple[DataLoader, Sampler | None]:
         cfg, ds, wl = self.config, self.dataset, self.workload
         kwargs = knobs.loader_kwargs(cfg, self.device)
@@ -167,11 +202,14 @@ class Trainer:
             raise UserError(f"knob 'micro_batch_size={bs}' is larger than the dataset ({len(ds)} samples)")
         if cfg["batch_grouping"] == "by_source":
             groups = _call(lambda: wl.groups(ds), "groups")
-            sampler = GroupedBatchSampler(groups, bs, seed=seed)
+            sampler = GroupedBatchSampler(groups, bs, seed=seed, rank=self.rank, world=self.world)
             if len(sampler) == 0:
                 raise UserError(f"knob 'micro_batch_size={bs}' is larger than every source of the dataset")
             return DataLoader(ds, batch_sampler=sampler, collate_fn=wl.collate, **kwargs), sampler
-        sampler = EpochSampler(len(ds), seed=seed)
+        if len(ds) // self.world < bs:
+            raise UserError(f"knob 'micro_batch_size={bs}' is larger than a rank's shard of the dataset "
+                            f"({len(ds) // self.world} samples)")
+        sampler = EpochSampler(len(ds), seed=seed, rank=self.rank, world=self.world)
         loader = DataLoader(ds, batch_size=bs, sampler=sampler, drop_last=True, collate_fn=wl.collate, **kwargs)
         return loader, sampler
 
@@ -215,7 +253,7 @@ class Trainer:
 
     def step(self) -> None:
         """One optimizer step over ``grad_accum_steps`` micro-batches."""
-        for _ in range(self.accum):
+        for i in range(self.accum):
             t0 = perf_counter()
             try:
                 batch = next(self._it)
@@ -224,20 +262,23 @@ class Trainer:
                 t0 += sync_s
             self.data_wait_s += perf_counter() - t0
             batch = self.move(batch)
-            try:  # free in the hot path (3.11's zero-cost exceptions)
-                with self.autocast():
-                    loss = self.loss_fn(self.model, batch)
-            except Exception as exc:
-                err = _as_workload_error(exc)
-                if err is exc:
-                    raise
-                raise err from exc
-            if self.accum > 1:
-                loss = loss / self.accum  # gradients equal to one large batch's
-            if self.scaler is not None:
-                self.scaler.scale(loss).backward()
-            else:
-                loss.backward()
+            # DDP all-reduces in every backward unless told not to: with no_sync, only the
+            # accumulation step's last micro-batch does.
+            with self.ddp.no_sync() if self.no_sync and i < self.accum - 1 else _NO_CONTEXT:
+                try:  # free in the hot path (3.11's zero-cost exceptions)
+                    with self.autocast():
+                        loss = self.loss_fn(self.model, batch)
+                except Exception as exc:
+                    err = _as_workload_error(exc)
+                    if err is exc:
+                        raise
+                    raise err from exc
+                if self.accum > 1:
+                    loss = loss / self.accum  # gradients equal to one large batch's
+                if self.scaler is not None:
+                    self.scaler.scale(loss).backward()
+                else:
+                    loss.backward()
             self.loss_sum += loss.detach()
         self.micro_batches += self.accum
         if self.scaler is not None:
@@ -252,6 +293,24 @@ class Trainer:
     def loss_finite(self) -> bool:
         """Whether every loss so far was finite (one host sync; call at window edges)."""
         return bool(torch.isfinite(self.loss_sum).item())
+
+
+_NO_CONTEXT = contextlib.nullcontext()
+
+
+def _ranks(world_size: int) -> tuple[int, int]:
+    """(rank, world) of this process: (0, 1) for one rank; for several, the process
+    group Ray Train started, which must have world_size processes."""
+    if world_size == 1:
+        return 0, 1
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        raise UserError(f"knob 'world_size={world_size}': several ranks run through Ray Train "
+                        "(tuner run, or bench with Ray); this process has no process group")
+    if dist.get_world_size() != world_size:
+        raise UserError(f"knob 'world_size={world_size}': the process group has {dist.get_world_size()} ranks")
+    return dist.get_rank(), world_size
 
 
 def _as_workload_error(exc: Exception) -> Exception:

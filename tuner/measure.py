@@ -154,6 +154,12 @@ class TreeProbe:
         self.workers_peak = 0
         self.server = server
         self.observers = [p for p in (_process(pid) for pid in observers or []) if p is not None]
+        self.peers: list[psutil.Process] = []
+
+    def add_peers(self, pids: list[int]) -> None:
+        """The other ranks of this trial on this node: their CPU (and their workers')
+        is the trial's own, not load beside it."""
+        self.peers += [p for p in (_process(pid) for pid in pids) if p is not None]
 
     def children(self) -> list[psutil.Process]:
         try:
@@ -163,7 +169,13 @@ class TreeProbe:
 
     def tree_cpu_s(self) -> float:
         t = os.times()  # reaped children (workers of past epochs) included
-        return t.user + t.system + t.children_user + t.children_system + sum(
+        peers = 0.0
+        for p in self.peers:
+            try:
+                peers += _cpu_s(p) + sum(_cpu_s(c) for c in p.children(recursive=True))
+            except psutil.Error:
+                pass
+        return t.user + t.system + t.children_user + t.children_system + peers + sum(
             _cpu_s(c) for c in self.children())
 
     def observers_cpu_s(self) -> float:
@@ -372,7 +384,8 @@ def median_error(values: list[float]) -> float:
 
 def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
             startup_s: float = 0.0, progress: Callable[[str], None] | None = None,
-            probe: TreeProbe | None = None, screen: dict | None = None) -> dict:
+            probe: TreeProbe | None = None, screen: dict | None = None,
+            rank_info: dict | None = None) -> dict:
     """Measure a built Trainer; returns the metrics as a plain dict.
 
     ``startup_s`` is the one-time cost already spent building the trainer.
@@ -380,9 +393,18 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
     ``screen``: ``{"below": samples/sec, "margin": fraction}`` from the search: after
     ``settings.screen_windows`` windows, a config that cannot reach ``below`` even
     with ``margin`` of noise in its favour stops (``screened: True``).
+    With several data-parallel ranks (``trainer.world``), every rank calls this; the
+    figures are global (all ranks' samples over the slowest rank's time) and each
+    rank's own are under ``ranks`` (``rank_info`` is added to this rank's entry).
     """
     say = progress or (lambda msg: None)
     probe = probe or TreeProbe()
+    agree = Agree(trainer)
+    if agree.world > 1:
+        here = (rank_info or {}).get("node") or os.uname().nodename
+        probe.add_peers([r["pid"] for r in agree.gather({"pid": os.getpid(), "node": here})
+                         if r["node"] == here and r["pid"] != os.getpid()])
+    step_samples = trainer.samples_per_step * trainer.world  # all ranks' samples per step
     device = trainer.device
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -405,12 +427,12 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
         if i == 0:
             first_wait = trainer.data_wait_s  # the first batch: workers started, dataset opened
     warmup_s = perf_counter() - t0
-    if not trainer.loss_finite():
+    if agree.any(not trainer.loss_finite()):
         return _nonfinite(trainer, warmup_s)
 
     # -- size the windows from the last warm-up steps, and shorten epochs so that
     #    the timed phase crosses epoch boundaries.
-    est = min(warm_steps[-2:]) if len(warm_steps) >= 2 else warm_steps[-1]
+    est = agree.max(min(warm_steps[-2:]) if len(warm_steps) >= 2 else warm_steps[-1])[0]
     # The warm-up can read fast: DataLoader workers fill their prefetch queues while the
     # first steps compile, and the last warm-up steps only drain them. So the first
     # window is also capped in time, and sizes the windows after it.
@@ -438,7 +460,9 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
                                 align=cycle * trainer.samples_per_step)
 
     size_epochs()
-    window_cap_s = 3 * settings.window_s
+    # (With several ranks the cap is off: a break on a rank's own clock could end the
+    # window at different steps on different ranks.)
+    window_cap_s = 3 * settings.window_s if agree.world == 1 else math.inf
     sized = False
 
     # Each kept window: (samples, wall s, s paused at epoch boundaries, boundaries,
@@ -454,7 +478,8 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
     timed_s = 0.0
     starts_before = len(trainer.epoch_start_s)
 
-    dataset_steps = (_dataset_len(trainer) or 0) // trainer.samples_per_step
+    dataset_steps = (_dataset_len(trainer) or 0) // step_samples
+    own_s, own_wait_s, own_steps = 0.0, 0.0, 0  # this rank's own clock
 
     def steady_enough() -> bool:
         """Two windows clear of epoch boundaries, where the epochs leave room for them
@@ -478,6 +503,7 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
     nvml = NvmlSampler(device)
     meter = LoadMeter(probe, nvml)
     with nvml:
+        agree.max(0.0)  # a barrier: the ranks start the first window together
         while True:
             synchronize(device)
             g0 = perf_counter()
@@ -499,12 +525,17 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
             synchronize(device)
             wall = perf_counter() - w0
             paused = sum(trainer.epoch_start_s[e0:])
-            window = (steps * trainer.samples_per_step, wall, paused, len(trainer.epoch_start_s) - e0,
-                      steps * trainer.accum, trainer.data_wait_s - dw0 - paused, before)
-            before = window[3]
+            wait = trainer.data_wait_s - dw0 - paused
             load = meter.stop(wall)
-            redo = load is not None and load.disturbed(settings.max_interference, meter.cpus) \
-                and len(disturbed) < settings.max_windows
+            busy = load is not None and load.disturbed(settings.max_interference, meter.cpus)
+            own_s, own_wait_s, own_steps = own_s + wall - paused, own_wait_s + wait, own_steps + steps
+            # One all-reduce per window edge: the slowest rank's figures, on every rank.
+            wall, paused, wait, busy, nonfinite = agree.max(wall, paused, wait, float(busy),
+                                                            float(not trainer.loss_finite()))
+            window = (steps * step_samples, wall, paused, len(trainer.epoch_start_s) - e0,
+                      steps * trainer.accum, wait, before)
+            before = window[3]
+            redo = bool(busy) and len(disturbed) < settings.max_windows
             if not sized and not redo:
                 # the first undisturbed window sizes the windows (a disturbed one would
                 # size them to the disturbance)
@@ -526,7 +557,7 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
             if load is not None:
                 loads.append(load)
             say(f"window {len(rates)}: {rates[-1]:.1f} samples/s")
-            if not trainer.loss_finite():
+            if nonfinite:
                 return _nonfinite(trainer, warmup_s)
             if screen and len(rates) == settings.screen_windows \
                     and max(rates) * (1 + screen["margin"]) < screen["below"]:
@@ -546,7 +577,7 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
     # Windows kept after the cap on re-measurement may still be disturbed: the
     # measurement is then marked, and never picks a winner.
     still = [ld for ld in loads if ld.disturbed(settings.max_interference, meter.cpus)]
-    is_disturbed = 3 * len(still) > len(loads) if loads else False  # more than a third
+    is_disturbed = bool(agree.any(3 * len(still) > len(loads) if loads else False))  # more than a third
 
     micro_fetch_s = fetch_s()
     rates = [rate(w, micro_fetch_s) for w in kept]
@@ -572,13 +603,13 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
         epoch_overhead_s = max(0.0, statistics.median(starts) - micro_fetch_s) if starts else None
         overhead_from = "pauses"
     steady = 1 / per_sample
-    step_s = trainer.samples_per_step / steady
+    step_s = step_samples / steady
 
     epoch_size = plan.epoch_size or _dataset_len(trainer) or trainer.workload.epoch_size
     if epoch_size is not None:
-        steps_per_epoch = max(1, epoch_size // trainer.samples_per_step)
+        steps_per_epoch = max(1, epoch_size // step_samples)
         epoch_s = steps_per_epoch * step_s + (epoch_overhead_s or 0.0)
-        sustained = steps_per_epoch * trainer.samples_per_step / epoch_s
+        sustained = steps_per_epoch * step_samples / epoch_s
         scale = sustained / steady
     else:
         steps_per_epoch, epoch_s, scale = None, None, 1.0
@@ -636,7 +667,70 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
         result["peak_device_memory_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
         result["peak_device_reserved_mb"] = torch.cuda.max_memory_reserved(device) / 2**20
     result.update(nvml.summary())
+    result["world_size"] = agree.world
+    result["samples_per_sec_per_rank"] = result["samples_per_sec"] / agree.world
+    if agree.world > 1:
+        own = {"rank": trainer.rank, **(rank_info or {}),
+               "step_time_ms": own_s / max(1, own_steps) * 1e3,
+               "data_wait_fraction": min(1.0, own_wait_s / own_s) if own_s > 0 else None,
+               "peak_host_memory_mb": result["peak_host_memory_mb"],
+               "peak_device_memory_mb": result["peak_device_memory_mb"]}
+        result.update(across_ranks(agree.gather(own)))
     return result
+
+
+def across_ranks(ranks: list[dict]) -> dict:
+    """The record's figures over all ranks: each rank's own, the slowest named, device
+    memory as the largest rank's, host memory per node (workers included) and the
+    largest node's as the peak (what must fit on one machine)."""
+    per_node: dict[str, float] = {}
+    for r in ranks:
+        node = str(r.get("node", "?"))
+        per_node[node] = per_node.get(node, 0.0) + (r["peak_host_memory_mb"] or 0.0)
+    device = [r["peak_device_memory_mb"] for r in ranks if r.get("peak_device_memory_mb") is not None]
+    return {"ranks": sorted(ranks, key=lambda r: r["rank"]),
+            "slowest_rank": max(ranks, key=lambda r: r["step_time_ms"])["rank"],
+            "host_memory_per_node_mb": per_node,
+            "peak_host_memory_mb": max(per_node.values()),
+            "peak_device_memory_mb": max(device) if device else None}
+
+
+class Agree:
+    """Figures agreed across the data-parallel ranks of one trial.
+
+    Every decision of the measurement (window length, redoing a disturbed window,
+    stopping) is taken on figures reduced the same way on every rank, so that every
+    rank runs the same number of steps (DDP would hang otherwise). The reduction is
+    one all-reduce at a window edge, which is also the barrier that starts the ranks'
+    next window together; never a per-step collective. With one rank, it is free.
+    """
+
+    def __init__(self, trainer: Trainer):
+        self.world = trainer.world
+        self.device = trainer.device
+
+    def max(self, *values: float) -> list[float]:
+        if self.world == 1:
+            return list(values)
+        import torch.distributed as dist
+
+        # NCCL reduces device tensors only; gloo host tensors.
+        on = self.device if dist.get_backend() == "nccl" else torch.device("cpu")
+        t = torch.tensor(values, dtype=torch.float64, device=on)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return t.tolist()
+
+    def any(self, flag: bool) -> bool:
+        return bool(self.max(float(flag))[0])
+
+    def gather(self, item: dict) -> list[dict]:
+        if self.world == 1:
+            return [item]
+        import torch.distributed as dist
+
+        out: list = [None] * self.world
+        dist.all_gather_object(out, item)
+        return out
 
 
 def _clear_of_boundaries(window: tuple) -> bool:

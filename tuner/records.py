@@ -23,7 +23,7 @@ from typing import Any
 
 from tuner.errors import UserError
 
-OBJECTIVE_METRICS = {"samples_per_sec": "max", "projected_run_s": "min"}
+OBJECTIVE_METRICS = {"samples_per_sec": "max", "projected_run_s": "min", "samples_per_sec_per_rank": "max"}
 PENALTY = {"max": 0.0, "min": 1e18}  # what Optuna is told for an infeasible trial
 LOCK = ".lock"
 LOCK_INFO = ".lock.json"
@@ -191,12 +191,13 @@ def aggregate(records: list[dict], metric: str) -> list[dict]:
         }
         for m in ("samples_per_sec", "projected_run_s", "peak_host_memory_mb", "peak_device_memory_mb",
                   "compile_s", "data_wait_fraction", "samples_per_sec_spread", "step_time_ms",
-                  "gpu_util_pct"):
+                  "gpu_util_pct", "samples_per_sec_per_rank"):
             vals = [r[m] for r in ok if r.get(m) is not None]
             if m != metric:
                 row[m] = statistics.median(vals) if vals else None
         row["memory_mb"] = memory_mb(row) if ok else None
         row["hardware"] = rs[0].get("hardware")
+        row["notes"] = rs[0].get("notes") or []
         row["has_groups"] = rs[0].get("has_groups")
         rows.append(row)
     return rows
@@ -250,6 +251,23 @@ def baseline_of(records: list[dict], metric: str) -> dict | None:
             if m != metric:
                 out[m] = statistics.median(vals) if vals else None
     return out
+
+
+def scaling_efficiency(rows: list[dict]) -> None:
+    """Adds ``scaling_efficiency`` to each multi-rank row: its samples/sec over
+    world_size x the samples/sec of the one-rank row whose other knobs are equal (the
+    ddp_* knobs apart), where both were measured."""
+    def others(config: dict) -> str:
+        return json.dumps({k: v for k, v in config.items() if k != "world_size" and not k.startswith("ddp_")},
+                          sort_keys=True, default=str)
+
+    single = {others(r["config"]): r["samples_per_sec"] for r in rows
+              if r.get("feasible") and r["config"].get("world_size", 1) == 1 and r.get("samples_per_sec")}
+    for r in rows:
+        n = r["config"].get("world_size", 1)
+        one = single.get(others(r["config"]))
+        if n > 1 and one and r.get("samples_per_sec"):
+            r["scaling_efficiency"] = r["samples_per_sec"] / (n * one)
 
 
 def pareto_front(rows: list[dict], metric: str) -> list[dict]:

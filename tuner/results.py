@@ -147,7 +147,8 @@ def export_payload(res: Results, row: dict) -> dict:
     """Everything a user needs to trust and reproduce one exported config."""
     figures = {k: row.get(k) for k in ("samples_per_sec", "projected_run_s", "spread", "values", "measurements",
                                         "peak_host_memory_mb", "peak_device_memory_mb", "compile_s",
-                                        "data_wait_fraction", "step_time_ms")}
+                                        "data_wait_fraction", "step_time_ms", "samples_per_sec_per_rank",
+                                        "scaling_efficiency")}
     return {
         "config": row["config"],
         "measured": figures,
@@ -157,6 +158,7 @@ def export_payload(res: Results, row: dict) -> dict:
         "workload": {"ref": res.space.workload, "args": res.space.workload_args},
         "base_dir": res.meta.get("base_dir"),
         "hardware": row.get("hardware"),
+        "notes": row.get("notes") or [],
         "search": str(res.path),
     }
 
@@ -188,6 +190,7 @@ def python_script(payload: dict) -> str:
         "BASE_DIR = None": f"BASE_DIR = {payload.get('base_dir')!r}",
         'DEVICE = "cpu"': f"DEVICE = {'cuda' if hw.get('gpu') else 'cpu'!r}",
         "CONFIG = {}": "CONFIG = " + _dict_literal(_full_config(payload)),
+        "FIND_UNUSED = False": f"FIND_UNUSED = {any('find_unused_parameters' in n for n in payload.get('notes') or [])}",
     }
     for old, new in fills.items():
         template = template.replace(old, new, 1)
@@ -242,7 +245,25 @@ def hf_kwargs(payload: dict) -> tuple[dict, list[str]]:
         unsaid.append("batch_grouping=by_source: a batch sampler of one source per batch (override get_train_dataloader)")
     if c["fused_optimizer"]:
         unsaid.append("fused_optimizer: optim='adamw_torch_fused' is AdamW; with another optimizer pass fused=True to it")
+    if c["world_size"] > 1:
+        kw["ddp_bucket_cap_mb"] = c["ddp_bucket_cap_mb"]
+        kw["ddp_static_graph"] = c["ddp_static_graph"]
+        kw["ddp_find_unused_parameters"] = _find_unused(payload)
+        unsaid.append(f"world_size={c['world_size']}: launch with torchrun --nproc_per_node {c['world_size']}")
+        if c["ddp_gradient_as_bucket_view"]:
+            unsaid.append("ddp_gradient_as_bucket_view=True: no TrainingArguments field")
+        if c["ddp_comm_hook"] != "none":
+            unsaid.append(f"ddp_comm_hook={c['ddp_comm_hook']}: register it on the wrapped model "
+                          "(model.register_comm_hook) in a Trainer subclass")
+        if not c["ddp_no_sync_accumulation"]:
+            unsaid.append("ddp_no_sync_accumulation=False: the HF Trainer always skips the all-reduce "
+                          "on accumulation micro-steps")
     return kw, unsaid
+
+
+def _find_unused(payload: dict) -> bool:
+    """Whether the tuner found parameters the loss does not reach (DDP's find_unused_parameters)."""
+    return any("find_unused_parameters" in n for n in payload.get("notes") or [])
 
 
 def lightning_kwargs(payload: dict) -> tuple[dict, dict, list[str]]:
@@ -280,6 +301,16 @@ def lightning_kwargs(payload: dict) -> tuple[dict, dict, list[str]]:
         code.append("# batch_grouping=by_source: a batch_sampler whose batches each hold one source")
     if c["non_blocking"]:
         code.append("# non_blocking: Lightning moves batches itself (not settable)")
+    if c["world_size"] > 1:
+        trainer["devices"] = c["world_size"]
+        hook = "" if c["ddp_comm_hook"] == "none" else f", ddp_comm_hook=default_hooks.{c['ddp_comm_hook']}_hook"
+        if hook:
+            code.append("from torch.distributed.algorithms.ddp_comm_hooks import default_hooks")
+        code.append(f"trainer_kwargs['strategy'] = L.pytorch.strategies.DDPStrategy(bucket_cap_mb={c['ddp_bucket_cap_mb']}, "
+                    f"gradient_as_bucket_view={c['ddp_gradient_as_bucket_view']}, static_graph={c['ddp_static_graph']}, "
+                    f"find_unused_parameters={_find_unused(payload)}{hook})")
+        if not c["ddp_no_sync_accumulation"]:
+            code.append("# ddp_no_sync_accumulation=False: Lightning always skips the all-reduce on accumulation micro-steps")
     return trainer, loader, code
 
 

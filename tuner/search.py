@@ -44,6 +44,7 @@ from tuner.records import (
     pareto_front,
     rank,
     read_trials,
+    scaling_efficiency,
     speedup,
     winner_first,
     with_cold_compile,
@@ -82,7 +83,8 @@ def compile_group_key(knob_config: dict, job: dict) -> str | None:
 
 
 def _measure(knob_config: dict, job: dict, baseline: bool = False, screen: dict | None = None) -> dict:
-    """Measure one config in a child process; returns the record (never raises)."""
+    """Measure one config in a child process, or through Ray Train when it has several
+    ranks; returns the record (never raises)."""
     from tuner.trial import make_request, run_isolated
 
     env = {}
@@ -97,7 +99,21 @@ def _measure(knob_config: dict, job: dict, baseline: bool = False, screen: dict 
                            observers=[os.getpid(), *job.get("observers", [])], screen=screen,
                            compile_cache=_compile_cache(knob_config, job))
     started = time.time()
-    record = run_isolated(request, timeout_s=job["trial_timeout_s"])
+    world = int(knob_config.get("world_size", 1))
+    if world > 1:
+        from tuner.distributed import per_rank_resources, ranks_fit, run_ranks
+
+        why = ranks_fit(world, per_rank_resources(knob_config, job["gpus_per_rank"] > 0), job["shape"],
+                        spread=job["spread_ranks"])
+        if why:
+            from tuner.trial import _infeasible
+
+            record = _infeasible("invalid", f"world_size={world}: {why}", request)
+        else:
+            record = run_ranks(request, timeout_s=job["trial_timeout_s"], spread=job["spread_ranks"],
+                               use_gpu=job["gpus_per_rank"] > 0)
+    else:
+        record = run_isolated(request, timeout_s=job["trial_timeout_s"])
     record.update(started_at=started, ended_at=time.time())
     record.pop("traceback", None)
     try:
@@ -108,7 +124,7 @@ def _measure(knob_config: dict, job: dict, baseline: bool = False, screen: dict 
         record["gpu_ids"] = [str(g) for g in ray.get_gpu_ids()]
     except Exception:  # outside Ray (tests of this function)
         record["node"], record["gpu_ids"] = None, []
-    record["cpus_reserved"] = cpus
+    record["cpus_reserved"] = cpus if world == 1 else world * (1 + int(knob_config.get("num_workers", 0)))
     record["compile_group"] = compile_group_key(knob_config, job)
     record["workload"] = {"ref": job["workload"], "args": job["workload_args"]}
     hw = record.get("hardware") or {}
@@ -269,11 +285,13 @@ def _attached() -> bool:
 
 
 def cluster_shape(ray: Any) -> dict:
-    """CPUs per node (the largest node), GPUs in all, GPUs per node."""
+    """Nodes; CPUs and GPUs of the largest node and in all."""
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     cpus = max((n["Resources"].get("CPU", 0) for n in nodes), default=1)
     gpus = sum(n["Resources"].get("GPU", 0) for n in nodes)
-    return {"nodes": len(nodes), "max_node_cpus": int(cpus), "gpus": int(gpus)}
+    return {"nodes": len(nodes), "max_node_cpus": int(cpus), "gpus": int(gpus),
+            "cpus": int(sum(n["Resources"].get("CPU", 0) for n in nodes)),
+            "max_node_gpus": int(max((n["Resources"].get("GPU", 0) for n in nodes), default=0))}
 
 
 def plan_resources(space: spec.Space, shape: dict) -> tuple[str, Callable[[dict], float], int, int]:
@@ -298,6 +316,8 @@ def plan_resources(space: spec.Space, shape: dict) -> tuple[str, Callable[[dict]
     exclusive = device == "cpu" and concurrent == 1
 
     def cpus_per_trial(config: dict) -> float:
+        if config.get("world_size", 1) > 1:
+            return 0  # the ranks reserve their own (tuner.distributed), beside the trial
         if exclusive:
             return node_cpus  # the trial owns the machine; its threads may use every core
         return min(node_cpus, 1 + int(config.get("num_workers", 0)))
@@ -437,6 +457,7 @@ def _search(space: spec.Space, out: Path, progress: Progress, ray_start_s: float
         "device": m.device, "measure": m.measure.model_dump(), "run": m.run.model_dump(), "seed": m.seed,
         "trial_timeout_s": m.budget.trial_timeout_s, "constraints": m.constraints, "objective": m.objective,
         "fixed": space.fixed, "derive": space.derive, "cpus_per_trial": cpus_per_trial,
+        "shape": shape, "spread_ranks": m.resources.spread_ranks, "gpus_per_rank": gpus_per_trial,
         "observers": tuner_processes(local=ray_start_s > 0 and not _attached()),
         "board": None,
         # One inductor cache per compile group, per node, for this search (kept for resume).
@@ -450,8 +471,9 @@ def _search(space: spec.Space, out: Path, progress: Progress, ray_start_s: float
             job["board"].update.remote(r)
 
     def remote_measure(config: dict, baseline: bool = False) -> Any:
+        multi = config.get("world_size", 1) > 1  # the ranks reserve their own GPUs
         return ray.remote(_measure).options(
-            num_cpus=cpus_per_trial(config), num_gpus=gpus_per_trial, max_retries=1,
+            num_cpus=cpus_per_trial(config), num_gpus=0 if multi else gpus_per_trial, max_retries=1,
         ).remote(config, job, baseline)
 
     t_search = time.time()
@@ -682,6 +704,10 @@ def _fit(space: spec.Space, ctx: knobs.Context, start: list[dict], job: dict, ou
 
     def resources(config: dict) -> Any:
         knob_config = job["derive"]({**job["fixed"], **config})
+        if knob_config.get("world_size", 1) > 1:
+            # The trial only drives Ray Train, whose ranks reserve their own CPUs and GPUs
+            # beside it; Tune refuses an empty bundle, so the driver holds one byte.
+            return tune.PlacementGroupFactory([{"memory": 1}])
         bundle = {"CPU": cpus_per_trial(knob_config)}
         if gpus_per_trial:
             bundle["GPU"] = gpus_per_trial
@@ -730,6 +756,7 @@ def summarize(space: spec.Space, records: list[dict], baseline: dict, *, describ
     m = space.model
     metric = m.objective.metric
     rows = aggregate(records, metric)
+    scaling_efficiency(rows)
     ranked = rank(rows, metric)
     best = best_of(ranked)
     base_value = baseline.get(metric) if baseline.get("status") == "ok" else None

@@ -30,8 +30,10 @@ class _Strict(BaseModel):
 
 
 class Objective(_Strict):
-    metric: Literal["samples_per_sec", "projected_run_s"] = "samples_per_sec"
-    """What to optimize: throughput (maximize) or the planned run's time (minimize)."""
+    metric: Literal["samples_per_sec", "projected_run_s", "samples_per_sec_per_rank"] = "samples_per_sec"
+    """What to optimize: throughput (maximize), the planned run's time (minimize), or
+    throughput per data-parallel rank, i.e. per GPU on GPUs (maximize: for those who
+    pay per GPU-hour)."""
     memory: bool = False
     """Also minimize peak memory: a two-objective search with a Pareto front."""
 
@@ -57,6 +59,9 @@ class Resources(_Strict):
     """Whole GPUs per trial when the search runs on GPUs."""
     max_concurrent: int | None = Field(None, ge=1)
     """Trials at once; default one per GPU, or one at a time on a CPU-only cluster."""
+    spread_ranks: bool = False
+    """Let the ranks of a multi-rank trial (world_size > 1) spread across nodes; by
+    default they stay on one node."""
 
 
 class Confirm(_Strict):
@@ -166,8 +171,12 @@ class Space:
         return self.derive(config)
 
     def baseline_config(self) -> dict:
-        """PyTorch's defaults, with the space's micro-batch (first value) unless set."""
+        """PyTorch's defaults, with the space's micro-batch and world size (first values)
+        unless set: at world_size N > 1 the baseline is a plain DDP loop with PyTorch's
+        defaults."""
         config = {"micro_batch_size": self.domain.get("micro_batch_size", [32])[0]}
+        if self.domain.get("world_size", [1])[0] > 1:
+            config["world_size"] = self.domain["world_size"][0]
         eff = self.model.constraints.effective_batch_size
         if eff is not None:
             config = {"micro_batch_size": eff, "grad_accum_steps": 1}

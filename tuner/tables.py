@@ -123,6 +123,16 @@ def print_bench(result: dict, out: Any = None) -> None:
          + (f" (tuner's own {result['tuner_cpu_cores']:.3f})" if result.get("tuner_cpu_cores") else "")),
         ("disturbed windows redone", fmt(result.get("disturbed_windows_dropped"))),
     ]
+    if (result.get("world_size") or 1) > 1:
+        slow = next((r for r in result.get("ranks") or [] if r["rank"] == result.get("slowest_rank")), None)
+        rows.append(("data-parallel ranks", f"{result['world_size']}, "
+                     f"{fmt(result.get('samples_per_sec_per_rank'))} samples/s each"))
+        if slow:
+            rows.append(("slowest rank", f"rank {slow['rank']}: step {fmt(slow['step_time_ms'], ' ms', 2)}, "
+                         f"data wait {fmt(100 * (slow.get('data_wait_fraction') or 0), '%')}"))
+        for node, mb in (result.get("host_memory_per_node_mb") or {}).items():
+            rows.append((f"host memory, node {node[:8]}", f"{fmt(mb, ' MB', 0)} (all ranks and workers)"))
+
     width = max(len(r[0]) for r in rows)
     for name, value in rows:
         print(f"{name:<{width}}  {value}", file=out)

@@ -108,8 +108,9 @@ def resolve_config(request: TrialRequest) -> Resolved:
 
 
 def execute(request: TrialRequest, progress: Callable[[str], None] | None = None,
-            server: int | None = None) -> dict:
-    """Build and measure the request's config in this process; return metrics + context."""
+            server: int | None = None, rank_info: dict | None = None) -> dict:
+    """Build and measure the request's config in this process; return metrics + context.
+    (Each rank of a multi-rank trial calls it too: ``tuner.distributed``.)"""
     import torch
 
     from tuner.hardware import describe
@@ -138,7 +139,8 @@ def execute(request: TrialRequest, progress: Callable[[str], None] | None = None
         metrics = measure(trainer, MeasureSettings(**request.measure), RunPlan(**request.run),
                           startup_s=time.perf_counter() - t0, progress=progress,
                           probe=TreeProbe(request.observers, server=server),
-                          screen=request.screen)
+                          screen=request.screen, rank_info=rank_info)
+        notes = notes + trainer.notes
     finally:
         if cleanup:
             shutil.rmtree(cache_dir, ignore_errors=True)

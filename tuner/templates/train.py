@@ -2,11 +2,13 @@
 
     python train_tuned.py               # one epoch
     python train_tuned.py --steps 50    # time 50 optimizer steps after a warm-up; print samples/sec
+    torchrun --nproc_per_node N train_tuned.py   # when the config's world_size is N > 1
 
 Written by `tuner export --format python`; the CONFIG below is the exported config.
 """
 
 import argparse
+import contextlib
 import importlib
 import importlib.util
 import inspect
@@ -22,6 +24,7 @@ WORKLOAD_ARGS = {}
 BASE_DIR = None  # where a relative workload file lives (the space file's folder)
 DEVICE = "cpu"
 CONFIG = {}
+FIND_UNUSED = False  # DDP's find_unused_parameters: the tuner turns it on where the model needs it
 BUILTIN = {"conv": "tuner.workloads.builtin:conv", "transformer": "tuner.workloads.builtin:transformer",
            "multisource": "tuner.workloads.builtin:multisource", "files": "tuner.workloads.builtin:files"}
 
@@ -81,6 +84,18 @@ def main():
     a = ap.parse_args()
     c = CONFIG
     device = torch.device(DEVICE)
+    world = c.get("world_size", 1)
+    if world > 1:  # data parallel: one process per rank, started by torchrun
+        import os
+
+        import torch.distributed as dist
+
+        if int(os.environ.get("WORLD_SIZE", 1)) != world:
+            sys.exit(f"world_size={world}: run with torchrun --nproc_per_node {world} {sys.argv[0]}")
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        if device.type == "cuda":
+            device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+            torch.cuda.set_device(device)
     if c["torch_threads"]:
         torch.set_num_threads(c["torch_threads"])
     if device.type == "cuda":
@@ -103,6 +118,18 @@ def main():
         allowed = inspect.signature(type(opt)).parameters
         kw = {k: v for k, v in opt.defaults.items() if k in allowed and k not in ("fused", "foreach", "params")}
         opt = type(opt)(model.parameters(), **kw, fused=True)
+    ddp = None
+    if world > 1:  # DDP before compile, as PyTorch's docs ask
+        from torch.nn.parallel import DistributedDataParallel
+
+        ddp = model = DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None,
+            bucket_cap_mb=c["ddp_bucket_cap_mb"], gradient_as_bucket_view=c["ddp_gradient_as_bucket_view"],
+            static_graph=c["ddp_static_graph"], find_unused_parameters=FIND_UNUSED)
+        if c["ddp_comm_hook"] != "none":
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+            model.register_comm_hook(None, getattr(default_hooks, c["ddp_comm_hook"] + "_hook"))
     if c["compile"] != "off":
         model = torch.compile(model, mode=None if c["compile"] == "default" else c["compile"])
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(c["precision"])
@@ -119,25 +146,33 @@ def main():
     bs = c["micro_batch_size"]
     if c["batch_grouping"] == "by_source" and wl.groups:
         loader = torch.utils.data.DataLoader(dataset, batch_sampler=BySource(wl.groups(dataset), bs), **kw)
+    elif world > 1:  # each rank its own shard
+        sampler = torch.utils.data.DistributedSampler(dataset, shuffle=True, drop_last=True)
+        loader = torch.utils.data.DataLoader(dataset, batch_size=bs, sampler=sampler, drop_last=True, **kw)
     else:
         loader = torch.utils.data.DataLoader(dataset, batch_size=bs, shuffle=True, drop_last=True, **kw)
     non_blocking = c["non_blocking"] and device.type == "cuda"
     accum = c["grad_accum_steps"]
 
     def batches():
-        for _ in range(a.epochs if a.steps is None else 10**9):  # --steps: as many epochs as it takes
+        for epoch in range(a.epochs if a.steps is None else 10**9):  # --steps: as many epochs as it takes
+            if hasattr(loader.sampler, "set_epoch"):
+                loader.sampler.set_epoch(epoch)  # DistributedSampler: a new order each epoch
             yield from loader
 
     it = batches()
 
     def step():
         """One optimizer step over `accum` micro-batches (StopIteration when the epochs end)."""
-        for _ in range(accum):
+        for i in range(accum):
             batch = move(next(it), device, non_blocking, c["channels_last"])
-            with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
-                loss = wl.loss(model, batch)
-            loss = loss / accum if accum > 1 else loss
-            (scaler.scale(loss) if scaler else loss).backward()
+            # with ddp_no_sync_accumulation, only the last micro-batch all-reduces
+            quiet = ddp is not None and c["ddp_no_sync_accumulation"] and i < accum - 1
+            with ddp.no_sync() if quiet else contextlib.nullcontext():
+                with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+                    loss = wl.loss(model, batch)
+                loss = loss / accum if accum > 1 else loss
+                (scaler.scale(loss) if scaler else loss).backward()
         if scaler:
             scaler.step(opt)
             scaler.update()
@@ -167,7 +202,12 @@ def main():
         step()
     sync()
     seconds = time.perf_counter() - t0
-    print(f"samples/sec: {a.steps * bs * accum / seconds:.1f} over {a.steps} steps")
+    if world > 1:  # all ranks' samples over the slowest rank's time
+        t = torch.tensor([seconds], device=device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        seconds = t.item()
+    if world == 1 or dist.get_rank() == 0:
+        print(f"samples/sec: {a.steps * bs * accum * world / seconds:.1f} over {a.steps} steps")
 
 if __name__ == "__main__":
     main()

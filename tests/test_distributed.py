@@ -1,0 +1,158 @@
+"""Trials over several data-parallel ranks, through Ray Train (gloo on this CPU machine):
+the DDP knobs reach torch, the ranks agree on every window, a rank's error names the
+rank, and the figures are global."""
+
+import json
+
+import pytest
+
+from tests.helpers import FAST_MEASURE, ref
+from tuner.distributed import ranks_fit, run_ranks
+from tuner.loop import EpochSampler, GroupedBatchSampler
+from tuner.records import scaling_efficiency
+from tuner.trial import make_request
+
+
+def test_ranks_draw_disjoint_equal_shards_of_one_order():
+    shards = [list(EpochSampler(103, seed=4, rank=r, world=3)) for r in range(3)]
+    assert len({len(s) for s in shards}) == 1 and len(shards[0]) == 103 // 3
+    assert not set(shards[0]) & set(shards[1]) and not set(shards[1]) & set(shards[2])
+    groups = [list(range(0, 40)), list(range(40, 64))]
+    batches = [list(GroupedBatchSampler(groups, 4, seed=1, rank=r, world=2)) for r in range(2)]
+    assert len(batches[0]) == len(batches[1]) == 8
+    assert not {tuple(b) for b in batches[0]} & {tuple(b) for b in batches[1]}
+
+
+def test_ranks_that_cannot_be_placed_are_said_so():
+    shape = {"max_node_cpus": 2, "cpus": 4, "max_node_gpus": 0, "gpus": 0}
+    why = ranks_fit(2, {"CPU": 2}, shape)
+    assert "4 CPUs" in why and "one node has 2" in why and "spread_ranks" in why
+    assert ranks_fit(2, {"CPU": 2}, shape, spread=True) is None
+    assert "GPU" in ranks_fit(2, {"CPU": 1, "GPU": 1}, shape)
+    assert ranks_fit(2, {"CPU": 1}, shape) is None
+
+
+def test_static_graph_is_never_combined_with_no_sync_accumulation():
+    # PyTorch's DDP crashes, then skips all-reduces, with both (pytorch/pytorch#143580)
+    from tuner import knobs
+
+    ctx = knobs.Context(device="cpu", cpu_count=2)
+    both = {"world_size": 2, "grad_accum_steps": 2, "ddp_static_graph": True, "ddp_no_sync_accumulation": True}
+    full, notes = knobs.resolve(both, ctx, strict=False)
+    assert full["ddp_static_graph"] is False and any("pytorch#143580" in n for n in notes)
+    with pytest.raises(knobs.UserError, match="ddp_static_graph"):
+        knobs.resolve(both, ctx, strict=True)
+    assert knobs.resolve({**both, "grad_accum_steps": 1}, ctx, strict=True)[0]["ddp_static_graph"] is True
+    # a hook the CPU's gloo cannot run is said before any rank starts
+    with pytest.raises(knobs.UserError, match="bf16_compress.*fp16_compress"):
+        knobs.resolve({"world_size": 2, "ddp_comm_hook": "bf16_compress"}, ctx, strict=False)
+    # and every DDP knob is held at PyTorch's default on one rank
+    full, notes = knobs.resolve({"ddp_bucket_cap_mb": 100}, ctx, strict=False)
+    assert full["ddp_bucket_cap_mb"] == 25 and "needs world_size > 1" in notes[0]
+
+
+def test_scaling_efficiency_pairs_equal_configs():
+    rows = [{"feasible": True, "config": {"world_size": 1, "micro_batch_size": 8, "ddp_bucket_cap_mb": 25},
+             "samples_per_sec": 100.0},
+            {"feasible": True, "config": {"world_size": 2, "micro_batch_size": 8, "ddp_bucket_cap_mb": 50},
+             "samples_per_sec": 150.0},
+            {"feasible": True, "config": {"world_size": 2, "micro_batch_size": 16}, "samples_per_sec": 150.0}]
+    scaling_efficiency(rows)
+    assert rows[1]["scaling_efficiency"] == pytest.approx(0.75)
+    assert "scaling_efficiency" not in rows[0] and "scaling_efficiency" not in rows[2]
+
+
+@pytest.fixture(scope="module")
+def ray_4cpu():
+    import ray
+
+    ray.init(num_cpus=4, include_dashboard=False, configure_logging=False)
+    yield
+    ray.shutdown()
+
+
+def _spy(tmp_path, config, measure=None, **args):
+    out = tmp_path / f"spy-{len(list(tmp_path.glob('spy-*')))}.jsonl"
+    req = make_request(workload=ref("ddp_spy"), workload_args={"out": str(out), **args}, config=config,
+                       device="cpu", measure=measure or FAST_MEASURE)
+    record = run_ranks(req, timeout_s=180)
+    lines = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
+    # each rank's first loss call is the probe for unused parameters, on the bare model
+    probes = [c for c in lines if not c["ddp"]]
+    assert len(probes) <= config["world_size"]
+    return record, [c for c in lines if c["ddp"]]
+
+
+def test_two_ranks_train_ddp_with_the_knobs_and_agree_on_every_window(ray_4cpu, tmp_path):
+    config = {"world_size": 2, "micro_batch_size": 8, "grad_accum_steps": 2, "ddp_bucket_cap_mb": 50,
+              "ddp_gradient_as_bucket_view": True, "ddp_comm_hook": "fp16_compress",
+              "ddp_no_sync_accumulation": True}
+    # (the model also has a layer the loss never reaches: without find_unused_parameters,
+    # DDP would raise on the second step)
+    r, calls = _spy(tmp_path, config, step_s=0.005, unused_layer=True)
+    assert r["status"] == "ok", r.get("reason")
+    ranks = {c["rank"] for c in calls}
+    assert ranks == {0, 1} and len({c["pid"] for c in calls}) == 2
+    first = calls[0]
+    assert first["ddp"] and first["world"] == 2 and first["bucket_bytes"] == 50 * 2**20
+    assert first["as_view"] is True and first["static"] is False and first["hook"] == ["fp16_compress_hook"]
+    # no_sync: of each accumulation step's two micro-batches, only the second all-reduces
+    for rank in (0, 1):
+        syncs = [c["sync"] for c in calls if c["rank"] == rank]
+        assert syncs[:6] == [False, True] * 3
+    # the same number of steps on both ranks (DDP would hang otherwise), different data
+    assert len([c for c in calls if c["rank"] == 0]) == len([c for c in calls if c["rank"] == 1])
+    assert {c["x0"] for c in calls if c["rank"] == 0} != {c["x0"] for c in calls if c["rank"] == 1}
+    # global figures, each rank's own, memory per node
+    assert r["world_size"] == 2 and len(r["ranks"]) == 2 and r["slowest_rank"] in (0, 1)
+    assert r["samples_per_sec_per_rank"] == pytest.approx(r["samples_per_sec"] / 2)
+    assert all(x["step_time_ms"] > 2 * 5 for x in r["ranks"])  # two micro-batches of 5 ms each
+    # global: both ranks' samples (a rank's own rate, 16 samples per its step, reads half),
+    # and never beyond the sleeps' bound of 2 ranks x 16 samples per 10 ms
+    slowest = max(x["step_time_ms"] for x in r["ranks"])
+    assert 1.5 * 16 / (slowest / 1e3) < r["steady_samples_per_sec"] <= 2 * 16 / 0.010
+    (node, mb), = r["host_memory_per_node_mb"].items()
+    assert mb == pytest.approx(sum(x["peak_host_memory_mb"] for x in r["ranks"]))
+    assert r["peak_host_memory_mb"] == pytest.approx(mb)
+    assert calls[0]["unused"] is True
+    assert any("find_unused_parameters turned on" in n and "unused.weight" in n for n in r["notes"])
+
+
+def test_a_rank_that_raises_names_the_rank_and_the_users_message(ray_4cpu, tmp_path):
+    r, _ = _spy(tmp_path, {"world_size": 2, "micro_batch_size": 8}, fail_rank=1)
+    assert r["status"] == "infeasible"
+    assert r["reason"].startswith("rank 1:") and "rank 1 was told to fail" in r["reason"]
+    assert "\n" not in r["reason"]
+
+
+def test_a_search_over_world_size_reports_scaling_efficiency(ray_4cpu, tmp_path):
+    from tests.test_search import _records, _space
+    from tuner.search import run_search
+
+    spy = tmp_path / "spy.jsonl"
+    space = _space(tmp_path, f"""\
+        name: ddp
+        workload: {ref("ddp_spy")}
+        workload_args: {{out: "{spy}", step_s: 0.005, size: 512}}
+        sampler: grid
+        knobs:
+          world_size: [1, 2]
+          micro_batch_size: [8]
+          grad_accum_steps: 2
+          ddp_static_graph: true
+        budget: {{trials: 2, trial_timeout_s: 180}}
+        confirm: {{top: 0}}
+        """)
+    summary = run_search(space, results_root=tmp_path / "r", quiet=True)
+    calls = [c for c in map(json.loads, spy.read_text().splitlines()) if c["ddp"]]
+    # the two-rank trial ran DDP with static_graph, PyTorch's bucket size, and (no
+    # no_sync asked) an all-reduce on every micro-batch
+    assert {c["rank"] for c in calls} == {0, 1} and all(c["sync"] for c in calls)
+    assert calls[0]["static"] is True and calls[0]["bucket_bytes"] == 25 * 2**20 and calls[0]["unused"] is False
+    records = {r["config"]["world_size"]: r for r in _records(tmp_path / "r" / "ddp") if r["phase"] == "search"}
+    assert records[1]["status"] == records[2]["status"] == "ok", records[2].get("reason")
+    assert records[2]["world_size"] == 2 and len(records[2]["ranks"]) == 2
+    two = next(r for r in summary["top"] if r["config"]["world_size"] == 2)
+    # 2 x 5 ms of sleep per step on each rank: two ranks nearly double the rate
+    assert 0.6 < two["scaling_efficiency"] <= 1.05
+    assert two["samples_per_sec_per_rank"] == pytest.approx(two["samples_per_sec"] / 2, rel=0.05)

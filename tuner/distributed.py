@@ -1,0 +1,160 @@
+"""Trials that span several data-parallel ranks, run through Ray Train.
+
+A trial with ``world_size > 1`` runs a ``TorchTrainer`` (Ray Train V2's "a Ray Train
+run as one Ray Tune trial" pattern) with one Train worker per rank: one GPU each on
+GPUs, ``1 + num_workers`` CPUs each. Ray Train starts the process group (NCCL on
+GPUs, gloo on CPUs) and tears it down. Every rank builds the same ``Trainer``: DDP
+with the ``ddp_*`` knobs, its own shard of the data, its own DataLoader workers. Every
+rank runs the same measurement, which agrees on each window's figures at the window
+edge (``tuner.measure.Agree``). Rank 0 reports the record.
+
+The ranks of one trial stay on one node (``STRICT_PACK``) unless the space asks for
+``resources.spread_ranks``. A rank that raises fails the Train run, and the error
+becomes the trial's one-line reason. A rank that hangs (a collective that never
+completes) ends its own process when the trial's time limit passes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tempfile
+import threading
+import time
+import uuid
+
+from tuner.trial import TrialRequest, _infeasible, classify
+
+
+def per_rank_resources(config: dict, use_gpu: bool) -> dict[str, float]:
+    """What one rank reserves: 1 + num_workers CPUs, and a GPU on GPUs."""
+    bundle: dict[str, float] = {"CPU": 1 + int(config.get("num_workers", 0))}
+    if use_gpu:
+        bundle["GPU"] = 1
+    return bundle
+
+
+def ranks_fit(world: int, per_rank: dict[str, float], shape: dict, spread: bool = False) -> str | None:
+    """Why ``world`` ranks cannot be placed on this cluster, or None. On one node unless
+    ``spread`` (Ray Train would otherwise wait for resources that never come)."""
+    where = "the cluster" if spread else "one node"
+    have = {"CPU": shape["cpus"] if spread else shape["max_node_cpus"],
+            "GPU": shape["gpus"] if spread else shape["max_node_gpus"]}
+    for kind, each in per_rank.items():
+        if world * each > have.get(kind, 0):
+            return (f"{world} ranks need {world * each:g} {kind}s ({each:g} per rank) and {where} "
+                    f"has {have.get(kind, 0):g}" + ("" if spread else "; resources.spread_ranks spreads them"))
+    return None
+
+
+def run_ranks(request: TrialRequest, *, timeout_s: float = 600.0, spread: bool = False,
+              storage: str | None = None, use_gpu: bool | None = None) -> dict:
+    """Measure a multi-rank request through Ray Train (Ray must be up); returns the
+    record like ``trial.run_isolated`` (never raises for a failing trial). ``use_gpu``:
+    one GPU per rank (default: when the request's device is cuda)."""
+    import ray
+    from ray.train import FailureConfig, RunConfig, ScalingConfig, TrainingFailedError
+    from ray.train.torch import TorchTrainer
+
+    world = int(request.config["world_size"])
+    use_gpu = request.device == "cuda" if use_gpu is None else use_gpu
+    t0 = time.perf_counter()
+    own_storage = storage is None
+    storage = storage or tempfile.mkdtemp(prefix="tuner-train-")
+    # Ray Train keeps reported metrics only with checkpoints: rank 0 hands its record
+    # to this small actor instead (on any node).
+    box = ray.remote(_Box).options(num_cpus=0).remote()
+    trainer = TorchTrainer(
+        _rank_main,
+        train_loop_config={"request": dataclasses.asdict(request), "timeout_s": timeout_s, "box": box},
+        scaling_config=ScalingConfig(num_workers=world, use_gpu=use_gpu,
+                                     resources_per_worker=per_rank_resources(request.config, use_gpu),
+                                     placement_strategy="SPREAD" if spread else "STRICT_PACK"),
+        run_config=RunConfig(name=f"ranks-{uuid.uuid4().hex[:8]}", storage_path=storage,
+                             failure_config=FailureConfig(max_failures=0)),
+    )
+    try:
+        trainer.fit()
+        record = json.loads(ray.get(box.get.remote()))
+    except TrainingFailedError as exc:
+        kind, reason = _failure(exc, timeout_s)
+        record = _infeasible(kind, reason, request)
+    finally:
+        ray.kill(box)
+        if own_storage:
+            import shutil
+
+            shutil.rmtree(storage, ignore_errors=True)
+    record["trial_wall_s"] = time.perf_counter() - t0
+    record["attempts"] = 1
+    return record
+
+
+def _failure(exc: BaseException, timeout_s: float) -> tuple[str, str]:
+    """(kind, one-line reason) of a failed Train run: the first rank's own error."""
+    failures: dict[int, BaseException] = getattr(exc, "worker_failures", None) or {}
+    if not failures:
+        cause = getattr(exc, "controller_failure", exc)
+        return "error", f"Ray Train failed: {str(cause).strip().splitlines()[0][:300] if str(cause).strip() else type(cause).__name__}"
+    rank = min(failures)
+    err = failures[rank]
+    original = getattr(err, "cause", None) or getattr(err, "__cause__", None) or err
+    if isinstance(original, BaseException) and not _is_actor_death(original):
+        kind, reason = classify(original)
+        return kind, f"rank {rank}: {reason}"
+    if _HUNG in str(err):
+        return "timeout", f"hung: rank {rank} had no result within the trial time limit of {timeout_s:.0f} s"
+    return "died", f"rank {rank} died: {str(err).strip().splitlines()[0][:200]}"
+
+
+def _is_actor_death(exc: BaseException) -> bool:
+    return type(exc).__name__ in ("ActorDiedError", "RayActorError", "WorkerCrashedError")
+
+
+_HUNG = "tuner: rank hung"
+
+
+class _Box:
+    """Holds rank 0's record for the driver."""
+
+    def __init__(self) -> None:
+        self.record: str | None = None
+
+    def put(self, record: str) -> None:
+        self.record = record
+
+    def get(self) -> str | None:
+        return self.record
+
+
+def _rank_main(cfg: dict) -> None:
+    """The body of each rank (a Ray Train worker)."""
+    import ray.train
+
+    from tuner.trial import execute
+
+    request = TrialRequest(**cfg["request"])
+    ctx = ray.train.get_context()
+    rank = ctx.get_world_rank()
+    done = threading.Event()
+
+    def watchdog() -> None:
+        # A rank stuck in a collective cannot raise: end the process, which fails the
+        # Train run on every rank.
+        if not done.wait(cfg["timeout_s"]):
+            print(_HUNG, flush=True)
+            os._exit(3)
+
+    threading.Thread(target=watchdog, daemon=True).start()
+    try:
+        import ray as _ray
+
+        node = _ray.get_runtime_context().get_node_id()
+        record = execute(request, rank_info={"node": node, "node_ip": _ray.util.get_node_ip_address()})
+    finally:
+        done.set()
+    if rank == 0:
+        import ray as _ray
+
+        _ray.get(cfg["box"].put.remote(json.dumps(record, default=str)))
