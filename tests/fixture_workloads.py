@@ -321,8 +321,6 @@ def ddp_spy(out: str, size: int = 256, step_s: float = 0.0, unused_layer: bool =
         import torch.distributed as dist
 
         rank = dist.get_rank() if dist.is_initialized() else 0
-        if rank == fail_rank:
-            raise ValueError(f"rank {rank} was told to fail")
         ddp = getattr(model, "_orig_mod", model)
         with open(out, "a") as f:
             f.write(json.dumps({
@@ -334,7 +332,10 @@ def ddp_spy(out: str, size: int = 256, step_s: float = 0.0, unused_layer: bool =
                 "unused": getattr(ddp, "find_unused_parameters", None),
                 "hook": [h.__name__ for h, _ in getattr(ddp, "_comm_hooks", [])],
                 "sync": getattr(ddp, "require_backward_grad_sync", None),
-                "x0": float(batch[0][0, 0])}) + "\n")
+                "x0": float(batch[0][0, 0]),
+                "params": [float(v) for p in model.parameters() for v in p.detach().flatten()]}) + "\n")
+        if rank == fail_rank:
+            raise ValueError(f"rank {rank} was told to fail")
         if step_s:
             time.sleep(step_s)
         return _mse(model, batch)

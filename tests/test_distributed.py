@@ -62,6 +62,53 @@ def test_scaling_efficiency_pairs_equal_configs():
     assert "scaling_efficiency" not in rows[0] and "scaling_efficiency" not in rows[2]
 
 
+def _two_steps_on_a_rank(rank: int, port: int, config: dict, queue) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from tuner import knobs
+    from tuner.loop import Trainer
+    from tuner.workloads import load_workload
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        full, _ = knobs.resolve(config, knobs.Context(device="cpu", cpu_count=2), strict=True)
+        t = Trainer(load_workload(ref("linear"), {"size": 64}), full, torch.device("cpu"), seed=0)
+        t.start()
+        for _ in range(3):
+            t.step()
+        queue.put((rank, [v for p in t.model.parameters() for v in p.detach().flatten().tolist()]))
+    finally:
+        dist.destroy_process_group()
+
+
+def _train_two_ranks(config: dict) -> dict[int, list[float]]:
+    import multiprocessing as mp
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_two_steps_on_a_rank, args=(r, port, config, queue)) for r in (0, 1)]
+    for p in procs:
+        p.start()
+    out = dict(queue.get(timeout=120) for _ in procs)
+    for p in procs:
+        p.join(30)
+    return out
+
+
+def test_no_sync_accumulation_gives_the_gradients_of_an_all_reduce_per_micro_batch():
+    # gloo, two processes, the real Trainer: three optimizer steps of two micro-batches
+    base = {"world_size": 2, "micro_batch_size": 4, "grad_accum_steps": 2}
+    every = _train_two_ranks(base)
+    last_only = _train_two_ranks({**base, "ddp_no_sync_accumulation": True})
+    assert every[0] == every[1] and last_only[0] == last_only[1]  # the ranks agree
+    assert last_only[0] == pytest.approx(every[0], abs=1e-6)
+
+
 @pytest.fixture(scope="module")
 def ray_4cpu():
     import ray
@@ -100,9 +147,13 @@ def test_two_ranks_train_ddp_with_the_knobs_and_agree_on_every_window(ray_4cpu, 
     for rank in (0, 1):
         syncs = [c["sync"] for c in calls if c["rank"] == rank]
         assert syncs[:6] == [False, True] * 3
-    # the same number of steps on both ranks (DDP would hang otherwise), different data
-    assert len([c for c in calls if c["rank"] == 0]) == len([c for c in calls if c["rank"] == 1])
-    assert {c["x0"] for c in calls if c["rank"] == 0} != {c["x0"] for c in calls if c["rank"] == 1}
+    # the same number of steps on both ranks (DDP would hang otherwise), different data,
+    # and the same parameters before every forward: the all-reduce really happens
+    mine, theirs = ([c for c in calls if c["rank"] == r] for r in (0, 1))
+    assert len(mine) == len(theirs) > 6
+    assert {c["x0"] for c in mine} != {c["x0"] for c in theirs}
+    assert all(a["params"] == b["params"] for a, b in zip(mine, theirs, strict=True))
+    assert mine[0]["params"] != mine[-1]["params"]  # and they did change
     # global figures, each rank's own, memory per node
     assert r["world_size"] == 2 and len(r["ranks"]) == 2 and r["slowest_rank"] in (0, 1)
     assert r["samples_per_sec_per_rank"] == pytest.approx(r["samples_per_sec"] / 2)
@@ -118,11 +169,25 @@ def test_two_ranks_train_ddp_with_the_knobs_and_agree_on_every_window(ray_4cpu, 
     assert any("find_unused_parameters turned on" in n and "unused.weight" in n for n in r["notes"])
 
 
-def test_a_rank_that_raises_names_the_rank_and_the_users_message(ray_4cpu, tmp_path):
-    r, _ = _spy(tmp_path, {"world_size": 2, "micro_batch_size": 8}, fail_rank=1)
+def test_a_rank_that_raises_names_the_rank_and_leaves_no_process(ray_4cpu, tmp_path):
+    import time
+
+    import psutil
+
+    out = tmp_path / "spy-fail.jsonl"
+    req = make_request(workload=ref("ddp_spy"), workload_args={"out": str(out), "fail_rank": 1},
+                       config={"world_size": 2, "micro_batch_size": 8}, device="cpu", measure=FAST_MEASURE)
+    r = run_ranks(req, timeout_s=180)
     assert r["status"] == "infeasible"
     assert r["reason"].startswith("rank 1:") and "rank 1 was told to fail" in r["reason"]
     assert "\n" not in r["reason"]
+    # both ranks' processes (and so their DataLoader workers) are gone
+    pids = {json.loads(line)["pid"] for line in out.read_text().splitlines()}
+    assert len(pids) == 2
+    deadline = time.time() + 30
+    while time.time() < deadline and any(psutil.pid_exists(p) for p in pids):
+        time.sleep(0.5)
+    assert not any(psutil.pid_exists(p) for p in pids)
 
 
 def test_a_search_over_world_size_reports_scaling_efficiency(ray_4cpu, tmp_path):
@@ -156,3 +221,14 @@ def test_a_search_over_world_size_reports_scaling_efficiency(ray_4cpu, tmp_path)
     # 2 x 5 ms of sleep per step on each rank: two ranks nearly double the rate
     assert 0.6 < two["scaling_efficiency"] <= 1.05
     assert two["samples_per_sec_per_rank"] == pytest.approx(two["samples_per_sec"] / 2, rel=0.05)
+    saved = json.loads((tmp_path / "r" / "ddp" / "summary.json").read_text())
+    assert any(r.get("scaling_efficiency") == pytest.approx(two["scaling_efficiency"]) for r in saved["top"])
+    import contextlib
+    import io
+
+    from tuner.cli import main
+
+    shown = io.StringIO()
+    with contextlib.redirect_stdout(shown):
+        assert main(["show", str(tmp_path / "r" / "ddp")]) == 0
+    assert f"scaling: {two['scaling_efficiency']:.0%} of 2x one rank" in shown.getvalue()

@@ -74,3 +74,13 @@ def test_shipped_spaces_are_valid():
     for path in spaces:
         s = spec.load(path)
         spec.check_workload(s)
+
+
+def test_the_baseline_runs_at_the_spaces_first_world_size(tmp_path):
+    # at world_size N > 1 the baseline is a plain DDP loop with PyTorch's defaults
+    s = _load(tmp_path, "name: t\nworkload: conv\nknobs:\n  world_size: [2, 4]\n  micro_batch_size: [8]\n")
+    assert s.baseline_config() == {"micro_batch_size": 8, "world_size": 2}
+    s = _load(tmp_path, "name: t\nworkload: conv\nknobs:\n  world_size: [1, 2]\n")
+    assert "world_size" not in s.baseline_config()
+    s = _load(tmp_path, "name: t\nworkload: conv\nknobs:\n  world_size: [2]\nbaseline: {world_size: 1}\n")
+    assert s.baseline_config()["world_size"] == 1

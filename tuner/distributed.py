@@ -49,13 +49,14 @@ def ranks_fit(world: int, per_rank: dict[str, float], shape: dict, spread: bool 
 
 
 def run_ranks(request: TrialRequest, *, timeout_s: float = 600.0, spread: bool = False,
-              storage: str | None = None, use_gpu: bool | None = None) -> dict:
+              storage: str | None = None, use_gpu: bool | None = None, backend: str | None = None) -> dict:
     """Measure a multi-rank request through Ray Train (Ray must be up); returns the
     record like ``trial.run_isolated`` (never raises for a failing trial). ``use_gpu``:
-    one GPU per rank (default: when the request's device is cuda)."""
+    one GPU per rank (default: when the request's device is cuda); ``backend``: the
+    process group's (default: NCCL with GPUs, gloo without)."""
     import ray
     from ray.train import FailureConfig, RunConfig, ScalingConfig, TrainingFailedError
-    from ray.train.torch import TorchTrainer
+    from ray.train.torch import TorchConfig, TorchTrainer
 
     world = int(request.config["world_size"])
     use_gpu = request.device == "cuda" if use_gpu is None else use_gpu
@@ -68,6 +69,7 @@ def run_ranks(request: TrialRequest, *, timeout_s: float = 600.0, spread: bool =
     trainer = TorchTrainer(
         _rank_main,
         train_loop_config={"request": dataclasses.asdict(request), "timeout_s": timeout_s, "box": box},
+        torch_config=TorchConfig(backend=backend),
         scaling_config=ScalingConfig(num_workers=world, use_gpu=use_gpu,
                                      resources_per_worker=per_rank_resources(request.config, use_gpu),
                                      placement_strategy="SPREAD" if spread else "STRICT_PACK"),
@@ -151,7 +153,8 @@ def _rank_main(cfg: dict) -> None:
         import ray as _ray
 
         node = _ray.get_runtime_context().get_node_id()
-        record = execute(request, rank_info={"node": node, "node_ip": _ray.util.get_node_ip_address()})
+        record = execute(request, rank_info={"node": node, "node_ip": _ray.util.get_node_ip_address(),
+                                             "gpu_ids": [str(g) for g in _ray.get_gpu_ids()]})
     finally:
         done.set()
     if rank == 0:

@@ -159,7 +159,8 @@ def device_model(record: dict) -> str:
 
 
 def aggregate(records: list[dict], metric: str) -> list[dict]:
-    """One row per distinct config: the median of its measurements and their spread."""
+    """One row per distinct config: the median of its measurements and their spread
+    (and, for several ranks, the scaling efficiency)."""
     groups: dict[tuple[str, str], list[dict]] = {}
     for r in records:
         if r.get("phase") == "baseline":
@@ -200,6 +201,7 @@ def aggregate(records: list[dict], metric: str) -> list[dict]:
         row["notes"] = rs[0].get("notes") or []
         row["has_groups"] = rs[0].get("has_groups")
         rows.append(row)
+    scaling_efficiency(rows)
     return rows
 
 

@@ -44,7 +44,6 @@ from tuner.records import (
     pareto_front,
     rank,
     read_trials,
-    scaling_efficiency,
     speedup,
     winner_first,
     with_cold_compile,
@@ -111,7 +110,7 @@ def _measure(knob_config: dict, job: dict, baseline: bool = False, screen: dict 
             record = _infeasible("invalid", f"world_size={world}: {why}", request)
         else:
             record = run_ranks(request, timeout_s=job["trial_timeout_s"], spread=job["spread_ranks"],
-                               use_gpu=job["gpus_per_rank"] > 0)
+                               use_gpu=job["gpus_per_rank"] > 0, backend=job["ddp_backend"])
     else:
         record = run_isolated(request, timeout_s=job["trial_timeout_s"])
     record.update(started_at=started, ended_at=time.time())
@@ -440,9 +439,9 @@ def _search(space: spec.Space, out: Path, progress: Progress, ray_start_s: float
         workload=m.workload, workload_args=m.workload_args, base_dir=str(space.base_dir), device="cpu")).workload
     # bf16 where the trials run (a V100 or T4 has none: the guides' bf16 start would be a
     # wasted trial), asked of a GPU node, not of this driver.
-    bf16_ok = True
+    bf16_ok, cuda_ok = True, device == "cuda"
     if device == "cuda":
-        bf16_ok = bool(ray.get(ray.remote(num_gpus=gpus_per_trial)(_bf16_supported).remote()))
+        bf16_ok, cuda_ok = ray.get(ray.remote(num_gpus=gpus_per_trial)(_gpu_facts).remote())
     ctx = knobs.Context(device=device, cpu_count=shape["max_node_cpus"], has_groups=workload.groups is not None,
                         bf16_ok=bf16_ok)
     for name, values in space.domain.items():  # a GPU knob searched on CPUs is a wasted trial
@@ -458,6 +457,7 @@ def _search(space: spec.Space, out: Path, progress: Progress, ray_start_s: float
         "trial_timeout_s": m.budget.trial_timeout_s, "constraints": m.constraints, "objective": m.objective,
         "fixed": space.fixed, "derive": space.derive, "cpus_per_trial": cpus_per_trial,
         "shape": shape, "spread_ranks": m.resources.spread_ranks, "gpus_per_rank": gpus_per_trial,
+        "ddp_backend": "nccl" if cuda_ok else "gloo",
         "observers": tuner_processes(local=ray_start_s > 0 and not _attached()),
         "board": None,
         # One inductor cache per compile group, per node, for this search (kept for resume).
@@ -599,11 +599,15 @@ def _lower_priority(pid: int, nice: int = 10) -> None:
             pass
 
 
-def _bf16_supported() -> bool:
-    """On the GPU a trial gets; True where there is no CUDA to ask (logical GPUs)."""
+def _gpu_facts() -> tuple[bool, bool]:
+    """On the GPU a trial gets: (bf16 supported, CUDA there at all). Logical GPUs (Ray's
+    num_gpus on a CPU machine, as the tests declare) have no CUDA: bf16 runs on the CPU,
+    and the ranks of a multi-rank trial talk over gloo, not NCCL."""
     import torch
 
-    return bool(torch.cuda.is_bf16_supported()) if torch.cuda.is_available() else True
+    if not torch.cuda.is_available():
+        return True, False
+    return bool(torch.cuda.is_bf16_supported()), True
 
 
 def _repair_study(space: spec.Space, ctx: knobs.Context, storage: Any, previous: list[dict]) -> None:
@@ -756,7 +760,6 @@ def summarize(space: spec.Space, records: list[dict], baseline: dict, *, describ
     m = space.model
     metric = m.objective.metric
     rows = aggregate(records, metric)
-    scaling_efficiency(rows)
     ranked = rank(rows, metric)
     best = best_of(ranked)
     base_value = baseline.get(metric) if baseline.get("status") == "ok" else None

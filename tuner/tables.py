@@ -60,6 +60,8 @@ def print_show(res: Results, out: Any = None, limit: int | None = None) -> None:
         spread = f"{r['spread'] * 100:.1f}%" if r.get("spread") is not None else "-"
         sp = res.speedup(r)
         detail = diff_from_default(r["config"])
+        if r.get("scaling_efficiency") is not None:
+            detail += f"  (scaling: {r['scaling_efficiency']:.0%} of {r['config']['world_size']}x one rank)"
         if not r["feasible"]:
             detail += f"  -- {r['reason']}"
         elif r.get("screened"):
