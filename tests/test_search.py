@@ -136,79 +136,65 @@ def test_two_objectives_write_a_pareto_front_and_a_memory_cap_excludes(tmp_path,
     assert any("exceeds max_memory_mb" in r["reason"] for r in summary["infeasible"])
 
 
-def test_placement_on_logical_gpus_across_two_nodes(tmp_path):
-    """Logical GPUs on a CPU machine (Ray's num_gpus): the trials' torch runs on the CPU."""
+@pytest.fixture
+def logical_gpu_cluster():
+    """Two nodes of 3 CPUs and 2 logical GPUs each (Ray's num_gpus on a CPU machine: the
+    trials' torch runs on the CPU)."""
+    import ray
     from ray.cluster_utils import Cluster
 
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 3, "num_gpus": 2})
     cluster.add_node(num_cpus=3, num_gpus=2)
-    try:
-        space = _space(tmp_path, f"""\
-            name: placement
-            workload: {FIXTURES}:sleepy
-            workload_args: {{step_s: 0.01}}
-            knobs:
-              num_workers: [0, 1]
-              micro_batch_size: [4, 8]
-            sampler: grid
-            budget: {{trials: 4, trial_timeout_s: 60}}
-            confirm: {{top: 0}}
-            """)
-        summary = run_search(space, results_root=tmp_path / "r", address=cluster.address, quiet=True)
-        records = [r for r in _records(tmp_path / "r" / "placement") if r["phase"] == "search"]
-        assert summary["device"] == "cuda" and len(records) == 4
-        for r in records:
-            assert len(r["gpu_ids"]) == 1 and r["node"]
-            assert r["cpus_reserved"] == 1 + r["config"]["num_workers"]
-        slots = {}
-        for r in records:
-            slots.setdefault((r["node"], r["gpu_ids"][0]), []).append((r["started_at"], r["ended_at"]))
-        for intervals in slots.values():
-            intervals.sort()
-            for (_, end), (start, _) in zip(intervals, intervals[1:], strict=False):
-                assert start >= end - 0.05, "two trials shared a GPU"
-        assert len({r["node"] for r in records}) == 2  # both nodes ran trials
-    finally:
-        import ray
-
-        ray.shutdown()
-        cluster.shutdown()
+    yield cluster
+    ray.shutdown()
+    cluster.shutdown()
 
 
-def test_two_rank_trials_run_at_once_and_never_share_a_logical_gpu(tmp_path):
-    """Logical GPUs on a CPU machine: each rank gets its own GPU id, the ranks of a trial
-    stay on one node, and two 2-rank trials run at once on different GPUs (gloo: no CUDA)."""
-    from ray.cluster_utils import Cluster
+def _sleepy_search(tmp_path, cluster, name: str, rest: str) -> list[dict]:
+    space = _space(tmp_path, f"name: {name}\nworkload: {FIXTURES}:sleepy\nworkload_args: {{step_s: 0.01}}\n"
+                   f"sampler: grid\nconfirm: {{top: 0}}\n" + textwrap.dedent(rest))
+    summary = run_search(space, results_root=tmp_path / "r", address=cluster.address, quiet=True)
+    assert summary["device"] == "cuda"
+    return [r for r in _records(tmp_path / "r" / name) if r["phase"] == "search"]
 
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 3, "num_gpus": 2})
-    cluster.add_node(num_cpus=3, num_gpus=2)
-    try:
-        space = _space(tmp_path, f"""\
-            name: ranks
-            workload: {FIXTURES}:sleepy
-            workload_args: {{step_s: 0.01}}
-            knobs:
-              world_size: [2]
-              micro_batch_size: [4, 8]
-            baseline: {{world_size: 1}}
-            sampler: grid
-            budget: {{trials: 2, trial_timeout_s: 120}}
-            confirm: {{top: 0}}
-            """)
-        run_search(space, results_root=tmp_path / "r", address=cluster.address, quiet=True)
-        records = _records(tmp_path / "r" / "ranks")
-        a, b = [r for r in records if r["phase"] == "search"]
-        assert a["status"] == b["status"] == "ok", (a.get("reason"), b.get("reason"))
-        slots = []
-        for r in (a, b):
-            assert len(r["ranks"]) == 2 and all(len(x["gpu_ids"]) == 1 for x in r["ranks"])
-            assert len({x["node"] for x in r["ranks"]}) == 1  # one node unless spread_ranks
-            slots.append({(x["node"], x["gpu_ids"][0]) for x in r["ranks"]})
-            assert len(slots[-1]) == 2
-        assert a["started_at"] < b["ended_at"] and b["started_at"] < a["ended_at"]  # at once
-        assert not slots[0] & slots[1]  # no GPU given to both
-    finally:
-        import ray
 
-        ray.shutdown()
-        cluster.shutdown()
+def test_placement_on_logical_gpus_across_two_nodes(tmp_path, logical_gpu_cluster):
+    records = _sleepy_search(tmp_path, logical_gpu_cluster, "placement", """\
+        knobs:
+          num_workers: [0, 1]
+          micro_batch_size: [4, 8]
+        budget: {trials: 4, trial_timeout_s: 60}
+        """)
+    assert len(records) == 4
+    for r in records:
+        assert len(r["gpu_ids"]) == 1 and r["node"]
+        assert r["cpus_reserved"] == 1 + r["config"]["num_workers"]
+    slots = {}
+    for r in records:
+        slots.setdefault((r["node"], r["gpu_ids"][0]), []).append((r["started_at"], r["ended_at"]))
+    for intervals in slots.values():
+        intervals.sort()
+        for (_, end), (start, _) in zip(intervals, intervals[1:], strict=False):
+            assert start >= end - 0.05, "two trials shared a GPU"
+    assert len({r["node"] for r in records}) == 2  # both nodes ran trials
+
+
+def test_two_rank_trials_run_at_once_and_never_share_a_logical_gpu(tmp_path, logical_gpu_cluster):
+    """Each rank gets its own GPU id, the ranks of a trial stay on one node, and two
+    2-rank trials run at once on different GPUs (gloo: logical GPUs have no CUDA)."""
+    a, b = _sleepy_search(tmp_path, logical_gpu_cluster, "ranks", """\
+        knobs:
+          world_size: [2]
+          micro_batch_size: [4, 8]
+        baseline: {world_size: 1}
+        budget: {trials: 2, trial_timeout_s: 120}
+        """)
+    assert a["status"] == b["status"] == "ok", (a.get("reason"), b.get("reason"))
+    slots = []
+    for r in (a, b):
+        assert len(r["ranks"]) == 2 and all(len(x["gpu_ids"]) == 1 for x in r["ranks"])
+        assert len({x["node"] for x in r["ranks"]}) == 1  # one node unless spread_ranks
+        slots.append({(x["node"], x["gpu_ids"][0]) for x in r["ranks"]})
+        assert len(slots[-1]) == 2
+    assert a["started_at"] < b["ended_at"] and b["started_at"] < a["ended_at"]  # at once
+    assert not slots[0] & slots[1]  # no GPU given to both
