@@ -311,9 +311,11 @@ class _Unused(nn.Module):
 
 
 def ddp_spy(out: str, size: int = 256, step_s: float = 0.0, unused_layer: bool = False,
-            fail_rank: int = -1) -> Workload:
+            fail_rank: int = -1, hang_rank: int = -1) -> Workload:
     """What DDP each rank's loss sees, appended as JSON lines to ``out``: the rank, the
-    DDP settings, whether this backward all-reduces. ``fail_rank`` raises there."""
+    DDP settings, whether this backward all-reduces. ``fail_rank`` raises there;
+    ``hang_rank`` hangs there once DDP wraps the model (the other rank then waits in
+    the all-reduce)."""
     import json
     import os
 
@@ -336,6 +338,8 @@ def ddp_spy(out: str, size: int = 256, step_s: float = 0.0, unused_layer: bool =
                 "params": [float(v) for p in model.parameters() for v in p.detach().flatten()]}) + "\n")
         if rank == fail_rank:
             raise ValueError(f"rank {rank} was told to fail")
+        if rank == hang_rank and type(ddp).__name__ == "DistributedDataParallel":
+            time.sleep(3600)
         if step_s:
             time.sleep(step_s)
         return _mse(model, batch)

@@ -169,18 +169,21 @@ def test_two_ranks_train_ddp_with_the_knobs_and_agree_on_every_window(ray_4cpu, 
     assert any("find_unused_parameters turned on" in n and "unused.weight" in n for n in r["notes"])
 
 
-def test_a_rank_that_raises_names_the_rank_and_leaves_no_process(ray_4cpu, tmp_path):
+@pytest.mark.parametrize("fault", ["fail_rank", "hang_rank"])
+def test_a_rank_that_raises_or_hangs_is_named_and_leaves_no_process(ray_4cpu, tmp_path, fault):
     import time
 
     import psutil
 
-    out = tmp_path / "spy-fail.jsonl"
-    req = make_request(workload=ref("ddp_spy"), workload_args={"out": str(out), "fail_rank": 1},
+    out = tmp_path / "spy-fault.jsonl"
+    req = make_request(workload=ref("ddp_spy"), workload_args={"out": str(out), fault: 1},
                        config={"world_size": 2, "micro_batch_size": 8}, device="cpu", measure=FAST_MEASURE)
-    r = run_ranks(req, timeout_s=180)
-    assert r["status"] == "infeasible"
-    assert r["reason"].startswith("rank 1:") and "rank 1 was told to fail" in r["reason"]
-    assert "\n" not in r["reason"]
+    r = run_ranks(req, timeout_s=180 if fault == "fail_rank" else 20)
+    assert r["status"] == "infeasible" and "\n" not in r["reason"]
+    if fault == "fail_rank":
+        assert r["reason"].startswith("rank 1:") and "rank 1 was told to fail" in r["reason"]
+    else:
+        assert r["error_kind"] == "timeout" and r["reason"].startswith("hung:")
     # both ranks' processes (and so their DataLoader workers) are gone
     pids = {json.loads(line)["pid"] for line in out.read_text().splitlines()}
     assert len(pids) == 2

@@ -80,7 +80,11 @@ def run_ranks(request: TrialRequest, *, timeout_s: float = 600.0, spread: bool =
         trainer.fit()
         record = json.loads(ray.get(box.get.remote()))
     except TrainingFailedError as exc:
-        kind, reason = _failure(exc, timeout_s)
+        if time.perf_counter() - t0 >= timeout_s:
+            # the ranks' watchdogs ended them: a collective (or the user's code) hung
+            kind, reason = "timeout", f"hung: no result within the trial time limit of {timeout_s:.0f} s"
+        else:
+            kind, reason = _failure(exc)
         record = _infeasible(kind, reason, request)
     finally:
         ray.kill(box)
@@ -93,7 +97,7 @@ def run_ranks(request: TrialRequest, *, timeout_s: float = 600.0, spread: bool =
     return record
 
 
-def _failure(exc: BaseException, timeout_s: float) -> tuple[str, str]:
+def _failure(exc: BaseException) -> tuple[str, str]:
     """(kind, one-line reason) of a failed Train run: the first rank's own error."""
     failures: dict[int, BaseException] = getattr(exc, "worker_failures", None) or {}
     if not failures:
@@ -105,16 +109,11 @@ def _failure(exc: BaseException, timeout_s: float) -> tuple[str, str]:
     if isinstance(original, BaseException) and not _is_actor_death(original):
         kind, reason = classify(original)
         return kind, f"rank {rank}: {reason}"
-    if _HUNG in str(err):
-        return "timeout", f"hung: rank {rank} had no result within the trial time limit of {timeout_s:.0f} s"
     return "died", f"rank {rank} died: {str(err).strip().splitlines()[0][:200]}"
 
 
 def _is_actor_death(exc: BaseException) -> bool:
     return type(exc).__name__ in ("ActorDiedError", "RayActorError", "WorkerCrashedError")
-
-
-_HUNG = "tuner: rank hung"
 
 
 class _Box:
@@ -145,7 +144,7 @@ def _rank_main(cfg: dict) -> None:
         # A rank stuck in a collective cannot raise: end the process, which fails the
         # Train run on every rank.
         if not done.wait(cfg["timeout_s"]):
-            print(_HUNG, flush=True)
+            print(f"tuner: rank {rank} hung past the trial time limit; ending it", flush=True)
             os._exit(3)
 
     threading.Thread(target=watchdog, daemon=True).start()
