@@ -87,7 +87,10 @@ def test_many_workers_input_bound_agrees_with_whole_epochs_of_a_plain_loop(persi
     before = _plain_epochs(slow_data(**args), config)
     r = _run("slow_data", args, config, measure={"window_s": 0.5}, timeout=300)
     assert r["status"] == "ok", r.get("reason")
-    plain = (before + _plain_epochs(slow_data(**args), config)) / 2  # around it: the VM drifts
+    # around it (the VM drifts); the faster of the two, since other load only slows a plain
+    # loop, which cannot redo a disturbed stretch as the measurement does (a fresh-clone CI
+    # run read 344.6 here where a quiet machine reads 372-388)
+    plain = max(before, _plain_epochs(slow_data(**args), config))
     assert r["samples_per_sec"] == pytest.approx(plain, rel=0.07)
     assert r["epoch_overhead_from"] == "windows"
     # 8 workers x 8 samples per 160 ms: no steady window can beat 400 samples/s. Windows
