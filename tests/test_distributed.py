@@ -169,6 +169,15 @@ def test_two_ranks_train_ddp_with_the_knobs_and_agree_on_every_window(ray_4cpu, 
     assert any("find_unused_parameters turned on" in n and "unused.weight" in n for n in r["notes"])
 
 
+def test_ranks_that_do_not_fit_are_infeasible_before_ray_train_waits_for_them(ray_4cpu, tmp_path):
+    # 3 ranks of 1 + 1 worker CPUs on a 4-CPU node: Ray Train would wait forever
+    req = make_request(workload=ref("linear"), config={"world_size": 3, "num_workers": 1, "micro_batch_size": 8},
+                       device="cpu", measure=FAST_MEASURE)
+    r = run_ranks(req, timeout_s=60)
+    assert r["status"] == "infeasible" and r["error_kind"] == "invalid"
+    assert r["reason"].startswith("world_size=3: 3 ranks need 6 CPUs") and r["trial_wall_s"] < 5
+
+
 @pytest.mark.parametrize("fault", ["fail_rank", "hang_rank"])
 def test_a_rank_that_raises_or_hangs_is_named_and_leaves_no_process(ray_4cpu, tmp_path, fault):
     import time

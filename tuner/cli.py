@@ -71,13 +71,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     progress = None if args.json or not sys.stderr.isatty() else _progress_line
     timeout_s = args.timeout or space.model.budget.trial_timeout_s
     if request.config.get("world_size", 1) > 1:
-        # several data-parallel ranks run through Ray Train, on a local Ray (or --address)
+        # several data-parallel ranks run through Ray Train, on a local Ray
         import ray
 
         from tuner.distributed import run_ranks
 
-        ray.init(address=getattr(args, "address", None), include_dashboard=False, configure_logging=False,
-                 log_to_driver=False)
+        ray.init(include_dashboard=False, configure_logging=False, log_to_driver=False)
         try:
             result = run_ranks(request, timeout_s=timeout_s, spread=space.model.resources.spread_ranks)
         finally:

@@ -19,17 +19,19 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import tempfile
 import threading
 import time
 import uuid
 
-from tuner.trial import TrialRequest, _infeasible, classify
+from tuner import knobs
+from tuner.trial import TrialRequest, classify, hung_reason, infeasible
 
 
 def per_rank_resources(config: dict, use_gpu: bool) -> dict[str, float]:
     """What one rank reserves: 1 + num_workers CPUs, and a GPU on GPUs."""
-    bundle: dict[str, float] = {"CPU": 1 + int(config.get("num_workers", 0))}
+    bundle: dict[str, float] = {"CPU": knobs.process_cpus(config)}
     if use_gpu:
         bundle["GPU"] = 1
     return bundle
@@ -51,15 +53,22 @@ def ranks_fit(world: int, per_rank: dict[str, float], shape: dict, spread: bool 
 def run_ranks(request: TrialRequest, *, timeout_s: float = 600.0, spread: bool = False,
               storage: str | None = None, use_gpu: bool | None = None, backend: str | None = None) -> dict:
     """Measure a multi-rank request through Ray Train (Ray must be up); returns the
-    record like ``trial.run_isolated`` (never raises for a failing trial). ``use_gpu``:
+    record like ``trial.run_isolated`` (never raises for a failing trial; ranks that
+    cannot be placed are infeasible at once). ``use_gpu``:
     one GPU per rank (default: when the request's device is cuda); ``backend``: the
     process group's (default: NCCL with GPUs, gloo without)."""
     import ray
     from ray.train import FailureConfig, RunConfig, ScalingConfig, TrainingFailedError
     from ray.train.torch import TorchConfig, TorchTrainer
 
+    from tuner.search import cluster_shape
+
     world = int(request.config["world_size"])
     use_gpu = request.device == "cuda" if use_gpu is None else use_gpu
+    per_rank = per_rank_resources(request.config, use_gpu)
+    why = ranks_fit(world, per_rank, cluster_shape(ray), spread=spread)
+    if why:
+        return {**infeasible("invalid", f"world_size={world}: {why}", request), "trial_wall_s": 0.0, "attempts": 1}
     t0 = time.perf_counter()
     own_storage = storage is None
     storage = storage or tempfile.mkdtemp(prefix="tuner-train-")
@@ -71,7 +80,7 @@ def run_ranks(request: TrialRequest, *, timeout_s: float = 600.0, spread: bool =
         train_loop_config={"request": dataclasses.asdict(request), "timeout_s": timeout_s, "box": box},
         torch_config=TorchConfig(backend=backend),
         scaling_config=ScalingConfig(num_workers=world, use_gpu=use_gpu,
-                                     resources_per_worker=per_rank_resources(request.config, use_gpu),
+                                     resources_per_worker=per_rank,
                                      placement_strategy="SPREAD" if spread else "STRICT_PACK"),
         run_config=RunConfig(name=f"ranks-{uuid.uuid4().hex[:8]}", storage_path=storage,
                              failure_config=FailureConfig(max_failures=0)),
@@ -82,15 +91,13 @@ def run_ranks(request: TrialRequest, *, timeout_s: float = 600.0, spread: bool =
     except TrainingFailedError as exc:
         if time.perf_counter() - t0 >= timeout_s:
             # the ranks' watchdogs ended them: a collective (or the user's code) hung
-            kind, reason = "timeout", f"hung: no result within the trial time limit of {timeout_s:.0f} s"
+            kind, reason = "timeout", hung_reason(timeout_s)
         else:
             kind, reason = _failure(exc)
-        record = _infeasible(kind, reason, request)
+        record = infeasible(kind, reason, request)
     finally:
         ray.kill(box)
         if own_storage:
-            import shutil
-
             shutil.rmtree(storage, ignore_errors=True)
     record["trial_wall_s"] = time.perf_counter() - t0
     record["attempts"] = 1

@@ -379,6 +379,11 @@ def apply_ddp(model: torch.nn.Module, config: dict, device: torch.device,
     return ddp
 
 
+def process_cpus(config: dict) -> int:
+    """CPUs one training process reserves: itself and its DataLoader workers."""
+    return 1 + int(config.get("num_workers", 0))
+
+
 def loader_kwargs(config: dict, device: torch.device) -> dict[str, Any]:
     """The DataLoader arguments that the knobs decide."""
     kwargs: dict[str, Any] = {"num_workers": config["num_workers"]}

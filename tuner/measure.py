@@ -29,6 +29,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import psutil
 import torch
@@ -465,9 +466,7 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
     window_cap_s = 3 * settings.window_s if agree.world == 1 else math.inf
     sized = False
 
-    # Each kept window: (samples, wall s, s paused at epoch boundaries, boundaries,
-    # micro-batches, data wait outside the boundaries, boundaries in the window before).
-    kept: list[tuple[int, float, float, int, int, float, int]] = []
+    kept: list[Window] = []
     before = 1  # the warm-up ended on an epoch boundary
     gap_s = 0.0  # untimed, between windows
     rates: list[float] = []
@@ -490,15 +489,14 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
 
     def fetch_s() -> float:
         """An ordinary micro-batch fetch: data wait outside epoch boundaries, per micro-batch."""
-        n = sum(w[4] - w[3] for w in kept)
-        return sum(w[5] for w in kept) / n if n > 0 else 0.0
+        n = sum(w.micro_batches - w.boundaries for w in kept)
+        return sum(w.wait for w in kept) / n if n > 0 else 0.0
 
-    def rate(w: tuple, fetch: float) -> float:
+    def rate(w: Window, fetch: float) -> float:
         # The clock stops for each epoch boundary (measured apart, as epoch_overhead_s,
         # beyond an ordinary fetch); the ordinary fetch of the boundary's first batch
         # belongs to the steady step and is put back.
-        samples, wall, paused, boundaries = w[:4]
-        return samples / max(1e-9, wall - paused + boundaries * fetch)
+        return w.samples / max(1e-9, w.wall - w.paused + w.boundaries * fetch)
 
     nvml = NvmlSampler(device)
     meter = LoadMeter(probe, nvml)
@@ -532,9 +530,9 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
             # One all-reduce per window edge: the slowest rank's figures, on every rank.
             wall, paused, wait, busy, nonfinite = agree.max(wall, paused, wait, float(busy),
                                                             float(not trainer.loss_finite()))
-            window = (steps * step_samples, wall, paused, len(trainer.epoch_start_s) - e0,
-                      steps * trainer.accum, wait, before)
-            before = window[3]
+            window = Window(steps * step_samples, wall, paused, len(trainer.epoch_start_s) - e0,
+                            steps * trainer.accum, wait, before)
+            before = window.boundaries
             redo = bool(busy) and len(disturbed) < settings.max_windows
             if not sized and not redo:
                 # the first undisturbed window sizes the windows (a disturbed one would
@@ -581,8 +579,8 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
 
     micro_fetch_s = fetch_s()
     rates = [rate(w, micro_fetch_s) for w in kept]
-    elapsed = [w[0] / r for w, r in zip(kept, rates, strict=True)]
-    wait_fraction = (sum(w[5] for w in kept) + micro_fetch_s * sum(w[3] for w in kept)) / sum(elapsed)
+    elapsed = [w.samples / r for w, r in zip(kept, rates, strict=True)]
+    wait_fraction = (sum(w.wait for w in kept) + micro_fetch_s * sum(w.boundaries for w in kept)) / sum(elapsed)
     starts = trainer.epoch_start_s[starts_before:]
     # Steady time per sample: all samples over all time (not a median of window rates:
     # a right-skewed step time would read fast) of the windows that neither hold an
@@ -590,16 +588,16 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
     # per boundary: its pause (old workers shut down, new ones spawned, the dataset
     # reopened) less the catch-up of the batches the new workers then deliver at once.
     steady_windows = [w for w in kept if _clear_of_boundaries(w)]
-    boundaries = sum(w[3] for w in kept)
+    boundaries = sum(w.boundaries for w in kept)
     if boundaries and len(steady_windows) >= 2:
-        per_sample = sum(w[1] for w in steady_windows) / sum(w[0] for w in steady_windows)
-        extra = sum(w[1] for w in kept) - per_sample * sum(w[0] for w in kept)
+        per_sample = sum(w.wall for w in steady_windows) / sum(w.samples for w in steady_windows)
+        extra = sum(w.wall for w in kept) - per_sample * sum(w.samples for w in kept)
         epoch_overhead_s = max(0.0, extra / boundaries)
         overhead_from = "windows"
     else:
         # Too few steady windows (epochs as long as the timed phase): each boundary's
         # pause beyond an ordinary batch fetch, and the rest of the time as steady.
-        per_sample = sum(elapsed) / sum(w[0] for w in kept)
+        per_sample = sum(elapsed) / sum(w.samples for w in kept)
         epoch_overhead_s = max(0.0, statistics.median(starts) - micro_fetch_s) if starts else None
         overhead_from = "pauses"
     steady = 1 / per_sample
@@ -707,16 +705,19 @@ class Agree:
 
     def __init__(self, trainer: Trainer):
         self.world = trainer.world
-        self.device = trainer.device
+        self.on = torch.device("cpu")
+        if self.world > 1:
+            import torch.distributed as dist
+
+            if dist.get_backend() == "nccl":  # NCCL reduces device tensors only; gloo host ones
+                self.on = trainer.device
 
     def max(self, *values: float) -> list[float]:
         if self.world == 1:
             return list(values)
         import torch.distributed as dist
 
-        # NCCL reduces device tensors only; gloo host tensors.
-        on = self.device if dist.get_backend() == "nccl" else torch.device("cpu")
-        t = torch.tensor(values, dtype=torch.float64, device=on)
+        t = torch.tensor(values, dtype=torch.float64, device=self.on)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return t.tolist()
 
@@ -733,9 +734,21 @@ class Agree:
         return out
 
 
-def _clear_of_boundaries(window: tuple) -> bool:
+class Window(NamedTuple):
+    """One timed window, its figures agreed across ranks (``Agree``)."""
+
+    samples: int  # all ranks'
+    wall: float  # seconds, the slowest rank's
+    paused: float  # seconds the clock stopped at epoch boundaries
+    boundaries: int  # epoch boundaries inside the window
+    micro_batches: int
+    wait: float  # data wait outside the boundaries
+    boundaries_before: int  # in the window before (its catch-up may spill into this one)
+
+
+def _clear_of_boundaries(window: Window) -> bool:
     """A kept window that neither holds an epoch boundary nor follows one."""
-    return window[3] == 0 and window[6] == 0
+    return window.boundaries == 0 and window.boundaries_before == 0
 
 
 def _dataset_len(trainer: Trainer) -> int | None:

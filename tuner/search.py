@@ -100,17 +100,10 @@ def _measure(knob_config: dict, job: dict, baseline: bool = False, screen: dict 
     started = time.time()
     world = int(knob_config.get("world_size", 1))
     if world > 1:
-        from tuner.distributed import per_rank_resources, ranks_fit, run_ranks
+        from tuner.distributed import run_ranks
 
-        why = ranks_fit(world, per_rank_resources(knob_config, job["gpus_per_rank"] > 0), job["shape"],
-                        spread=job["spread_ranks"])
-        if why:
-            from tuner.trial import _infeasible
-
-            record = _infeasible("invalid", f"world_size={world}: {why}", request)
-        else:
-            record = run_ranks(request, timeout_s=job["trial_timeout_s"], spread=job["spread_ranks"],
-                               use_gpu=job["gpus_per_rank"] > 0, backend=job["ddp_backend"])
+        record = run_ranks(request, timeout_s=job["trial_timeout_s"], spread=job["spread_ranks"],
+                           use_gpu=job["gpus_per_rank"] > 0, backend=job["ddp_backend"])
     else:
         record = run_isolated(request, timeout_s=job["trial_timeout_s"])
     record.update(started_at=started, ended_at=time.time())
@@ -123,7 +116,7 @@ def _measure(knob_config: dict, job: dict, baseline: bool = False, screen: dict 
         record["gpu_ids"] = [str(g) for g in ray.get_gpu_ids()]
     except Exception:  # outside Ray (tests of this function)
         record["node"], record["gpu_ids"] = None, []
-    record["cpus_reserved"] = cpus if world == 1 else world * (1 + int(knob_config.get("num_workers", 0)))
+    record["cpus_reserved"] = cpus if world == 1 else world * knobs.process_cpus(knob_config)
     record["compile_group"] = compile_group_key(knob_config, job)
     record["workload"] = {"ref": job["workload"], "args": job["workload_args"]}
     hw = record.get("hardware") or {}
@@ -315,13 +308,23 @@ def plan_resources(space: spec.Space, shape: dict) -> tuple[str, Callable[[dict]
     exclusive = device == "cpu" and concurrent == 1
 
     def cpus_per_trial(config: dict) -> float:
-        if config.get("world_size", 1) > 1:
-            return 0  # the ranks reserve their own (tuner.distributed), beside the trial
         if exclusive:
             return node_cpus  # the trial owns the machine; its threads may use every core
-        return min(node_cpus, 1 + int(config.get("num_workers", 0)))
+        return min(node_cpus, knobs.process_cpus(config))
 
     return device, cpus_per_trial, gpt, concurrent
+
+
+def driver_bundle(config: dict, cpus_per_trial: Callable[[dict], float], gpus_per_trial: int) -> dict:
+    """What the Ray task or Tune trial that measures ``config`` reserves: the trial's
+    CPUs and GPUs; nothing for several ranks, which reserve their own through Ray
+    Train (``tuner.distributed``) beside the trial that drives them."""
+    if config.get("world_size", 1) > 1:
+        return {}
+    bundle = {"CPU": cpus_per_trial(config)}
+    if gpus_per_trial:
+        bundle["GPU"] = gpus_per_trial
+    return bundle
 
 
 class SearchSpace:
@@ -456,7 +459,7 @@ def _search(space: spec.Space, out: Path, progress: Progress, ray_start_s: float
         "device": m.device, "measure": m.measure.model_dump(), "run": m.run.model_dump(), "seed": m.seed,
         "trial_timeout_s": m.budget.trial_timeout_s, "constraints": m.constraints, "objective": m.objective,
         "fixed": space.fixed, "derive": space.derive, "cpus_per_trial": cpus_per_trial,
-        "shape": shape, "spread_ranks": m.resources.spread_ranks, "gpus_per_rank": gpus_per_trial,
+        "spread_ranks": m.resources.spread_ranks, "gpus_per_rank": gpus_per_trial,
         "ddp_backend": "nccl" if cuda_ok else "gloo",
         "observers": tuner_processes(local=ray_start_s > 0 and not _attached()),
         "board": None,
@@ -471,9 +474,9 @@ def _search(space: spec.Space, out: Path, progress: Progress, ray_start_s: float
             job["board"].update.remote(r)
 
     def remote_measure(config: dict, baseline: bool = False) -> Any:
-        multi = config.get("world_size", 1) > 1  # the ranks reserve their own GPUs
+        bundle = driver_bundle(config, cpus_per_trial, gpus_per_trial)
         return ray.remote(_measure).options(
-            num_cpus=cpus_per_trial(config), num_gpus=0 if multi else gpus_per_trial, max_retries=1,
+            num_cpus=bundle.get("CPU", 0), num_gpus=bundle.get("GPU", 0), max_retries=1,
         ).remote(config, job, baseline)
 
     t_search = time.time()
@@ -707,15 +710,9 @@ def _fit(space: spec.Space, ctx: knobs.Context, start: list[dict], job: dict, ou
             progress.update(rec)
 
     def resources(config: dict) -> Any:
-        knob_config = job["derive"]({**job["fixed"], **config})
-        if knob_config.get("world_size", 1) > 1:
-            # The trial only drives Ray Train, whose ranks reserve their own CPUs and GPUs
-            # beside it; Tune refuses an empty bundle, so the driver holds one byte.
-            return tune.PlacementGroupFactory([{"memory": 1}])
-        bundle = {"CPU": cpus_per_trial(knob_config)}
-        if gpus_per_trial:
-            bundle["GPU"] = gpus_per_trial
-        return tune.PlacementGroupFactory([bundle])
+        bundle = driver_bundle(job["derive"]({**job["fixed"], **config}), cpus_per_trial, gpus_per_trial)
+        # Tune refuses an empty bundle: a multi-rank trial's driver holds one byte.
+        return tune.PlacementGroupFactory([bundle or {"memory": 1}])
 
     time_left = None
     if m.budget.time_s is not None:

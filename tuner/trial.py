@@ -213,9 +213,14 @@ def kill_tree(pid: int) -> None:
     psutil.wait_procs(procs, timeout=5)
 
 
-def _infeasible(kind: str, reason: str, request: TrialRequest, **extra: Any) -> dict:
+def infeasible(kind: str, reason: str, request: TrialRequest, **extra: Any) -> dict:
+    """The record of a trial that produced no figure: its kind and one-line reason."""
     return {"status": "infeasible", "error_kind": kind, "reason": reason, "samples_per_sec": None,
             "loss_finite": None, "config": request.config, "baseline": request.baseline, **extra}
+
+
+def hung_reason(timeout_s: float) -> str:
+    return f"hung: no result within the trial time limit of {timeout_s:.0f} s"
 
 
 def _run_once(request: TrialRequest, timeout_s: float, progress: Callable[[str], None] | None) -> dict:
@@ -232,8 +237,7 @@ def _run_once(request: TrialRequest, timeout_s: float, progress: Callable[[str],
         remaining = deadline - time.perf_counter()
         if remaining <= 0:
             kill_tree(proc.pid)
-            result = _infeasible("timeout", f"hung: no result within the trial time limit "
-                                 f"of {timeout_s:.0f} s", request)
+            result = infeasible("timeout", hung_reason(timeout_s), request)
             break
         try:
             # Blocks until the child writes (once per window) or the time limit: the
@@ -247,7 +251,7 @@ def _run_once(request: TrialRequest, timeout_s: float, progress: Callable[[str],
             why = (f"killed by signal {-code}" if code is not None and code < 0
                    else f"exit code {code}")
             hint = " (host out of memory?)" if code == -9 else ""
-            result = _infeasible("died", f"trial process died: {why}{hint}", request)
+            result = infeasible("died", f"trial process died: {why}{hint}", request)
             break
         if msg[0] == "progress":
             if progress:
@@ -256,7 +260,7 @@ def _run_once(request: TrialRequest, timeout_s: float, progress: Callable[[str],
             result = msg[1]
         else:
             _, kind, reason, tb = msg
-            result = _infeasible(kind, reason, request, traceback=tb)
+            result = infeasible(kind, reason, request, traceback=tb)
     proc.join(10)
     if proc.is_alive():
         kill_tree(proc.pid)
