@@ -26,6 +26,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -64,48 +65,78 @@ def canonical(config: dict, ctx: knobs.Context) -> str:
 # ---- the trial, as Ray runs it -----------------------------------------------------------
 
 
-def _compile_cache(knob_config: dict, job: dict) -> str | None:
-    key = compile_group_key(knob_config, job)
-    if key is None or not job.get("compile_root"):
+@dataclass
+class TrialJob:
+    """What every measurement of one search shares: the trainable, the baseline and
+    the confirm tasks get it from Ray (so it holds nothing that cannot be pickled)."""
+
+    workload: str
+    workload_args: dict
+    base_dir: str
+    device: str  # as the space asks: auto, cpu or cuda
+    measure: dict
+    run: dict
+    seed: int
+    trial_timeout_s: float
+    constraints: Any
+    objective: Any
+    fixed: dict
+    derive: Callable[[dict], dict]  # searched knobs -> the config a trial runs (spec.Space.derive)
+    cpus_per_trial: Callable[[dict], float]
+    gpus_per_rank: int
+    spread_ranks: bool = False
+    ddp_backend: str = "gloo"
+    observers: list[int] = field(default_factory=list)  # the tuner's own processes beside a trial
+    compile_root: str | None = None  # one inductor cache per compile group under it
+    board: Any = None  # the Board actor (screening and cold compile costs)
+
+    def knob_config(self, searched: dict) -> dict:
+        """The full config a trial runs, from the knobs the sampler chose."""
+        return self.derive({**self.fixed, **searched})
+
+
+def _compile_cache(knob_config: dict, job: TrialJob) -> str | None:
+    key = compile_group_key(knob_config, job.workload, job.workload_args)
+    if key is None or not job.compile_root:
         return None
-    return os.path.join(job["compile_root"], key)  # on the node that runs the trial
+    return os.path.join(job.compile_root, key)  # on the node that runs the trial
 
 
-def compile_group_key(knob_config: dict, job: dict) -> str | None:
+def compile_group_key(knob_config: dict, workload: str, workload_args: dict) -> str | None:
     """The compile group of a config (None when it does not compile)."""
     if knob_config.get("compile", "off") == "off":
         return None
     import hashlib
 
-    what = [job["workload"], job["workload_args"], knobs.compile_group(knob_config)]
+    what = [workload, workload_args, knobs.compile_group(knob_config)]
     return hashlib.sha1(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def _measure(knob_config: dict, job: dict, baseline: bool = False, screen: dict | None = None) -> dict:
+def _measure(knob_config: dict, job: TrialJob, baseline: bool = False, screen: dict | None = None) -> dict:
     """Measure one config in a child process, or through Ray Train when it has several
     ranks; returns the record (never raises)."""
     from tuner.trial import make_request, run_isolated
 
     env = {}
-    cpus = job["cpus_per_trial"](knob_config)
+    cpus = job.cpus_per_trial(knob_config)
     env["OMP_NUM_THREADS"] = str(int(cpus))
     if "CUDA_VISIBLE_DEVICES" in os.environ:
         env["CUDA_VISIBLE_DEVICES"] = os.environ["CUDA_VISIBLE_DEVICES"]
-    request = make_request(workload=job["workload"], workload_args=job["workload_args"],
-                           base_dir=job["base_dir"], config=knob_config, baseline=baseline,
-                           device=job["device"], measure=job["measure"], run=job["run"],
-                           seed=job["seed"], env=env,
-                           observers=[os.getpid(), *job.get("observers", [])], screen=screen,
+    request = make_request(workload=job.workload, workload_args=job.workload_args,
+                           base_dir=job.base_dir, config=knob_config, baseline=baseline,
+                           device=job.device, measure=job.measure, run=job.run,
+                           seed=job.seed, env=env,
+                           observers=[os.getpid(), *job.observers], screen=screen,
                            compile_cache=_compile_cache(knob_config, job))
     started = time.time()
     world = int(knob_config.get("world_size", 1))
     if world > 1:
         from tuner.distributed import run_ranks
 
-        record = run_ranks(request, timeout_s=job["trial_timeout_s"], spread=job["spread_ranks"],
-                           use_gpu=job["gpus_per_rank"] > 0, backend=job["ddp_backend"])
+        record = run_ranks(request, timeout_s=job.trial_timeout_s, spread=job.spread_ranks,
+                           use_gpu=job.gpus_per_rank > 0, backend=job.ddp_backend)
     else:
-        record = run_isolated(request, timeout_s=job["trial_timeout_s"])
+        record = run_isolated(request, timeout_s=job.trial_timeout_s)
     record.update(started_at=started, ended_at=time.time())
     record.pop("traceback", None)
     try:
@@ -117,11 +148,11 @@ def _measure(knob_config: dict, job: dict, baseline: bool = False, screen: dict 
     except Exception:  # outside Ray (tests of this function)
         record["node"], record["gpu_ids"] = None, []
     record["cpus_reserved"] = cpus if world == 1 else world * knobs.process_cpus(knob_config)
-    record["compile_group"] = compile_group_key(knob_config, job)
-    record["workload"] = {"ref": job["workload"], "args": job["workload_args"]}
+    record["compile_group"] = compile_group_key(knob_config, job.workload, job.workload_args)
+    record["workload"] = {"ref": job.workload, "args": job.workload_args}
     hw = record.get("hardware") or {}
     record["gpu_model"] = hw.get("gpu")
-    return apply_constraints(record, job["constraints"])
+    return apply_constraints(record, job.constraints)
 
 
 class Board:
@@ -166,12 +197,12 @@ class Board:
         return {"below": self.best, "margin": margin}
 
 
-def _trainable(config: dict, job: dict) -> None:
+def _trainable(config: dict, job: TrialJob) -> None:
     import ray
     from ray import tune
 
-    knob_config = job["derive"]({**job["fixed"], **config})
-    board = job.get("board")
+    knob_config = job.knob_config(config)
+    board = job.board
     screen = ray.get(board.screen.remote()) if board is not None else None
     record = _measure(knob_config, job, screen=screen)
     if board is not None and record.get("compile_cache") == "warm":
@@ -180,7 +211,7 @@ def _trainable(config: dict, job: dict) -> None:
         with_cold_compile(record, None)
     record["phase"] = "search"
     record["trial_id"] = tune.get_context().get_trial_id()
-    report = objective_values(record, job["objective"])
+    report = objective_values(record, job.objective)
     report.update(logged_metrics(record))
     report["record"] = json.dumps(record, default=str)
     tune.report(report)
@@ -454,37 +485,29 @@ def _search(space: spec.Space, out: Path, progress: Progress, ray_start_s: float
     start = [space.default_point(ctx), space.recommended_config(ctx)]
 
     recorder = Recorder(trials_path, ctx)
-    job = {
-        "workload": m.workload, "workload_args": m.workload_args, "base_dir": str(space.base_dir),
-        "device": m.device, "measure": m.measure.model_dump(), "run": m.run.model_dump(), "seed": m.seed,
-        "trial_timeout_s": m.budget.trial_timeout_s, "constraints": m.constraints, "objective": m.objective,
-        "fixed": space.fixed, "derive": space.derive, "cpus_per_trial": cpus_per_trial,
-        "spread_ranks": m.resources.spread_ranks, "gpus_per_rank": gpus_per_trial,
-        "ddp_backend": "nccl" if cuda_ok else "gloo",
-        "observers": tuner_processes(local=ray_start_s > 0 and not _attached()),
-        "board": None,
-        # One inductor cache per compile group, per node, for this search (kept for resume).
-        "compile_root": os.path.join(tempfile.gettempdir(), "tuner-compile-" + hashlib.sha1(
-            f"{out}:{meta_created(out)}".encode()).hexdigest()[:12]),
-    }
     screening = m.objective.metric == "samples_per_sec" and not m.objective.memory and m.measure.screen_windows > 0
-    job["board"] = ray.remote(Board).options(num_cpus=0).remote(screening=screening)
+    job = TrialJob(
+        workload=m.workload, workload_args=m.workload_args, base_dir=str(space.base_dir),
+        device=m.device, measure=search_measure(space), run=m.run.model_dump(), seed=m.seed,
+        trial_timeout_s=m.budget.trial_timeout_s, constraints=m.constraints, objective=m.objective,
+        fixed=space.fixed, derive=space.derive, cpus_per_trial=cpus_per_trial, gpus_per_rank=gpus_per_trial,
+        spread_ranks=m.resources.spread_ranks, ddp_backend="nccl" if cuda_ok else "gloo",
+        observers=tuner_processes(local=ray_start_s > 0 and not _attached()),
+        # One inductor cache per compile group, per node, for this search (kept for resume).
+        compile_root=os.path.join(tempfile.gettempdir(), "tuner-compile-" + hashlib.sha1(
+            f"{out}:{meta_created(out)}".encode()).hexdigest()[:12]),
+        board=ray.remote(Board).options(num_cpus=0).remote(screening=screening),
+    )
     for r in recorder.records:  # a resumed search: what was measured before
         if r.get("phase") in ("search", "confirm"):
-            job["board"].update.remote(r)
+            job.board.update.remote(r)
+    run = SearchRun(space, ctx, job, out, recorder, progress, concurrent, t_search=time.time())
 
-    def remote_measure(config: dict, baseline: bool = False) -> Any:
-        bundle = driver_bundle(config, cpus_per_trial, gpus_per_trial)
-        return ray.remote(_measure).options(
-            num_cpus=bundle.get("CPU", 0), num_gpus=bundle.get("GPU", 0), max_retries=1,
-        ).remote(config, job, baseline)
-
-    t_search = time.time()
     previous = [r for r in recorder.records if r.get("phase") == "search"]
     baseline_rec = next((r for r in recorder.records if r.get("phase") == "baseline"), None)
     if baseline_rec is None:
         progress.update(msg="measuring the baseline (plain PyTorch loop)")
-        baseline_rec = ray.get(remote_measure(space.baseline_config(), baseline=True))
+        baseline_rec = ray.get(run.remote_measure(space.baseline_config(), baseline=True))
         baseline_rec["phase"] = "baseline"
         recorder.add(baseline_rec)
     if baseline_rec.get("status") == "ok":
@@ -492,25 +515,21 @@ def _search(space: spec.Space, out: Path, progress: Progress, ray_start_s: float
 
     # -- the search proper
     remaining = max(0, m.budget.trials - len(previous))
-    metric_names = ["objective", "memory"] if m.objective.memory else "objective"
-    mode = spec.OBJECTIVE_METRICS[m.objective.metric]
-    modes = [mode, "min"] if m.objective.memory else mode
     storage = optuna.storages.JournalStorage(
         optuna.storages.journal.JournalFileBackend(str(out / "optuna.journal")))
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     if previous:
         _repair_study(space, ctx, storage, previous)
     if remaining > 0:
-        _fit(space, ctx, start, job, out, storage, metric_names, modes, remaining, concurrent,
-             cpus_per_trial, gpus_per_trial, recorder, progress, previous, t_search,
+        _fit(run, start, storage, remaining, previous,
              ray_name="ray" if sessions == 0 else f"ray-resume-{sessions}")
 
     # -- confirm: re-measure the top configs in interleaved rounds (A B C base, A B C
     #    base: a drift of the machine hits every contender and the baseline alike) and
     #    choose on the median of all measurements.
-    if m.confirm.top and m.confirm.repeats and not m.objective.memory:
-        _confirm(space, baseline_rec, remote_measure, recorder, progress, concurrent, t_search)
-    search_wall_s = time.time() - t_search
+    if confirms(space):
+        _confirm(run, baseline_rec)
+    search_wall_s = time.time() - run.t_search
 
     summary = summarize(space, recorder.records, baseline_of(recorder.records, m.objective.metric) or baseline_rec,
                         describe_cluster=shape,
@@ -519,8 +538,53 @@ def _search(space: spec.Space, out: Path, progress: Progress, ray_start_s: float
     return summary
 
 
-def _confirm(space: spec.Space, baseline_rec: dict, remote_measure: Callable, recorder: Recorder,
-             progress: Progress, concurrent: int, t_search: float) -> None:
+@dataclass
+class SearchRun:
+    """One search as the driver holds it, for the phases that follow the baseline."""
+
+    space: spec.Space
+    ctx: knobs.Context
+    job: TrialJob
+    out: Path
+    recorder: Recorder
+    progress: Progress
+    concurrent: int  # trials at once
+    t_search: float  # when the search (baseline included) started
+
+    def bundle(self, config: dict) -> dict:
+        return driver_bundle(config, self.job.cpus_per_trial, self.job.gpus_per_rank)
+
+    def remote_measure(self, config: dict, baseline: bool = False) -> Any:
+        """A Ray task that measures ``config`` (the baseline and the confirm rounds)."""
+        import ray
+
+        bundle = self.bundle(config)
+        return ray.remote(_measure).options(
+            num_cpus=bundle.get("CPU", 0), num_gpus=bundle.get("GPU", 0), max_retries=1,
+        ).remote(config, self.job, baseline)
+
+
+def confirms(space: spec.Space) -> bool:
+    """Whether the search ends with confirm rounds."""
+    m = space.model
+    return bool(m.confirm.top and m.confirm.repeats and not m.objective.memory)
+
+
+def search_measure(space: spec.Space) -> dict:
+    """How a search measures each config: the space's ``measure`` settings, except that
+    with confirm rounds to follow every measurement stops at ``min_windows``. Precision
+    then comes from repeats: the contenders and the baseline are measured again in
+    interleaved rounds and their figures pooled, which a drift of the machine hits
+    alike, where more windows in one go would not. On this 2-core VM a window's figure
+    spreads 10-15%, so the 1% error target sent every contender to ``max_windows``: a
+    third of a search's time for a precision the confirm rounds then re-measured."""
+    settings = space.model.measure.model_dump()
+    if confirms(space):
+        settings["max_windows"] = settings["min_windows"]
+    return settings
+
+
+def _confirm(run: SearchRun, baseline_rec: dict) -> None:
     """Interleaved rounds over the contenders and the baseline (A B C base, A B C base:
     a drift of the machine hits every contender and the baseline alike).
 
@@ -532,10 +596,10 @@ def _confirm(space: spec.Space, baseline_rec: dict, remote_measure: Callable, re
     """
     import ray
 
-    m = space.model
+    m, recorder, progress = run.space.model, run.recorder, run.progress
     metric = m.objective.metric
     for rnd in range(m.confirm.repeats):
-        if m.budget.time_s is not None and time.time() - t_search >= m.budget.time_s:
+        if m.budget.time_s is not None and time.time() - run.t_search >= m.budget.time_s:
             progress.update(msg="time budget spent: no more confirm rounds")
             break
         contenders = within_noise(rank(aggregate(recorder.records, metric), metric), metric)[: m.confirm.top]
@@ -546,10 +610,10 @@ def _confirm(space: spec.Space, baseline_rec: dict, remote_measure: Callable, re
             batch.append((baseline_rec["config"], True))
         progress.update(msg=f"confirm round {rnd + 1}/{m.confirm.repeats}: re-measuring {len(contenders)} "
                             f"contender(s) within noise of the leader and the baseline, interleaved")
-        step = max(1, concurrent)
+        step = max(1, run.concurrent)
         for i in range(0, len(batch), step):
             group = batch[i:i + step]
-            for (_, is_base), rec in zip(group, ray.get([remote_measure(c, baseline=b) for c, b in group]),
+            for (_, is_base), rec in zip(group, ray.get([run.remote_measure(c, baseline=b) for c, b in group]),
                                          strict=True):
                 rec["phase"] = "baseline" if is_base else "confirm"
                 rec["confirm_round"] = rnd + 1
@@ -639,14 +703,16 @@ def _repair_study(space: spec.Space, ctx: knobs.Context, storage: Any, previous:
         known.add(r["key"])
 
 
-def _fit(space: spec.Space, ctx: knobs.Context, start: list[dict], job: dict, out: Path, storage: Any,
-         metric_names: Any, modes: Any, remaining: int, concurrent: int, cpus_per_trial: Callable,
-         gpus_per_trial: int, recorder: Recorder, progress: Progress, previous: list[dict],
-         t_search: float, ray_name: str) -> None:
+def _fit(run: SearchRun, start: list[dict], storage: Any, remaining: int, previous: list[dict],
+         ray_name: str) -> None:
+    """Tune's trials, ``remaining`` of them, with Optuna choosing (``start`` first)."""
     from ray import tune
     from ray.tune.search.optuna import OptunaSearch
 
+    space, ctx, job, recorder, progress = run.space, run.ctx, run.job, run.recorder, run.progress
     m = space.model
+    mode = spec.OBJECTIVE_METRICS[m.objective.metric]
+    metric_names, modes = (["objective", "memory"], [mode, "min"]) if m.objective.memory else ("objective", mode)
     sampler = make_sampler(space, ctx, start)
     search_space = SearchSpace(space, ctx)
     done = {r["key"] for r in previous}
@@ -700,30 +766,30 @@ def _fit(space: spec.Space, ctx: knobs.Context, start: list[dict], job: dict, ou
                 rec["trial_number"] = len([r for r in recorder.records if r.get("phase") == "search"])
                 recorder.add(rec)
                 progress.update(rec)
-                if job.get("board") is not None:
-                    job["board"].update.remote(rec)
+                if job.board is not None:
+                    job.board.update.remote(rec)
 
         def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
             rec = {"phase": "search", "status": "infeasible", "reason": f"trial crashed in Ray: {trial.error_file}",
-                   "config": job["derive"]({**job["fixed"], **trial.config}), "samples_per_sec": None}
+                   "config": job.knob_config(trial.config), "samples_per_sec": None}
             recorder.add(rec)
             progress.update(rec)
 
     def resources(config: dict) -> Any:
-        bundle = driver_bundle(job["derive"]({**job["fixed"], **config}), cpus_per_trial, gpus_per_trial)
+        bundle = run.bundle(job.knob_config(config))
         # Tune refuses an empty bundle: a multi-rank trial's driver holds one byte.
         return tune.PlacementGroupFactory([bundle or {"memory": 1}])
 
     time_left = None
     if m.budget.time_s is not None:
-        time_left = max(1.0, m.budget.time_s - (time.time() - t_search))
+        time_left = max(1.0, m.budget.time_s - (time.time() - run.t_search))
     tuner = tune.Tuner(
         tune.with_resources(tune.with_parameters(_trainable, job=job), resources=resources),
         tune_config=tune.TuneConfig(search_alg=searcher, num_samples=remaining,
-                                    max_concurrent_trials=concurrent, time_budget_s=time_left,
+                                    max_concurrent_trials=run.concurrent, time_budget_s=time_left,
                                     reuse_actors=True),
-        run_config=tune.RunConfig(name=ray_name, storage_path=str(out), verbose=0,
-                                  callbacks=[OnResult(), *logger_callbacks(m.log_to, out, m.name)],
+        run_config=tune.RunConfig(name=ray_name, storage_path=str(run.out), verbose=0,
+                                  callbacks=[OnResult(), *logger_callbacks(m.log_to, run.out, m.name)],
                                   log_to_file=True,
                                   failure_config=tune.FailureConfig(max_failures=1)),
     )

@@ -25,7 +25,9 @@ class MeasureSettings(Strict):
     max_windows: int = Field(12, ge=1)
     target_error: float = Field(0.01, gt=0)
     """Add windows (up to max_windows) while the median's relative standard error,
-    estimated robustly from the windows' median absolute deviation, exceeds this."""
+    estimated robustly from the windows' median absolute deviation, exceeds this.
+    (In a search with confirm rounds every measurement stops at min_windows: precision
+    comes from the interleaved repeats, ``tuner.search.search_measure``.)"""
     epoch_steps: int | None = Field(None, ge=1)
     """Optimizer steps per measured epoch; None: four windows, so that the timed phase
     crosses epoch boundaries and has windows clear of them."""
