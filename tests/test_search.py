@@ -59,6 +59,8 @@ def test_end_to_end_on_a_builtin_workload(tmp_path):
     # the baseline is measured first, then again in the confirm round, after the contender
     assert phases[0] == "baseline" and phases[-2:] == ["confirm", "baseline"]
     assert records[-1]["confirm_round"] == records[-2]["confirm_round"] == 1
+    # trials run at the driver's niceness (0 here), not at Ray's worker niceness (15)
+    assert all(r["nice"] == 0 for r in records if r["status"] == "ok")
     # what ran beside every window was measured: the tuner's own processes among it
     assert all(r["interference_cores"] is not None and r["tuner_cpu_cores"] is not None
                for r in records if r["status"] == "ok")

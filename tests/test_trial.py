@@ -47,3 +47,35 @@ def test_oom_raise_and_hang_are_results_with_reasons():
     hang = _run("hangs", timeout=8)
     assert hang["error_kind"] == "timeout" and "hung" in hang["reason"]
     assert hang["trial_wall_s"] < 20
+
+
+def test_a_trial_launched_at_ray_s_worker_niceness_runs_at_the_users():
+    """Ray starts its workers at nice 15, and a trial launched by one inherited it: then
+    every default-priority process preempted it (a compute-bound config read 0.86 of
+    bench as a Tune trial). The trial puts itself back at the niceness it is asked for
+    (threads and DataLoader workers created after inherit it); where the user may not
+    raise priority, a note says so."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import json, os\n"
+        "from tests.helpers import FAST_MEASURE, ref\n"
+        "from tuner.trial import make_request, run_isolated\n"
+        "os.nice(15)  # as Ray's workers start\n"
+        "r = run_isolated(make_request(workload=ref('linear'), config={'num_workers': 1},\n"
+        "                 measure=FAST_MEASURE, device='cpu', nice=0), timeout_s=120)\n"
+        "print(json.dumps({'status': r['status'], 'nice': r.get('nice'), 'notes': r.get('notes')}))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180,
+                         cwd=os.path.dirname(os.path.dirname(__file__)))
+    assert out.returncode == 0, out.stderr[-2000:]
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert r["status"] == "ok"
+    import resource
+
+    if os.geteuid() == 0 or resource.getrlimit(resource.RLIMIT_NICE)[0] >= 20:
+        assert r["nice"] == 0
+    else:  # an unprivileged user cannot lower niceness: said, not hidden
+        assert r["nice"] == 15 and any("RAY_worker_niceness" in n for n in r["notes"])

@@ -213,9 +213,9 @@ class Load:
     gpu_others: int = 0
     steal_cores: float = 0.0
 
-    def disturbed(self, max_interference: float, cpus: int) -> bool:
+    def disturbed(self, max_interference: float, cpus: int, max_steal: float = 1.0) -> bool:
         cpu = self.other_cores > max_interference * cpus and self.idle_cores < 0.5
-        return cpu or self.gpu_others > 0
+        return cpu or self.steal_cores > max_steal * cpus or self.gpu_others > 0
 
 
 class LoadMeter:
@@ -525,7 +525,7 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
             paused = sum(trainer.epoch_start_s[e0:])
             wait = trainer.data_wait_s - dw0 - paused
             load = meter.stop(wall)
-            busy = load is not None and load.disturbed(settings.max_interference, meter.cpus)
+            busy = load is not None and load.disturbed(settings.max_interference, meter.cpus, settings.max_steal)
             own_s, own_wait_s, own_steps = own_s + wall - paused, own_wait_s + wait, own_steps + steps
             # One all-reduce per window edge: the slowest rank's figures, on every rank.
             wall, paused, wait, busy, nonfinite = agree.max(wall, paused, wait, float(busy),
@@ -546,7 +546,8 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
                     size_epochs(now=True)
             if redo:
                 disturbed.append(rate(window, fetch_s()))
-                say(f"window disturbed ({load.other_cores:.2f} cores used outside the trial): "
+                say(f"window disturbed ({load.other_cores:.2f} cores used outside the trial, "
+                    f"{load.steal_cores:.2f} stolen by the hypervisor): "
                     f"measuring it again")
                 continue
             kept.append(window)
@@ -574,7 +575,7 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
     probe.sample_memory()
     # Windows kept after the cap on re-measurement may still be disturbed: the
     # measurement is then marked, and never picks a winner.
-    still = [ld for ld in loads if ld.disturbed(settings.max_interference, meter.cpus)]
+    still = [ld for ld in loads if ld.disturbed(settings.max_interference, meter.cpus, settings.max_steal)]
     is_disturbed = bool(agree.any(3 * len(still) > len(loads) if loads else False))  # more than a third
 
     micro_fetch_s = fetch_s()

@@ -21,7 +21,8 @@ from tuner.errors import UserError
 # A probe: a short warm-up and one short window. Enough to allocate what a step
 # allocates (the peaks) and to time a step; no epoch boundaries, no screening.
 PROBE_MEASURE = {"warmup_steps": 2, "window_s": 0.05, "min_windows": 1, "max_windows": 1,
-                 "max_timed_s": 5.0, "screen_windows": 0, "max_interference": 1.0}
+                 "max_timed_s": 5.0, "screen_windows": 0, "max_interference": 1.0,
+                 "max_steal": 1.0}
 
 
 @dataclass

@@ -89,6 +89,7 @@ class TrialJob:
     observers: list[int] = field(default_factory=list)  # the tuner's own processes beside a trial
     compile_root: str | None = None  # one inductor cache per compile group under it
     board: Any = None  # the Board actor (screening and cold compile costs)
+    nice: int = 0  # the driver's niceness: trials run at it, not at Ray's worker niceness
 
     def knob_config(self, searched: dict) -> dict:
         """The full config a trial runs, from the knobs the sampler chose."""
@@ -127,7 +128,7 @@ def _measure(knob_config: dict, job: TrialJob, baseline: bool = False, screen: d
                            device=job.device, measure=job.measure, run=job.run,
                            seed=job.seed, env=env,
                            observers=[os.getpid(), *job.observers], screen=screen,
-                           compile_cache=_compile_cache(knob_config, job))
+                           compile_cache=_compile_cache(knob_config, job), nice=job.nice)
     started = time.time()
     world = int(knob_config.get("world_size", 1))
     if world > 1:
@@ -258,6 +259,10 @@ def _start_ray(address: str | None) -> bool:
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
     if ray.is_initialized():
         return False
+    if not address and not _can_raise_priority():
+        # Ray starts its workers at nice 15; a trial that cannot put itself back at the
+        # user's niceness (tuner.trial.run_at_niceness) would be preempted by everything.
+        os.environ.setdefault("RAY_worker_niceness", "0")
     kwargs: dict[str, Any] = {"logging_level": logging.ERROR, "log_to_driver": False,
                               "configure_logging": True}
     try:
@@ -270,6 +275,13 @@ def _start_ray(address: str | None) -> bool:
         raise UserError(f"--address {address}: cannot connect to Ray ({first})" if address
                         else f"cannot start a local Ray: {first}") from None
     return True
+
+
+def _can_raise_priority() -> bool:
+    """Whether a process of this user may lower its niceness back to 0."""
+    import resource
+
+    return os.geteuid() == 0 or resource.getrlimit(resource.RLIMIT_NICE)[0] >= 20
 
 
 def _link_ray_logs(out: Path) -> None:
@@ -497,6 +509,7 @@ def _search(space: spec.Space, out: Path, progress: Progress, ray_start_s: float
         compile_root=os.path.join(tempfile.gettempdir(), "tuner-compile-" + hashlib.sha1(
             f"{out}:{meta_created(out)}".encode()).hexdigest()[:12]),
         board=ray.remote(Board).options(num_cpus=0).remote(screening=screening),
+        nice=os.getpriority(os.PRIO_PROCESS, 0),
     )
     for r in recorder.records:  # a resumed search: what was measured before
         if r.get("phase") in ("search", "confirm"):

@@ -41,6 +41,10 @@ class MeasureSettings(Strict):
     """A window is disturbed when processes outside the trial (the tuner's own
     included) used more than this share of the machine's cores while no core was
     left idle; it is dropped and measured again (up to max_windows more times)."""
+    max_steal: float = Field(0.25, gt=0, le=1)
+    """A window is also disturbed when the hypervisor took more than this share of the
+    machine's cores from it (steal time: a neighbour on the host). Less is common on a
+    busy VM and only recorded (``steal_cores``); this much halved a window's figure."""
 
 
 class RunPlan(Strict):

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from tuner import knobs
 from tuner.errors import UserError
-from tuner.records import OBJECTIVE_METRICS  # noqa: F401  (spec.OBJECTIVE_METRICS, read by callers)
+from tuner.records import OBJECTIVE_METRICS  # also read by callers as spec.OBJECTIVE_METRICS
 from tuner.settings import MeasureSettings as Measure
 from tuner.settings import RunPlan as Run
 
@@ -30,12 +30,20 @@ class _Strict(BaseModel):
 
 
 class Objective(_Strict):
-    metric: Literal["samples_per_sec", "projected_run_s", "samples_per_sec_per_rank"] = "samples_per_sec"
-    """What to optimize: throughput (maximize), the planned run's time (minimize), or
+    metric: str = "samples_per_sec"
+    """What to optimize (``records.OBJECTIVE_METRICS``, which owns the list and each
+    metric's direction): throughput (maximize), the planned run's time (minimize), or
     throughput per data-parallel rank, i.e. per GPU on GPUs (maximize: for those who
     pay per GPU-hour)."""
     memory: bool = False
     """Also minimize peak memory: a two-objective search with a Pareto front."""
+
+    @field_validator("metric")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        if v not in OBJECTIVE_METRICS:
+            raise ValueError(f"'{v}' is not one of {', '.join(OBJECTIVE_METRICS)}")
+        return v
 
 
 class Constraints(_Strict):
