@@ -9,7 +9,8 @@ For each built-in workload, on this machine:
 - limit: on a GPU the compute-only ceiling (same step, data already on the device);
   on a CPU, where loading and compute share the cores, the work bound
   cores / (preprocessing s/sample + compute s/sample), each measured alone on one core;
-- repeatability: the good config measured ``--repeats`` times; coefficient of variation.
+- repeatability: the good config measured ``--repeats`` times, interleaved with as many
+  plain-loop runs (good, naive, naive, good, ...); coefficient of variation.
 
 Prints a table and writes JSON (default benchmarks/out/loop_vs_naive.json).
 
@@ -110,11 +111,20 @@ def tuner_pick(workload: str, args: dict, device: torch.device, out: Path) -> tu
 def run(workload: str, args: dict, repeats: int, out: Path) -> dict:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     print(f"\n== {workload} on {device.type}", flush=True)
-    naive = measure(workload, {"micro_batch_size": 64}, baseline=True, args=args)
-    print(f"  naive: {naive['samples_per_sec']:.1f} samples/s", flush=True)
     config, summary = tuner_pick(workload, args, device, out)
     print(f"  tuner's pick: {config} ({summary['search_wall_s']:.0f} s search)", flush=True)
-    runs = [measure(workload, config, args=args) for _ in range(repeats)]
+    # The pick and the plain loop interleaved (good, naive, naive, good, ...): this VM's
+    # speed drifts by tens of percent over minutes, which a plain loop measured once
+    # before the search would put on the ratio.
+    runs, naive_runs = [], []
+    for i in range(repeats):
+        for which in (("good", "naive") if i % 2 == 0 else ("naive", "good")):
+            if which == "good":
+                runs.append(measure(workload, config, args=args))
+            else:
+                naive_runs.append(measure(workload, {"micro_batch_size": 64}, baseline=True, args=args))
+    naive = {"samples_per_sec": statistics.median(r["samples_per_sec"] for r in naive_runs)}
+    print(f"  naive: {naive['samples_per_sec']:.1f} samples/s", flush=True)
     reps = [r["samples_per_sec"] for r in runs]
     steady = statistics.median(r["steady_samples_per_sec"] for r in runs)
     cv = statistics.stdev(reps) / statistics.mean(reps) if len(reps) > 1 else None
@@ -132,6 +142,7 @@ def run(workload: str, args: dict, repeats: int, out: Path) -> dict:
     out = {
         "workload": workload, "args": args, "device": device.type,
         "naive_samples_per_sec": naive["samples_per_sec"],
+        "naive_repeats": [r["samples_per_sec"] for r in naive_runs],
         "good_config": config, "good_samples_per_sec": good_rate, "good_steady_samples_per_sec": steady,
         "good_repeats": reps, "good_cv": cv,
         "prep_s_per_sample": prep, "compute_s_per_sample": compute,

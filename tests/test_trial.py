@@ -51,8 +51,7 @@ def test_oom_raise_and_hang_are_results_with_reasons():
 
 def test_a_trial_launched_at_ray_s_worker_niceness_runs_at_the_users():
     """Ray starts its workers at nice 15, and a trial launched by one inherited it: then
-    every default-priority process preempted it (a compute-bound config read 0.86 of
-    bench as a Tune trial). The trial puts itself back at the niceness it is asked for
+    every default-priority process preempted it. The trial puts itself back at the niceness it is asked for
     (threads and DataLoader workers created after inherit it); where the user may not
     raise priority, a note says so."""
     import json

@@ -523,7 +523,9 @@ def _search(space: spec.Space, out: Path, progress: Progress, ray_start_s: float
         baseline_rec = ray.get(run.remote_measure(space.baseline_config(), baseline=True))
         baseline_rec["phase"] = "baseline"
         recorder.add(baseline_rec)
-    if baseline_rec.get("status") == "ok":
+    if baseline_rec.get("status") == "ok" and not baseline_rec.get("disturbed"):
+        # (a baseline measured on a disturbed machine would inflate every "x baseline";
+        # the summary's comes from all of its rounds)
         progress.baseline = baseline_rec.get(m.objective.metric)
 
     # -- the search proper

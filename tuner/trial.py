@@ -165,8 +165,9 @@ def run_at_niceness(target: int | None) -> str | None:
 
     Ray starts its workers at nice 15 (``RAY_worker_niceness``), and a trial launched by
     one inherits it. At nice 15 every process at the default priority, the Tune driver
-    among them, preempts the trial at once: a compute-bound config (2 threads, no
-    workers) read 0.86 of ``bench`` as a Tune trial on 2 cores. The user's own script
+    among them, preempts the trial at once (a compute-bound config, 2 threads and no
+    workers, read 0.86 and 1.04 of ``bench`` as a Tune trial in two pairs on 2 cores:
+    this VM's noise hides the size, not the inversion). The user's own script
     runs at their niceness. Linux niceness is per thread, and the threads created after
     this (torch's, DataLoader workers) inherit it. Lowering niceness needs CAP_SYS_NICE
     (or RLIMIT_NICE); without it the trial stays where it is and the note says so.
