@@ -18,6 +18,7 @@ Order of a search:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import json
@@ -669,16 +670,10 @@ def tuner_processes(local: bool) -> list[int]:
 
 
 def _lower_priority(pid: int, nice: int = 10) -> None:
-    """Nice every thread of a process (Linux niceness is per thread)."""
-    try:
-        tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
-    except OSError:
-        tids = [pid]
-    for tid in tids:
-        try:
-            os.setpriority(os.PRIO_PROCESS, tid, max(nice, os.getpriority(os.PRIO_PROCESS, tid)))
-        except OSError:
-            pass
+    from tuner.trial import renice
+
+    with contextlib.suppress(OSError):  # a daemon that ended, or one of another user
+        renice(pid, nice, only_lower_priority=True)
 
 
 def _gpu_facts() -> tuple[bool, bool]:

@@ -11,7 +11,6 @@ result with ``status: infeasible`` and a one-line ``reason``.
 
 from __future__ import annotations
 
-import contextlib
 import multiprocessing as mp
 import os
 import shutil
@@ -180,20 +179,31 @@ def run_at_niceness(target: int | None) -> str | None:
     if current == target:
         return None
     try:
-        tids = [int(t) for t in os.listdir("/proc/self/task")]
-    except OSError:
-        tids = [0]
-    try:
-        os.setpriority(os.PRIO_PROCESS, 0, target)
-        # and the threads that exist already: a rank's process group (gloo's threads)
-        # and Ray's own were started before the trial was built
-        for tid in tids:
-            with contextlib.suppress(OSError):  # a thread that ended meanwhile
-                os.setpriority(os.PRIO_PROCESS, tid, target)
+        # every thread there is already (a rank's gloo threads and Ray's were started
+        # before the trial was built), this one first
+        renice(os.getpid(), target)
     except OSError:
         return (f"the trial ran at nice {current} (Ray's worker niceness), not at the search's {target}: "
                 f"anything at a higher priority preempted it; start Ray with RAY_worker_niceness=0")
     return None
+
+
+def renice(pid: int, nice: int, only_lower_priority: bool = False) -> None:
+    """Set every thread of ``pid`` to ``nice`` (Linux niceness is per thread). Raises
+    OSError when the main thread may not be set; a thread that ended meanwhile is skipped.
+    ``only_lower_priority``: never raise a thread's priority (niceness only goes up)."""
+    try:
+        tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    except OSError:
+        tids = []
+    tids = [pid] + [t for t in tids if t != pid]
+    for i, tid in enumerate(tids):
+        try:
+            current = os.getpriority(os.PRIO_PROCESS, tid)
+            os.setpriority(os.PRIO_PROCESS, tid, max(nice, current) if only_lower_priority else nice)
+        except OSError:
+            if i == 0:
+                raise
 
 
 def classify(exc: BaseException) -> tuple[str, str]:
