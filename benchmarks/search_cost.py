@@ -11,11 +11,15 @@ threads x channels_last) and the same trial count:
 - wall time of each (Ray already started for both);
 - pick quality: both picks re-measured side by side, interleaved (tuner's, stock's,
   stock's, tuner's, ...), ``--rounds`` rounds each, with ``tuner.trial.run_isolated``;
-  the ratio of medians.
+  the ratio of medians;
+- ``--equal-time``: a second stock search given as many trials as fit in the tuner's
+  wall time (trials x tuner wall / stock wall; the same seed, so its first trials are
+  the first search's), its pick re-measured in the same interleaved rounds: what the
+  stock search finds with the time the tuner spends on its baseline and confirm rounds.
 
 Prints a table and writes JSON (default benchmarks/out/search_cost.json).
 
-    python benchmarks/search_cost.py [--workloads conv,transformer,files] [--trials 12] [--rounds 3]
+    python benchmarks/search_cost.py [--workloads conv,transformer,files] [--trials 12] [--rounds 3] [--equal-time]
 """
 
 from __future__ import annotations
@@ -85,7 +89,7 @@ def stock_trainable(config: dict) -> None:
     tune.report({"samples_per_sec": statistics.median(rates)})
 
 
-def run_stock(workload: str, trials: int, seed: int, storage: Path) -> tuple[dict, float]:
+def run_stock(workload: str, trials: int, seed: int, storage: Path, tag: str = "") -> tuple[dict, float]:
     from ray import tune
     from ray.tune.search.optuna import OptunaSearch
 
@@ -97,7 +101,7 @@ def run_stock(workload: str, trials: int, seed: int, storage: Path) -> tuple[dic
         param_space=space,
         tune_config=tune.TuneConfig(search_alg=OptunaSearch(metric="samples_per_sec", mode="max", seed=seed),
                                     num_samples=trials, max_concurrent_trials=1),
-        run_config=tune.RunConfig(storage_path=str(storage), name=f"stock-{workload}", verbose=0),
+        run_config=tune.RunConfig(storage_path=str(storage), name=f"stock-{workload}{tag}", verbose=0),
     )
     best = tuner.fit().get_best_result(metric="samples_per_sec", mode="max")
     wall = time.time() - t0
@@ -134,6 +138,8 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=12)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--equal-time", action="store_true",
+                    help="also a stock search given the tuner's wall time, its pick re-measured too")
     ap.add_argument("--out", default="benchmarks/out/search_cost.json")
     a = ap.parse_args()
 
@@ -151,40 +157,55 @@ def main() -> None:
             tuner_cfg, tuner_wall, summary = run_tuner(workload, a.trials, a.seed, tmp / "tuner")
             print(f"{workload}: tuner search {tuner_wall:.0f} s ({summary['measurements']} measurements), "
                   f"pick {({k: tuner_cfg[k] for k in KNOBS})}", flush=True)
-            mine, theirs = [], []
+            picks = {"tuner": tuner_cfg, "stock": stock_cfg}
+            if a.equal_time:
+                more = max(a.trials, round(a.trials * tuner_wall / stock_wall))
+                long_cfg, long_wall = run_stock(workload, more, a.seed, tmp / "stock", tag="-equal-time")
+                print(f"{workload}: stock search of {more} trials {long_wall:.0f} s, pick {long_cfg}", flush=True)
+                picks["equal_time"] = long_cfg
+            runs: dict[str, list[float]] = {k: [] for k in picks}
             for r in range(a.rounds):
-                order = ("tuner", "stock") if r % 2 == 0 else ("stock", "tuner")
-                for which in order:
-                    if which == "tuner":
-                        mine.append(remeasure(workload, tuner_cfg))
-                    else:
-                        theirs.append(remeasure(workload, stock_cfg))
+                names = list(picks)
+                for which in names[r % len(names):] + names[: r % len(names)]:  # rotated each round
+                    runs[which].append(remeasure(workload, picks[which]))
+            med = {k: statistics.median(v) for k, v in runs.items()}
             row = {"workload": workload, "trials": a.trials,
                    "tuner_wall_s": tuner_wall, "stock_wall_s": stock_wall,
                    "wall_ratio": tuner_wall / stock_wall,
                    "tuner_measurements": summary["measurements"],
-                   "tuner_screened": sum(1 for r in [summary.get("best")] + summary.get("top", []) if r and r.get("screened")),
                    "tuner_pick": {k: tuner_cfg[k] for k in KNOBS}, "stock_pick": stock_cfg,
-                   "tuner_pick_samples_per_sec": statistics.median(mine),
-                   "stock_pick_samples_per_sec": statistics.median(theirs),
-                   "pick_ratio": statistics.median(mine) / statistics.median(theirs),
-                   "tuner_pick_runs": mine, "stock_pick_runs": theirs}
+                   "tuner_pick_samples_per_sec": med["tuner"],
+                   "stock_pick_samples_per_sec": med["stock"],
+                   "pick_ratio": med["tuner"] / med["stock"],
+                   "tuner_pick_runs": runs["tuner"], "stock_pick_runs": runs["stock"]}
+            if a.equal_time:
+                row.update({"equal_time_trials": more, "equal_time_wall_s": long_wall,
+                            "equal_time_pick": picks["equal_time"],
+                            "equal_time_pick_samples_per_sec": med["equal_time"],
+                            "equal_time_pick_runs": runs["equal_time"],
+                            "pick_ratio_equal_time": med["tuner"] / med["equal_time"]})
             records = [json.loads(x) for x in (tmp / "tuner" / f"cost-{workload}" / "trials.jsonl").read_text().splitlines()]
             row["tuner_screened"] = sum(1 for r in records if r.get("screened"))
             row["tuner_confirm_measurements"] = sum(1 for r in records if r.get("phase") == "confirm")
             rows.append(row)
             print(f"{workload}: wall tuner/stock {row['wall_ratio']:.2f}; pick tuner/stock {row['pick_ratio']:.3f} "
-                  f"({row['tuner_pick_samples_per_sec']:.1f} vs {row['stock_pick_samples_per_sec']:.1f})", flush=True)
+                  f"({row['tuner_pick_samples_per_sec']:.1f} vs {row['stock_pick_samples_per_sec']:.1f})"
+                  + (f"; tuner/stock at equal time {row['pick_ratio_equal_time']:.3f}" if a.equal_time else ""),
+                  flush=True)
+            # after every workload: a long run stopped part-way keeps what it measured
+            Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(a.out).write_text(json.dumps({"hardware": describe(), "rows": rows}, indent=2, default=str))
     finally:
         ray.shutdown()
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps({"hardware": describe(), "rows": rows}, indent=2, default=str))
     print(f"\n{'workload':<12} {'trials':>6} {'tuner s':>8} {'stock s':>8} {'wall ratio':>10} {'screened':>8} "
           f"{'tuner pick':>10} {'stock pick':>10} {'pick ratio':>10}")
     for r in rows:
         print(f"{r['workload']:<12} {r['trials']:>6} {r['tuner_wall_s']:>8.0f} {r['stock_wall_s']:>8.0f} "
               f"{r['wall_ratio']:>10.2f} {r['tuner_screened']:>8} {r['tuner_pick_samples_per_sec']:>10.1f} "
-              f"{r['stock_pick_samples_per_sec']:>10.1f} {r['pick_ratio']:>10.3f}")
+              f"{r['stock_pick_samples_per_sec']:>10.1f} {r['pick_ratio']:>10.3f}"
+              + (f"   equal time: {r['equal_time_trials']} stock trials {r['equal_time_wall_s']:.0f} s, pick "
+                 f"{r['equal_time_pick_samples_per_sec']:.1f}, tuner/it {r['pick_ratio_equal_time']:.3f}"
+                 if "equal_time_trials" in r else ""))
     print(f"wrote {a.out}")
 
 

@@ -82,7 +82,7 @@ def test_many_workers_input_bound_agrees_with_whole_epochs_of_a_plain_loop(persi
     # fast or slow by up to a round, depending on where in a round it ends.
     from tests.fixture_workloads import slow_data
 
-    args = {"sample_s": 0.02, "step_s": 0.005, "size": 2048}
+    args = {"sample_s": 0.02, "step_s": 0.005, "size": 1024}
     config = {"micro_batch_size": 8, "num_workers": 8, "persistent_workers": persistent}
     before = _plain_epochs(slow_data(**args), config)
     r = _run("slow_data", args, config, measure={"window_s": 0.5}, timeout=300)

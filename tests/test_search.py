@@ -17,9 +17,9 @@ measure: {warmup_steps: 2, window_s: 0.2, min_windows: 3, max_windows: 4, max_ti
 """
 
 
-def _space(tmp_path, text):
+def _space(tmp_path, text, measure=FAST):
     p = tmp_path / "space.yaml"
-    p.write_text(textwrap.dedent(text) + FAST)
+    p.write_text(textwrap.dedent(text) + measure)
     return spec.load(p)
 
 
@@ -116,6 +116,30 @@ def test_faulty_trials_are_recorded_and_the_search_finishes(tmp_path, ray_local)
     assert len(summary["infeasible"]) == 5
 
 
+def test_screened_trials_in_a_row_send_the_incumbent_to_be_measured_again(tmp_path, ray_local):
+    # sleep-bound: samples/s follows the micro-batch, so the first (8) leads and each
+    # smaller one is screened out against it; after each, the incumbent is re-measured
+    space = _space(tmp_path, f"""\
+        name: recheck
+        workload: {FIXTURES}:sleepy
+        workload_args: {{step_s: 0.01}}
+        knobs:
+          micro_batch_size: [8, 2, 3]
+        sampler: grid
+        budget: {{trials: 3, trial_timeout_s: 60}}
+        confirm: {{top: 0}}
+        """, FAST.replace("}", ", recheck_after: 1}"))
+    summary = run_search(space, results_root=tmp_path / "r", quiet=True)
+    records = _records(tmp_path / "r" / "recheck")
+    phases = [(r["phase"], r["config"]["micro_batch_size"]) for r in records]
+    assert phases[0][0] == "baseline"
+    assert phases[1:] == [("search", 8), ("search", 2), ("recheck", 8), ("search", 3)], phases
+    assert records[2]["screened"] and records[4]["screened"]
+    assert records[3]["key"] == records[1]["key"] and not records[3].get("screened")
+    assert summary["best"]["config"]["micro_batch_size"] == 8 and summary["best"]["measurements"] == 2
+    assert [r["trial_number"] for r in records if r["phase"] == "search"] == [0, 1, 2]
+
+
 def test_two_objectives_write_a_pareto_front_and_a_memory_cap_excludes(tmp_path, ray_local):
     text = f"""\
         name: pareto
@@ -138,10 +162,11 @@ def test_two_objectives_write_a_pareto_front_and_a_memory_cap_excludes(tmp_path,
     assert any("exceeds max_memory_mb" in r["reason"] for r in summary["infeasible"])
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def logical_gpu_cluster():
     """Two nodes of 3 CPUs and 2 logical GPUs each (Ray's num_gpus on a CPU machine: the
-    trials' torch runs on the CPU)."""
+    trials' torch runs on the CPU), shared by the placement tests (a start and shutdown of two nodes costs
+    ~15 s here)."""
     import ray
     from ray.cluster_utils import Cluster
 

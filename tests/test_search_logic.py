@@ -90,3 +90,59 @@ def test_screened_rows_never_win_and_confirm_takes_only_rows_within_noise():
     assert cold["compile_s_cold"] == 16.0 and cold["projected_run_s"] == 100.0
     warm = with_cold_compile({"compile_cache": "warm", "compile_s": 4.0, "projected_run_s": 88.0}, 16.0)
     assert warm["compile_s_cold"] == 16.0 and warm["projected_run_s"] == 100.0  # the cold cost is kept
+
+
+def _full(value, config, error=0.01):
+    return {"phase": "search", "status": "ok", "samples_per_sec": value, "samples_per_sec_error": error,
+            "config": config}
+
+
+def test_after_screened_trials_in_a_row_the_incumbent_is_measured_again():
+    from tuner.search import Board
+
+    board = Board(recheck_after=2)
+    assert board.screen() is None  # nothing measured yet
+    board.update(_full(220.0, {"x": 1}))
+    assert board.screen() == {"below": 220.0, "margin": 0.05}
+    # the machine slowed: two configs screened out against 220 in a row
+    for value in (150.0, 148.0):
+        board.update({**_full(value, {"x": 2}), "screened": True})
+    screen = board.screen()
+    assert screen["recheck"] == {"x": 1} and screen["below"] == 220.0
+    assert "recheck" not in board.screen()  # asked once per run of screened trials
+    # a disturbed re-measurement changes nothing; a quiet one is the threshold now
+    board.update({**_full(60.0, {"x": 1}), "phase": "recheck", "disturbed": True})
+    assert board.screen()["below"] == 220.0
+    board.update({**_full(152.0, {"x": 1}), "phase": "recheck"})
+    assert board.screen()["below"] == 152.0
+    # a full measurement above it is the incumbent; one that is not screened breaks the run
+    board.update(_full(160.0, {"x": 3}))
+    board.update({**_full(100.0, {"x": 4}), "screened": True})
+    board.update(_full(155.0, {"x": 5}))
+    board.update({**_full(100.0, {"x": 6}), "screened": True})
+    assert board.screen()["below"] == 160.0 and "recheck" not in board.screen()
+    board.update({**_full(100.0, {"x": 7}), "screened": True})
+    assert board.screen()["recheck"] == {"x": 3}
+    never = Board(recheck_after=0)
+    never.update(_full(220.0, {"x": 1}))
+    for _ in range(5):
+        never.update({**_full(100.0, {"x": 2}), "screened": True})
+    assert "recheck" not in never.screen()
+
+
+def test_a_leader_whose_repeats_disagree_has_not_beaten_the_rows_behind_it():
+    from tuner.search import within_noise
+
+    recs = [
+        # measured fast, then 30% slower once the machine drifted
+        _full(221.0, {"x": 1}) | {"key": "a"},
+        _full(150.0, {"x": 1}) | {"key": "a", "phase": "recheck"},
+        _full(150.0, {"x": 2}) | {"key": "b"},
+        _full(100.0, {"x": 3}) | {"key": "c"},
+    ]
+    ranked = rank(aggregate(recs, "samples_per_sec"), "samples_per_sec")
+    assert [r["key"] for r in ranked] == ["a", "b", "c"]
+    assert ranked[0]["measurements"] == 2 and ranked[0]["error"] == pytest.approx(71 / (2 * 185.5))
+    # within noise of a's pooled 185.5 (its own figures 38% apart), where a single
+    # figure of a's with a 1% error would have put b 19% behind, out of the confirm rounds
+    assert [r["key"] for r in within_noise(ranked, "samples_per_sec")] == ["a", "b"]

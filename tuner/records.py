@@ -182,8 +182,7 @@ def aggregate(records: list[dict], metric: str) -> list[dict]:
             "feasible": bool(measured) and len(measured) == len(rs),
             "disturbed": bool(full) and not quiet,
             "screened": bool(measured) and not full,
-            "error": statistics.median(r["samples_per_sec_error"] for r in ok)
-            if ok and all(r.get("samples_per_sec_error") is not None for r in ok) else None,
+            "error": _row_error(ok, values),
             "reason": next((r.get("reason") for r in rs if r.get("status") != "ok"), None),
             metric: _pooled_median(ok, metric) if values else None,
             "values": values,
@@ -203,6 +202,19 @@ def aggregate(records: list[dict], metric: str) -> list[dict]:
         rows.append(row)
     scaling_efficiency(rows)
     return rows
+
+
+def _row_error(records: list[dict], values: list[float]) -> float | None:
+    """A row's relative error: its measurements' window error (median), or, once it was
+    measured more than once, half the spread of its figures if that is larger: repeats
+    far apart in time (the machine drifted between them) are noise too, and a leader
+    whose figures disagree has not beaten the rows behind it."""
+    windows = [r.get("samples_per_sec_error") for r in records]
+    error = statistics.median(windows) if windows and None not in windows else None
+    if len(values) > 1 and statistics.median(values) > 0:
+        repeats = (max(values) - min(values)) / (2 * statistics.median(values))
+        error = max(error or 0.0, repeats)
+    return error
 
 
 def _pooled_median(records: list[dict], metric: str) -> float:

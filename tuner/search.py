@@ -166,13 +166,23 @@ class Board:
     incumbent, applied inside the trial process between windows (``measure``), where
     stopping costs nothing: a Tune scheduler would stop the trial by killing its actor,
     and with it the process that measures.
+
+    The threshold is a figure from the past. After ``recheck_after`` screened trials in
+    a row, the next trial first measures the incumbent again (phase ``recheck``), and
+    that figure becomes the threshold: on a machine that slowed since, the incumbent
+    reads lower too. (In a conv search here the VM slowed 30% after the first trial and
+    screened out the 10 trials after it, among them the config a stock search picked,
+    which re-measured 1.3x the tuner's pick.)
     """
 
-    def __init__(self, min_margin: float = 0.05, screening: bool = True):
+    def __init__(self, min_margin: float = 0.05, screening: bool = True, recheck_after: int = 0):
         self.best: float | None = None
+        self.incumbent: dict | None = None  # the config behind ``best``
         self.errors: list[float] = []
         self.min_margin = min_margin
         self.screening = screening
+        self.recheck_after = recheck_after
+        self.screened_in_a_row = 0
         self.cold: dict[str, float] = {}  # compile group -> the compile its first trial paid
 
     def cold_compile(self, group: str | None) -> float | None:
@@ -181,22 +191,48 @@ class Board:
     def update(self, record: dict) -> None:
         if record.get("compile_cache") == "cold" and record.get("compile_s") is not None:
             self.cold.setdefault(record.get("compile_group"), record["compile_s"])
-        if record.get("status") != "ok" or record.get("screened") or record.get("disturbed"):
-            return
+        ok = record.get("status") == "ok" and not record.get("disturbed")
         value = record.get("samples_per_sec")
+        if record.get("phase") == "recheck":
+            if ok and value is not None:
+                self.best = value  # the incumbent as the machine runs it now
+            return
+        if ok and record.get("screened"):
+            self.screened_in_a_row += 1
+        if not ok or record.get("screened"):
+            return
+        self.screened_in_a_row = 0
         if value is not None and (self.best is None or value > self.best):
-            self.best = value
+            self.best, self.incumbent = value, record.get("config")
         if record.get("samples_per_sec_error") is not None:
             self.errors.append(record["samples_per_sec_error"])
 
     def screen(self) -> dict | None:
         """The threshold for the next trial, or None before any full measurement.
         The allowance is 3x the median window error seen so far, at least min_margin
-        (run-to-run drift on a shared machine exceeds one measurement's own error)."""
+        (run-to-run drift on a shared machine exceeds one measurement's own error).
+        ``recheck``: the incumbent's config, to measure before the trial (once per run
+        of ``recheck_after`` screened trials)."""
         if self.best is None or not self.screening:
             return None
         margin = max(self.min_margin, 3 * statistics.median(self.errors)) if self.errors else 2 * self.min_margin
-        return {"below": self.best, "margin": margin}
+        out: dict = {"below": self.best, "margin": margin}
+        if self.recheck_after and self.screened_in_a_row >= self.recheck_after and self.incumbent is not None:
+            out["recheck"] = self.incumbent
+            self.screened_in_a_row = 0  # asked once: concurrent trials do not all re-measure it
+        return out
+
+
+def _with_compile_cost(record: dict, board: Any) -> dict:
+    """A warm-cache trial's record with its group's cold compile cost (``projected_run_s``
+    keeps what a user's first run pays)."""
+    import ray
+
+    if board is not None and record.get("compile_cache") == "warm":
+        return with_cold_compile(record, ray.get(board.cold_compile.remote(record.get("compile_group"))))
+    if record.get("compile_cache") == "cold":
+        return with_cold_compile(record, None)
+    return record
 
 
 def _trainable(config: dict, job: TrialJob) -> None:
@@ -206,14 +242,18 @@ def _trainable(config: dict, job: TrialJob) -> None:
     knob_config = job.knob_config(config)
     board = job.board
     screen = ray.get(board.screen.remote()) if board is not None else None
-    record = _measure(knob_config, job, screen=screen)
-    if board is not None and record.get("compile_cache") == "warm":
-        with_cold_compile(record, ray.get(board.cold_compile.remote(record.get("compile_group"))))
-    elif record.get("compile_cache") == "cold":
-        with_cold_compile(record, None)
+    report: dict = {}
+    if screen and screen.get("recheck"):
+        # the incumbent again first: the threshold as the machine runs now
+        recheck = _with_compile_cost(_measure(screen.pop("recheck"), job), board)
+        recheck["phase"] = "recheck"
+        ray.get(board.update.remote(recheck))
+        screen = ray.get(board.screen.remote())
+        report["recheck"] = json.dumps(recheck, default=str)
+    record = _with_compile_cost(_measure(knob_config, job, screen=screen), board)
     record["phase"] = "search"
     record["trial_id"] = tune.get_context().get_trial_id()
-    report = objective_values(record, job.objective)
+    report.update(objective_values(record, job.objective))
     report.update(logged_metrics(record))
     report["record"] = json.dumps(record, default=str)
     tune.report(report)
@@ -509,11 +549,12 @@ def _search(space: spec.Space, out: Path, progress: Progress, ray_start_s: float
         # One inductor cache per compile group, per node, for this search (kept for resume).
         compile_root=os.path.join(tempfile.gettempdir(), "tuner-compile-" + hashlib.sha1(
             f"{out}:{meta_created(out)}".encode()).hexdigest()[:12]),
-        board=ray.remote(Board).options(num_cpus=0).remote(screening=screening),
+        board=ray.remote(Board).options(num_cpus=0).remote(screening=screening,
+                                                            recheck_after=m.measure.recheck_after),
         nice=os.getpriority(os.PRIO_PROCESS, 0),
     )
     for r in recorder.records:  # a resumed search: what was measured before
-        if r.get("phase") in ("search", "confirm"):
+        if r.get("phase") in ("search", "recheck", "confirm"):
             job.board.update.remote(r)
     run = SearchRun(space, ctx, job, out, recorder, progress, concurrent, t_search=time.time())
 
@@ -771,6 +812,10 @@ def _fit(run: SearchRun, start: list[dict], storage: Any, remaining: int, previo
 
     class OnResult(tune.Callback):
         def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
+            if "recheck" in result:  # the incumbent re-measured before this trial
+                rec = recorder.add(json.loads(result["recheck"]))
+                progress.update(msg=f"the incumbent re-measured at {rec.get('samples_per_sec') or 0:.1f} "
+                                    f"samples/s after {m.measure.recheck_after} screened trials in a row")
             if "record" in result:
                 rec = json.loads(result["record"])
                 rec["trial_number"] = len([r for r in recorder.records if r.get("phase") == "search"])

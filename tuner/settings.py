@@ -37,6 +37,11 @@ class MeasureSettings(Strict):
     """Screening: when the search passes a threshold (its incumbent's figure), a config
     whose best of its first ``screen_windows`` windows, raised by the noise allowance,
     stays below it stops there, recorded as ``screened``; 0 never screens."""
+    recheck_after: int = Field(3, ge=0)
+    """After this many screened trials in a row, the incumbent is measured again before
+    the next trial, and its new figure becomes the threshold: a machine that slowed
+    since the incumbent was measured (this VM drifted 30% within a minute, with no steal
+    to show for it) would otherwise screen out every config after it. 0: never."""
     max_interference: float = Field(0.10, gt=0, le=1)
     """A window is disturbed when processes outside the trial (the tuner's own
     included) used more than this share of the machine's cores while no core was
