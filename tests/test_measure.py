@@ -185,6 +185,9 @@ def test_cpu_hog_mid_measurement_is_detected():
     # for a while; steal below measure.max_steal is recorded (steal_cores) but does not
     # redo a window, and it has read the figure up to 13% low here (a known limit, in
     # the README)
+    # windows still disturbed once the redos ran out are left out of the figure where
+    # enough quiet ones remain (a fresh-clone CI run read 0.83 of the quiet runs before)
+    assert loud["disturbed_windows_left_out"] >= 0 and loud["windows"] >= 4 or loud["disturbed"]
     close = 0.85 * lo <= loud["samples_per_sec"] <= 1.15 * hi
     assert close or loud["disturbed"], (loud["samples_per_sec"], lo, hi)
 
