@@ -575,19 +575,21 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
                 below_incumbent = True
                 break
     probe.sample_memory()
-    # Windows kept after the cap on re-measurement may still be disturbed: the
-    # measurement is then marked, and never picks a winner.
-    # A disturbance that outlasts the redos leaves disturbed windows among those kept (a
-    # CPU hog of 4 s read a figure 17% low that way). Where enough quiet windows remain,
-    # the figure comes from them alone; otherwise the measurement may be marked below.
+    # A disturbance that outlasts the redos (capped) leaves disturbed windows among those
+    # kept (a CPU hog of 4 s read a figure 17% low that way). Where enough quiet windows
+    # remain, the figure comes from them alone; otherwise, with more than a third of its
+    # windows disturbed, the measurement is marked, and never picks a winner.
+    def quiet(ld: Load) -> bool:
+        return not ld.disturbed(settings.max_interference, meter.cpus, settings.max_steal)
+
     quiet_kept = [w for w, b in zip(kept, kept_busy, strict=True) if not b]
     left_out = 0
     if len(quiet_kept) < len(kept) and len(quiet_kept) >= max(2, settings.min_windows // 2 + 1):
         left_out = len(kept) - len(quiet_kept)
         kept = quiet_kept
-        loads = [ld for ld in loads if not ld.disturbed(settings.max_interference, meter.cpus, settings.max_steal)]
-    still = [ld for ld in loads if ld.disturbed(settings.max_interference, meter.cpus, settings.max_steal)]
-    is_disturbed = bool(agree.any(3 * len(still) > len(loads) if loads else False))  # more than a third
+        loads = [ld for ld in loads if quiet(ld)]
+    still = sum(1 for ld in loads if not quiet(ld))
+    is_disturbed = bool(agree.any(3 * still > len(loads) if loads else False))  # more than a third
 
     micro_fetch_s = fetch_s()
     rates = [rate(w, micro_fetch_s) for w in kept]
