@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import multiprocessing as mp
+import os
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 FIXTURES = Path(__file__).parent / "fixture_workloads.py"
@@ -12,3 +17,35 @@ FAST_MEASURE = {"warmup_steps": 2, "window_s": 0.2, "min_windows": 3, "max_windo
 def ref(name: str) -> str:
     """A workload reference to one of the fixture workloads."""
     return f"{FIXTURES}:{name}"
+
+
+def spin(seconds: float) -> None:
+    """Keep one core busy for ``seconds``."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+@contextmanager
+def hog_from_first_window(seconds: float, processes: int | None = None) -> Iterator[Callable[[str], None]]:
+    """A CPU hog: one spinning process per core (by default), started when the
+    measurement whose progress callback this yields reports its first window, for
+    ``seconds``. The hogs are ended on exit. They are spawned from this module, which
+    imports nothing heavy, so that they start spinning at once."""
+    from tuner.trial import kill_tree
+
+    hogs: list = []
+
+    def progress(message: str) -> None:
+        if message.startswith("window 1:") and not hogs:
+            ctx = mp.get_context("spawn")
+            for _ in range(processes or os.cpu_count() or 1):
+                p = ctx.Process(target=spin, args=(seconds,))
+                p.start()
+                hogs.append(p)
+
+    try:
+        yield progress
+    finally:
+        for p in hogs:
+            kill_tree(p.pid)

@@ -1,14 +1,14 @@
 import pytest
 
-from tests.helpers import FAST_MEASURE, ref
+from tests.helpers import FAST_MEASURE, hog_from_first_window, ref
 from tuner.measure import machine_cpu, median_error, own_peak_rss_bytes
 from tuner.trial import make_request, run_isolated
 
 
-def _run(name, args=None, config=None, timeout=120, measure=None, **kw):
+def _run(name, args=None, config=None, timeout=120, measure=None, progress=None, **kw):
     req = make_request(workload=ref(name), workload_args=args or {}, config=config or {},
                        device="cpu", measure=measure or FAST_MEASURE, **kw)
-    return run_isolated(req, timeout_s=timeout)
+    return run_isolated(req, timeout_s=timeout, progress=progress)
 
 
 def test_known_step_time_is_reported_at_the_true_rate():
@@ -142,54 +142,30 @@ def test_forked_trial_counts_the_pages_it_shares_with_its_server():
 
 @pytest.mark.slow
 def test_cpu_hog_mid_measurement_is_detected():
-    """A hog on every core starts in the middle of a measurement: the disturbed windows
-    are detected and measured again, and the figure stays within 15% of a quiet run,
-    or the measurement is marked disturbed."""
-    import multiprocessing as mp
-    import os
-    import threading
-    import time
+    """A hog on every core starts after the first window of a measurement: the windows
+    it disturbs are detected and measured again, and none of them counts in the figure,
+    or the measurement is marked disturbed.
 
-    from tuner.trial import kill_tree
+    How close the figure then lands to quiet runs is a speed figure, and this VM's own
+    speed moves by up to 2x within seconds with nothing to show for it (windows of one
+    quiet run read 14k-33k samples/s here): ``benchmarks/hog.py`` measures it over
+    interleaved rounds, against the same hog with the detection off."""
+    import os
 
     measure = {"warmup_steps": 3, "window_s": 0.5, "min_windows": 6, "max_windows": 8, "max_timed_s": 30}
     config = {"micro_batch_size": 128, "torch_threads": os.cpu_count()}
-    quiet = [_run("burn", config=config, measure=measure)]
-    assert quiet[0]["status"] == "ok", quiet
-
-    hogs: list = []
-
-    def start_hogs():
-        time.sleep(2.0)  # after the warm-up, inside the windows
-        ctx = mp.get_context("spawn")
-        for _ in range(os.cpu_count() or 1):
-            p = ctx.Process(target=_spin, args=(4.0,))
-            p.start()
-            hogs.append(p)
-
-    starter = threading.Thread(target=start_hogs)
-    starter.start()
-    try:
-        loud = _run("burn", config=config, measure=measure)
-    finally:
-        starter.join()
-        for p in hogs:
-            kill_tree(p.pid)
-    quiet.append(_run("burn", config=config, measure=measure))
-    assert loud["status"] == "ok"
+    limit = 0.10 * (os.cpu_count() or 1)  # measure.max_interference's default, in cores
+    quiet = _run("burn", config=config, measure=measure)
+    assert quiet["status"] == "ok", quiet
+    with hog_from_first_window(4.0) as progress:
+        loud = _run("burn", config=config, measure=measure, progress=progress)
+    assert loud["status"] == "ok", loud
     # the disturbance was seen (a VM's own noise may flag a window of a quiet run too)
-    assert loud["disturbed_windows_dropped"] > max(q["disturbed_windows_dropped"] for q in quiet)
-    # quiet runs before and after: this VM's own drift between runs is not the hog's doing
-    lo, hi = min(q["samples_per_sec"] for q in quiet), max(q["samples_per_sec"] for q in quiet)
-    # 15%, not 10%: after the hog ends, this VM's hypervisor steals time from the trial
-    # for a while; steal below measure.max_steal is recorded (steal_cores) but does not
-    # redo a window, and it has read the figure up to 13% low here (a known limit, in
-    # the README)
-    # windows still disturbed once the redos ran out are left out of the figure where
-    # enough quiet ones remain (a fresh-clone CI run read 0.83 of the quiet runs before)
-    assert loud["disturbed_windows_left_out"] >= 0 and loud["windows"] >= 4 or loud["disturbed"]
-    close = 0.85 * lo <= loud["samples_per_sec"] <= 1.15 * hi
-    assert close or loud["disturbed"], (loud["samples_per_sec"], lo, hi)
+    assert loud["disturbed_windows_dropped"] > quiet["disturbed_windows_dropped"]
+    # no window that the hog disturbed counts in the figure, or the figure is marked
+    outside = loud["interference_cores_windows"]
+    assert len(outside) == len(loud["samples_per_sec_windows"]) == loud["windows"]
+    assert loud["disturbed"] or all(c is not None and c <= limit for c in outside), outside
 
 
 def test_a_window_the_hypervisor_took_a_quarter_of_the_machine_from_is_disturbed():
@@ -204,14 +180,6 @@ def test_a_window_the_hypervisor_took_a_quarter_of_the_machine_from_is_disturbed
     assert not ordinary.disturbed(s.max_interference, 2, s.max_steal)
     assert stolen.disturbed(s.max_interference, 2, s.max_steal)
     assert not stolen.disturbed(s.max_interference, 4, s.max_steal)  # a share of the machine's cores
-
-
-def _spin(seconds: float) -> None:
-    import time
-
-    end = time.time() + seconds
-    while time.time() < end:
-        pass
 
 
 def test_screening_stops_a_config_that_cannot_reach_the_incumbent():

@@ -468,6 +468,7 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
 
     kept: list[Window] = []
     kept_busy: list[bool] = []  # disturbed, but kept: the redos had run out
+    kept_loads: list[Load | None] = []
     before = 1  # the warm-up ended on an epoch boundary
     gap_s = 0.0  # untimed, between windows
     rates: list[float] = []
@@ -553,6 +554,7 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
                 continue
             kept.append(window)
             kept_busy.append(bool(busy))
+            kept_loads.append(load)
             rates.append(rate(window, fetch_s()))
             timed_s += wall - paused
             if load is not None:
@@ -582,11 +584,12 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
     def quiet(ld: Load) -> bool:
         return not ld.disturbed(settings.max_interference, meter.cpus, settings.max_steal)
 
-    quiet_kept = [w for w, b in zip(kept, kept_busy, strict=True) if not b]
+    quiet_kept = [i for i, b in enumerate(kept_busy) if not b]
     left_out = 0
     if len(quiet_kept) < len(kept) and len(quiet_kept) >= max(2, settings.min_windows // 2 + 1):
         left_out = len(kept) - len(quiet_kept)
-        kept = quiet_kept
+        kept = [kept[i] for i in quiet_kept]
+        kept_loads = [kept_loads[i] for i in quiet_kept]
         loads = [ld for ld in loads if quiet(ld)]
     still = sum(1 for ld in loads if not quiet(ld))
     is_disturbed = bool(agree.any(3 * still > len(loads) if loads else False))  # more than a third
@@ -669,6 +672,8 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
         "interference_cores": statistics.median(ld.other_cores for ld in loads) if loads else None,
         "tuner_cpu_cores": statistics.median(ld.tuner_cores for ld in loads) if loads else None,
         "steal_cores": statistics.median(ld.steal_cores for ld in loads) if loads else None,
+        # per window of the figure, in the order of samples_per_sec_windows
+        "interference_cores_windows": [None if ld is None else ld.other_cores for ld in kept_loads],
         "disturbed_windows_dropped": len(disturbed),
         "disturbed_windows_left_out": left_out,
         "disturbed": is_disturbed,
