@@ -8,7 +8,9 @@ on and off among them):
   below: a DataLoader, autocast, ``for batch in loader``), run in a fresh Python
   process for whole epochs: one epoch untimed (start-up), then ``--epochs`` epochs
   timed end to end, epoch boundaries included; samples/sec = samples / seconds;
-- runs interleaved A/B then B/A, ``--rounds`` rounds, medians;
+- runs interleaved A/B then B/A, ``--rounds`` rounds, medians; beside the ratio of the
+  medians, the median of each round's own bench/plain ratio (``paired_ratio``: a drift
+  of the machine that lasts a round hits both sides of that round's ratio);
 - peak host memory: bench's figure vs the plain process's own (its peak RSS,
   VmHWM, plus the private pages of its DataLoader workers, read
   mid-epoch by the plain loop itself);
@@ -242,7 +244,7 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=3, help="timed epochs of the plain loop")
     ap.add_argument("--configs", type=int, default=None, help="only the first N configs per workload")
     ap.add_argument("--no-search", action="store_true", help="skip the Tune-trial comparison")
-    ap.add_argument("--search-rounds", type=int, default=2, help="rounds of the Tune-trial comparison")
+    ap.add_argument("--search-rounds", type=int, default=3, help="rounds of the Tune-trial comparison")
     ap.add_argument("--device", default="cpu", help="cpu, or cuda for the GPU cases")
     ap.add_argument("--out", default=None, help="default benchmarks/out/truth.json (truth-cuda.json on a GPU)")
     ap.add_argument("--plain", help=argparse.SUPPRESS)
@@ -258,7 +260,14 @@ def main() -> None:
         a.workloads = ",".join(cases)
     a.out = a.out or ("benchmarks/out/truth-cuda.json" if a.device == "cuda" else "benchmarks/out/truth.json")
     tmp = Path(tempfile.mkdtemp(prefix="truth-"))
-    rows, search_rows = [], []
+    rows, search_rows, persistence = [], [], []
+
+    def save() -> None:  # after every row: an interrupted run keeps what it measured
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.out).write_text(json.dumps({"hardware": describe(), "rounds": a.rounds, "plain_epochs": a.epochs,
+                                           "rows": rows, "persistence": persistence, "search": search_rows},
+                                          indent=2, default=str))
+
     for workload in a.workloads.split(","):
         args, configs = cases[workload]
         space = space_file(tmp, workload, args, device=a.device)
@@ -275,8 +284,11 @@ def main() -> None:
             p = statistics.median(x["samples_per_sec"] for x in plain)
             bm = statistics.median(x["peak_host_memory_mb"] for x in bench)
             pm = statistics.median(x["peak_host_memory_mb"] for x in plain)
+            paired = statistics.median(x["samples_per_sec"] / y["samples_per_sec"]
+                                       for x, y in zip(bench, plain, strict=True))
             row = {"workload": workload, "args": args, "config": config,
                    "bench_samples_per_sec": b, "plain_samples_per_sec": p, "bench_over_plain": b / p,
+                   "paired_ratio": paired,
                    "bench_runs": [x["samples_per_sec"] for x in bench],
                    "plain_runs": [x["samples_per_sec"] for x in plain],
                    "bench_memory_mb": bm, "plain_memory_mb": pm, "memory_ratio": bm / pm,
@@ -287,11 +299,12 @@ def main() -> None:
                 row["bench_device_memory_mb"] = statistics.median(x["peak_device_memory_mb"] for x in bench)
                 row["plain_device_memory_mb"] = statistics.median(x["peak_device_memory_mb"] for x in plain)
             rows.append(row)
+            save()
             print(f"{workload:<12} {_short(config):<58} bench {b:8.1f}  plain {p:8.1f}  "
-                  f"ratio {b / p:5.3f}  memory {bm:6.0f} / {pm:6.0f} MB = {bm / pm:5.3f}", flush=True)
+                  f"ratio {b / p:5.3f} (paired {paired:5.3f})  memory {bm:6.0f} / {pm:6.0f} MB = {bm / pm:5.3f}",
+                  flush=True)
 
     # persistent workers on vs off: bench's ratio vs the plain loop's whole epochs
-    persistence = []
     for workload in a.workloads.split(","):
         mine = [r for r in rows if r["workload"] == workload and r["config"].get("num_workers")]
         on = next((r for r in mine if r["config"].get("persistent_workers")), None)
@@ -323,31 +336,31 @@ def main() -> None:
                 b, t = statistics.median(bench), statistics.median(trial)
                 search_rows.append({"workload": workload, "config": config, "bench_samples_per_sec": b,
                                     "trial_samples_per_sec": t, "trial_over_bench": t / b,
+                                    "paired_ratio": statistics.median(x / y for x, y in zip(trial, bench, strict=True)),
                                     "bench_runs": bench, "trial_runs": trial,
                                     "trial_tuner_cpu_cores": rec.get("tuner_cpu_cores"),
                                     "trial_interference_cores": rec.get("interference_cores")})
+                save()
                 print(f"{workload:<12} Tune trial {t:8.1f}  bench {b:8.1f}  trial/bench {t / b:5.3f}  "
                       f"(tuner's own CPU beside the trial: {rec.get('tuner_cpu_cores') or 0:.3f} cores)",
                       flush=True)
         finally:
             ray.shutdown()
 
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps({"hardware": describe(), "rounds": a.rounds, "plain_epochs": a.epochs,
-                                       "rows": rows, "persistence": persistence, "search": search_rows},
-                                      indent=2, default=str))
-    print(f"\n{'workload':<12} {'config':<58} {'bench':>8} {'plain':>8} {'ratio':>6} {'mem ratio':>9} "
+    save()
+    print(f"\n{'workload':<12} {'config':<58} {'bench':>8} {'plain':>8} {'ratio':>6} {'paired':>6} {'mem ratio':>9} "
           f"{'device MB bench/plain':>22}")
     for r in rows:
         dev_mb = (f"{r['bench_device_memory_mb']:8.0f} / {r['plain_device_memory_mb']:8.0f}"
                   if r.get("plain_device_memory_mb") else "")
         print(f"{r['workload']:<12} {_short(r['config']):<58} {r['bench_samples_per_sec']:8.1f} "
-              f"{r['plain_samples_per_sec']:8.1f} {r['bench_over_plain']:6.3f} {r['memory_ratio']:9.3f} {dev_mb:>22}")
+              f"{r['plain_samples_per_sec']:8.1f} {r['bench_over_plain']:6.3f} {r['paired_ratio']:6.3f} "
+              f"{r['memory_ratio']:9.3f} {dev_mb:>22}")
     for p in persistence:
         print(f"{p['workload']:<12} persistent on/off: bench {p['bench_on_over_off']:.3f}, "
               f"plain whole epochs {p['plain_on_over_off']:.3f}, agreement {p['agreement']:.3f}")
     for s in search_rows:
-        print(f"{s['workload']:<12} Tune trial / bench: {s['trial_over_bench']:.3f}")
+        print(f"{s['workload']:<12} Tune trial / bench: {s['trial_over_bench']:.3f} (paired {s['paired_ratio']:.3f})")
     print(f"wrote {a.out}")
 
 
