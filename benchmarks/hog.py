@@ -63,6 +63,7 @@ def main() -> None:
             raise SystemExit(f"round {i + 1}: " + "; ".join(bad))
         quiet = (runs["quiet_before"]["samples_per_sec"] + runs["quiet_after"]["samples_per_sec"]) / 2
         row = {"round": i + 1, "quiet_samples_per_sec": quiet,
+               "quiet_windows": [runs[k]["samples_per_sec_windows"] for k in ("quiet_before", "quiet_after")],
                "quiet_agreement": min(runs["quiet_before"]["samples_per_sec"], runs["quiet_after"]["samples_per_sec"])
                / max(runs["quiet_before"]["samples_per_sec"], runs["quiet_after"]["samples_per_sec"])}
         for name in ("detection_on", "detection_off"):
@@ -70,7 +71,9 @@ def main() -> None:
             row[name] = {"samples_per_sec": r["samples_per_sec"], "ratio_to_quiet": r["samples_per_sec"] / quiet,
                          "disturbed": r["disturbed"], "windows_dropped": r["disturbed_windows_dropped"],
                          "windows_left_out": r["disturbed_windows_left_out"],
-                         "max_outside_cores_in_figure": max((c or 0.0) for c in r["interference_cores_windows"])}
+                         "max_outside_cores_in_figure": max((c or 0.0) for c in r["interference_cores_windows"]),
+                         "steal_cores": r["steal_cores"], "windows": r["samples_per_sec_windows"],
+                         "outside_cores_windows": r["interference_cores_windows"]}
         rounds.append(row)
         print(f"round {i + 1}: quiet {quiet:.1f} (before/after agree {row['quiet_agreement']:.2f}); "
               + "; ".join(f"{n.replace('_', ' ')} {row[n]['ratio_to_quiet']:.2f}"

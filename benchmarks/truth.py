@@ -13,7 +13,7 @@ on and off among them):
   of the machine that lasts a round hits both sides of that round's ratio);
 - peak host memory: bench's figure vs the plain process's own (its peak RSS,
   VmHWM, plus the private pages of its DataLoader workers, read
-  mid-epoch by the plain loop itself);
+  every 8 steps by the plain loop itself, the largest sum kept);
 - a trial inside a real Ray Tune search (``tuner.search.run_search``, one config) vs
   ``bench`` on that config, interleaved likewise.
 
@@ -156,7 +156,7 @@ def plain_loop(workload: str, args: dict, config: dict, epochs: int, device: str
             scaler.update()
             opt.zero_grad(set_to_none=True)
             n += bs
-            if i == 5:
+            if i % 8 == 5:  # workers' private pages grow as they go (a lazily read file)
                 workers_peak = max(workers_peak, sum(c.memory_full_info().uss for c in me.children()))
         return n
 
@@ -243,6 +243,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--epochs", type=int, default=3, help="timed epochs of the plain loop")
     ap.add_argument("--configs", type=int, default=None, help="only the first N configs per workload")
+    ap.add_argument("--pick", default=None, help="only these configs per workload, by index: 0,2")
     ap.add_argument("--no-search", action="store_true", help="skip the Tune-trial comparison")
     ap.add_argument("--search-rounds", type=int, default=3, help="rounds of the Tune-trial comparison")
     ap.add_argument("--device", default="cpu", help="cpu, or cuda for the GPU cases")
@@ -271,7 +272,8 @@ def main() -> None:
     for workload in a.workloads.split(","):
         args, configs = cases[workload]
         space = space_file(tmp, workload, args, device=a.device)
-        for config in configs[: a.configs]:
+        picked = [configs[int(i)] for i in a.pick.split(",")] if a.pick else configs[: a.configs]
+        for config in picked:
             bench, plain = [], []
             for r in range(a.rounds):
                 order = ("bench", "plain") if r % 2 == 0 else ("plain", "bench")
