@@ -472,7 +472,6 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
     before = 1  # the warm-up ended on an epoch boundary
     gap_s = 0.0  # untimed, between windows
     rates: list[float] = []
-    loads: list[Load] = []
     disturbed: list[float] = []  # rates of windows dropped as disturbed
     screened = False
     below_incumbent = False  # measured to min_windows only: clearly below the incumbent
@@ -557,8 +556,6 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
             kept_loads.append(load)
             rates.append(rate(window, fetch_s()))
             timed_s += wall - paused
-            if load is not None:
-                loads.append(load)
             say(f"window {len(rates)}: {rates[-1]:.1f} samples/s")
             if nonfinite:
                 return _nonfinite(trainer, warmup_s)
@@ -581,18 +578,16 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
     # kept (a CPU hog of 4 s read a figure 17% low that way). Where enough quiet windows
     # remain, the figure comes from them alone; otherwise, with more than a third of its
     # windows disturbed, the measurement is marked, and never picks a winner.
-    def quiet(ld: Load) -> bool:
-        return not ld.disturbed(settings.max_interference, meter.cpus, settings.max_steal)
-
+    # (kept_busy is the flag the ranks agreed on, so every rank keeps the same windows.)
     quiet_kept = [i for i, b in enumerate(kept_busy) if not b]
     left_out = 0
     if len(quiet_kept) < len(kept) and len(quiet_kept) >= max(2, settings.min_windows // 2 + 1):
         left_out = len(kept) - len(quiet_kept)
         kept = [kept[i] for i in quiet_kept]
+        kept_busy = [False] * len(kept)
         kept_loads = [kept_loads[i] for i in quiet_kept]
-        loads = [ld for ld in loads if quiet(ld)]
-    still = sum(1 for ld in loads if not quiet(ld))
-    is_disturbed = bool(agree.any(3 * still > len(loads) if loads else False))  # more than a third
+    loads = [ld for ld in kept_loads if ld is not None]  # the figure's windows, no others
+    is_disturbed = 3 * sum(kept_busy) > len(kept)  # more than a third
 
     micro_fetch_s = fetch_s()
     rates = [rate(w, micro_fetch_s) for w in kept]
