@@ -10,6 +10,8 @@ def test_describe_names_the_machine_and_versions():
     assert hw["cpu_count"] >= 1 and hw["torch"] == torch.__version__ and hw["ray"] and hw["optuna"]
     assert (hw["gpu"] is not None) == torch.cuda.is_available()
     assert pick_device("auto") == ("cuda" if torch.cuda.is_available() else "cpu")
+    # plain Python values: a record that carries them unpickles without importing torch
+    assert all(type(v).__module__ == "builtins" for v in hw.values()), hw
 
 
 def test_probes_read_this_machine():

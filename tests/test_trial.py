@@ -66,12 +66,17 @@ def test_a_trial_launched_at_ray_s_worker_niceness_runs_at_the_users():
         "os.nice(15)  # as Ray's workers start\n"
         "r = run_isolated(make_request(workload=ref('linear'), config={'num_workers': 1},\n"
         "                 measure=FAST_MEASURE, device='cpu', nice=0), timeout_s=120)\n"
-        "print(json.dumps({'status': r['status'], 'nice': r.get('nice'), 'notes': r.get('notes')}))\n")
+        "import sys\n"
+        "print(json.dumps({'status': r['status'], 'nice': r.get('nice'), 'notes': r.get('notes'),\n"
+        "                  'torch_imported': 'torch' in sys.modules}))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180,
                          cwd=os.path.dirname(os.path.dirname(__file__)))
     assert out.returncode == 0, out.stderr[-2000:]
     r = json.loads(out.stdout.strip().splitlines()[-1])
     assert r["status"] == "ok"
+    # the record is plain Python: receiving it did not import torch in this parent (a
+    # TorchVersion in it once cost a Tune actor 2 s on the first trial's clock)
+    assert r["torch_imported"] is False
     import resource
 
     if os.geteuid() == 0 or resource.getrlimit(resource.RLIMIT_NICE)[0] >= 20:

@@ -74,7 +74,9 @@ def describe() -> dict:
         "host_memory_mb": _host_memory_mb(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "python": platform.python_version(),
-        "torch": torch.__version__,
+        # (a str, not torch's TorchVersion: unpickling a record must not import torch
+        # in the driver or a Tune actor, 2 s the first time, on every trial's clock)
+        "torch": str(torch.__version__),
         "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
         "ray": _version("ray"),

@@ -25,7 +25,11 @@ import psutil
 
 from tuner.errors import UserError, WorkloadError
 
-_PRELOAD = ["torch", "tuner.loop", "tuner.measure"]
+# Imported once by the forkserver, not by every trial it forks: torch, and torch._dynamo,
+# which the first optimizer step imports otherwise (1.5 s here, sympy and
+# torch.distributed among it, in every trial's startup). A user's process pays both once,
+# before its first step; neither is part of a config's cost.
+_PRELOAD = ["torch", "torch._dynamo", "tuner.loop", "tuner.measure", "tuner.hardware", "tuner.workloads.builtin"]
 
 
 @dataclass
