@@ -84,3 +84,17 @@ def test_the_baseline_runs_at_the_spaces_first_world_size(tmp_path):
     assert "world_size" not in s.baseline_config()
     s = _load(tmp_path, "name: t\nworkload: conv\nknobs:\n  world_size: [2]\nbaseline: {world_size: 1}\n")
     assert s.baseline_config()["world_size"] == 1
+
+
+@pytest.mark.parametrize(("extra", "search", "confirm"), [
+    ("", 8, 4),  # 12 trials: one round of the top 3 and the baseline
+    ("budget: {trials: 5}\n", 3, 2),  # at most half: the leader and the baseline
+    ("budget: {trials: 1}\n", 1, 0),
+    ("budget: {trials: 20}\nconfirm: {top: 2, repeats: 3}\n", 11, 9),
+    ("confirm: {top: 0}\n", 12, 0),
+    ("objective: {metric: samples_per_sec, memory: true}\n", 12, 0),  # a Pareto front: nothing to confirm
+])
+def test_budget_trials_counts_the_confirm_rounds(tmp_path, extra, search, confirm):
+    m = _load(tmp_path, GOOD + extra).model
+    assert (m.search_trials(), m.confirm_measurements()) == (search, confirm)
+    assert m.search_trials() + m.confirm_measurements() == m.budget.trials

@@ -318,7 +318,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
         space.model.budget.trials = args.trials
     spec.check_workload(space)
     done = len([r for r in res.records if r.get("phase") == "search"])
-    print(f"resuming {space.model.name}: {done}/{space.model.budget.trials} trials done", file=sys.stderr)
+    print(f"resuming {space.model.name}: {done}/{space.model.search_trials()} trials done", file=sys.stderr)
     summary = run_search(space, results_root=res.path.resolve().parent, address=args.address,
                          resume=True, quiet=args.quiet)
     print_summary(summary)
@@ -408,7 +408,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("run", help="search a space with Ray Tune + Optuna")
     p.add_argument("space", help="space.yaml")
-    p.add_argument("--trials", type=int, help="override budget.trials")
+    p.add_argument("--trials", type=int, help="override budget.trials (measurements, the confirm rounds' included)")
     p.add_argument("--time-budget", type=float, help="override budget.time_s (seconds)")
     p.add_argument("--name", help="override the space's name (the results folder)")
     p.add_argument("--results-dir", default="results", help="where results/<name>/ goes")
@@ -474,7 +474,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--results-dir", default="/tmp/tuner-results",
                    help="where results/<name>/ goes on the cluster (a shared filesystem is easiest)")
     p.add_argument("--name", help="override the space's name")
-    p.add_argument("--trials", type=int, help="override budget.trials")
+    p.add_argument("--trials", type=int, help="override budget.trials (measurements, the confirm rounds' included)")
     p.add_argument("--follow", action="store_true", help="stream the job's logs")
     p.add_argument("--wait", action="store_true", help="wait for the job to end; exit 0 only if it succeeded")
     p.set_defaults(func=cmd_submit)

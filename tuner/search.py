@@ -11,8 +11,9 @@ Order of a search:
    resources from the config;
    every trial runs in its own process (``tuner.trial.run_isolated``) so that a
    hang, crash or OOM is a result, and is written to ``trials.jsonl`` as it lands;
-5. re-measure the top configs (``confirm``) and choose the winner on the median of
-   all of its measurements;
+5. re-measure the top configs (``confirm``), interleaved with the baseline, and choose
+   the winner on the median of all of its measurements (``budget.trials`` counts these
+   re-measurements: ``SpaceModel.search_trials`` configs are tried, the rest confirm);
 6. write ``summary.json`` and print the top configs against the baseline.
 """
 
@@ -496,7 +497,7 @@ def run_search(space: spec.Space, *, results_root: Path, address: str | None = N
                 "created": time.time(), "tuner": __import__("tuner").__version__}, indent=1))
         sessions = len([p for p in out.glob("ray*") if p.name == "ray" or p.name.startswith("ray-resume-")])
 
-        progress = Progress(m.budget.trials, m.objective.metric, quiet)
+        progress = Progress(m.search_trials(), m.objective.metric, quiet)
         progress.update(msg="starting Ray")
         t_ray = time.time()
         started = _start_ray(address)
@@ -571,7 +572,7 @@ def _search(space: spec.Space, out: Path, progress: Progress, ray_start_s: float
         progress.baseline = baseline_rec.get(m.objective.metric)
 
     # -- the search proper
-    remaining = max(0, m.budget.trials - len(previous))
+    remaining = max(0, m.search_trials() - len(previous))
     storage = optuna.storages.JournalStorage(
         optuna.storages.journal.JournalFileBackend(str(out / "optuna.journal")))
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -623,8 +624,7 @@ class SearchRun:
 
 def confirms(space: spec.Space) -> bool:
     """Whether the search ends with confirm rounds."""
-    m = space.model
-    return bool(m.confirm.top and m.confirm.repeats and not m.objective.memory)
+    return space.model.confirm_measurements() > 0
 
 
 def search_measure(space: spec.Space) -> dict:
@@ -647,26 +647,34 @@ def _confirm(run: SearchRun, baseline_rec: dict) -> None:
 
     The contenders are the top ``confirm.top`` configs still within noise of the leader;
     after each round the ranking is redone, and the rounds stop once a single contender
-    is left within noise (the order is clear), or after ``confirm.repeats`` rounds.
-    A round's measurements run concurrently where trials can (several GPUs), one after
-    the other on a CPU machine, in order. No round starts after the time budget.
+    is left within noise (the order is clear), after ``confirm.repeats`` rounds, or once
+    the confirm rounds' share of ``budget.trials`` is spent (a round that does not fit
+    whole keeps its best contenders and the baseline). A round's measurements run
+    concurrently where trials can (several GPUs), one after the other on a CPU machine,
+    in order. No round starts after the time budget.
     """
     import ray
 
     m, recorder, progress = run.space.model, run.recorder, run.progress
     metric = m.objective.metric
-    for rnd in range(m.confirm.repeats):
+    # a resumed search: the rounds it already measured
+    done = [r for r in recorder.records if r.get("confirm_round")]
+    left = m.confirm_measurements() - len(done)
+    for rnd in range(max((r["confirm_round"] for r in done), default=0), m.confirm.repeats):
         if m.budget.time_s is not None and time.time() - run.t_search >= m.budget.time_s:
             progress.update(msg="time budget spent: no more confirm rounds")
             break
         contenders = within_noise(rank(aggregate(recorder.records, metric), metric), metric)[: m.confirm.top]
-        if not contenders or (rnd > 0 and len(contenders) < 2):
+        if left < 1 or not contenders or (rnd > 0 and len(contenders) < 2):
             break  # the first round always runs: the winner is chosen on repeated figures
-        batch = [(row["config"], False) for row in contenders]
-        if baseline_rec.get("status") == "ok":
+        with_base = baseline_rec.get("status") == "ok" and left >= 2
+        batch = [(row["config"], False) for row in contenders[: left - with_base]]
+        if with_base:
             batch.append((baseline_rec["config"], True))
-        progress.update(msg=f"confirm round {rnd + 1}/{m.confirm.repeats}: re-measuring {len(contenders)} "
-                            f"contender(s) within noise of the leader and the baseline, interleaved")
+        left -= len(batch)
+        progress.update(msg=f"confirm round {rnd + 1}/{m.confirm.repeats}: re-measuring {len(batch) - with_base} "
+                            f"contender(s) within noise of the leader" + (" and the baseline" if with_base else "")
+                            + ", interleaved")
         step = max(1, run.concurrent)
         for i in range(0, len(batch), step):
             group = batch[i:i + step]

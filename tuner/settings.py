@@ -21,7 +21,9 @@ class MeasureSettings(Strict):
     window_s: float = Field(1.0, gt=0)
     """Target seconds per timed window. The step count is derived from the warm-up, and
     from the first window when the warm-up read fast (workers' prefetched batches)."""
-    min_windows: int = Field(5, ge=1)
+    min_windows: int = Field(4, ge=1)
+    """The timed phase starts on an epoch start: the first window holds that boundary, the
+    second may hold its catch-up, and the epoch cost needs two steady windows after them."""
     max_windows: int = Field(12, ge=1)
     target_error: float = Field(0.01, gt=0)
     """Add windows (up to max_windows) while the median's relative standard error,

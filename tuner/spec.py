@@ -55,7 +55,10 @@ class Constraints(_Strict):
 
 class Budget(_Strict):
     trials: int = Field(12, ge=1)
-    """Configs tried (the final re-measurements of the top configs come on top)."""
+    """Measurements the search makes: its trials and the confirm rounds' re-measurements
+    (at most half of them, ``SpaceModel.confirm_measurements``); the baseline's first
+    measurement, before the search, comes on top. Each costs about the same, so the
+    search's wall time follows this number."""
     time_s: float | None = Field(None, gt=0)
     """Wall-clock budget of the search; no new trial starts after it."""
     trial_timeout_s: float = Field(300.0, gt=0)
@@ -74,9 +77,11 @@ class Resources(_Strict):
 
 class Confirm(_Strict):
     top: int = Field(3, ge=0)
-    """How many of the best configs are re-measured at the end."""
-    repeats: int = Field(2, ge=0)
-    """Extra measurements of each; the winner is chosen on the median of all."""
+    """How many of the best configs (those within noise of the leader) are re-measured
+    at the end, interleaved with the baseline."""
+    repeats: int = Field(1, ge=0)
+    """Rounds of re-measurement at most; the winner is chosen on the median of all of a
+    config's measurements. The rounds' measurements count against budget.trials."""
 
 
 class SpaceModel(_Strict):
@@ -100,6 +105,18 @@ class SpaceModel(_Strict):
     log_to: list[Literal["tensorboard", "mlflow"]] = []
     """Also log every trial's figures with Ray Tune's logger callbacks: TensorBoard event
     files under results/<name>/ray/, an MLflow SQLite store in results/<name>/mlflow.db."""
+
+    def confirm_measurements(self) -> int:
+        """The confirm rounds' share of ``budget.trials``: ``confirm.repeats`` rounds of the
+        top ``confirm.top`` configs and the baseline, at most half of the trials (none
+        with a memory objective: a Pareto front has no single winner to confirm)."""
+        if not (self.confirm.top and self.confirm.repeats) or self.objective.memory:
+            return 0
+        return min(self.confirm.repeats * (self.confirm.top + 1), self.budget.trials // 2)
+
+    def search_trials(self) -> int:
+        """Configs the search tries: ``budget.trials`` less the confirm rounds' share."""
+        return self.budget.trials - self.confirm_measurements()
 
     @field_validator("objective", mode="before")
     @classmethod

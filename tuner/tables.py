@@ -48,7 +48,7 @@ def print_show(res: Results, out: Any = None, limit: int | None = None) -> None:
     metric = res.metric
     searched = [r for r in res.records if r.get("phase") == "search"]
     state = "finished" if res.summary else "running or interrupted"
-    print(f"{res.space.name}: {len(searched)}/{res.space.budget.trials} trials ({state}), "
+    print(f"{res.space.name}: {len(searched)}/{res.space.search_trials()} trials ({state}), "
           f"objective {metric} ({spec.OBJECTIVE_METRICS[metric]})", file=out)
     print(f"{'#':>3}  {'status':<10} {metric:>16} {'spread':>7} {'n':>2} {'speedup':>7} {'memory MB':>9}  "
           f"{'bottleneck':<15}  config / reason", file=out)
