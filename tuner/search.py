@@ -657,10 +657,12 @@ def _confirm(run: SearchRun, baseline_rec: dict) -> None:
 
     m, recorder, progress = run.space.model, run.recorder, run.progress
     metric = m.objective.metric
-    # a resumed search: the rounds it already measured
+    # A resumed search: what the rounds already measured is spent, and the last round
+    # they reached is taken up again (it may have been cut short) with what is left.
     done = [r for r in recorder.records if r.get("confirm_round")]
     left = m.confirm_measurements() - len(done)
-    for rnd in range(max((r["confirm_round"] for r in done), default=0), m.confirm.repeats):
+    reached = max((r["confirm_round"] for r in done), default=0)
+    for rnd in range(reached - 1 if reached and left > 0 else reached, m.confirm.repeats):
         if m.budget.time_s is not None and time.time() - run.t_search >= m.budget.time_s:
             progress.update(msg="time budget spent: no more confirm rounds")
             break
