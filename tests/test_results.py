@@ -154,7 +154,8 @@ def _descendants(pid):
 def test_kill_and_resume_loses_nothing_and_runs_nothing_twice(tmp_path):
     import psutil
 
-    space = _space_file(tmp_path, "killme", 4, "confirm: {top: 0}\n")
+    # 6 trials: 4 configs tried, then a confirm round of the leader and the baseline
+    space = _space_file(tmp_path, "killme", 6, "confirm: {top: 1}\n")
     out = tmp_path / "r" / "killme"
     proc = subprocess.Popen([sys.executable, "-m", "tuner", "run", str(space), "--results-dir",
                              str(tmp_path / "r"), "--quiet"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -187,7 +188,10 @@ def test_kill_and_resume_loses_nothing_and_runs_nothing_twice(tmp_path):
     searched = [r["key"] for r in after if r.get("phase") == "search"]
     assert searched[: len(done_before)] == done_before  # nothing lost
     assert len(searched) == 4 and len(set(searched)) == 4  # budget reached, nothing twice
-    assert sum(r.get("phase") == "baseline" for r in after) == 1
+    # the confirm round ran once, after the resumed search: the leader and the baseline
+    assert [r["phase"] for r in after if r.get("confirm_round")] == ["confirm", "baseline"]
+    assert sum(r.get("phase") == "baseline" for r in after) == 2
+    assert len(after) - 1 == 6  # budget.trials counted every measurement after the first baseline
     assert json.loads((out / "summary.json").read_text())["trials"] == 4
 
 
