@@ -57,8 +57,8 @@ class Budget(_Strict):
     trials: int = Field(12, ge=1)
     """Measurements the search makes: its trials and the confirm rounds' re-measurements
     (at most half of them, ``SpaceModel.confirm_measurements``); the baseline's first
-    measurement, before the search, and the incumbent's rechecks come on top. Each costs about the same, so the
-    search's wall time follows this number."""
+    measurement, before the search, and the incumbent's rechecks come on top. Each costs
+    about the same, so the search's wall time follows this number."""
     time_s: float | None = Field(None, gt=0)
     """Wall-clock budget of the search; no new trial starts after it."""
     trial_timeout_s: float = Field(300.0, gt=0)
