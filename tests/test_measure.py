@@ -191,8 +191,9 @@ def test_screening_stops_a_config_that_cannot_reach_the_incumbent():
     assert out["status"] == "ok" and out["screened"] is True and out["windows"] == 2
     assert out["screened_below"] == 1000.0
     assert out["samples_per_sec"] == pytest.approx(80, rel=0.1)  # the short figure is kept
-    # within the margin of the incumbent (~78 x 1.05 > 76): measured in full
-    full = _run("sleepy", {"step_s": 0.05}, {"micro_batch_size": 4}, screen={"below": 76.0, "margin": 0.05})
+    # able to reach the incumbent (68): measured in full. The incumbent sits 15% under the
+    # nominal 80: at 76 a slow CI run was once marked below it.
+    full = _run("sleepy", {"step_s": 0.05}, {"micro_batch_size": 4}, screen={"below": 68.0, "margin": 0.05})
     assert full["screened"] is False and full["windows"] >= FAST_MEASURE["min_windows"]
     assert full["below_incumbent"] is False
 
