@@ -2,6 +2,7 @@
 
 import json
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -185,6 +186,56 @@ def _sleepy_search(tmp_path, cluster, name: str, rest: str) -> list[dict]:
     summary = run_search(space, results_root=tmp_path / "r", address=cluster.address, quiet=True)
     assert summary["device"] == "cuda"
     return [r for r in _records(tmp_path / "r" / name) if r["phase"] == "search"]
+
+
+class _Rounds:
+    """Stands in for a SearchRun in the confirm rounds: it measures nothing, it hands each
+    config its fixed figure (through Ray, as a real measurement comes) and keeps the
+    records, as the Recorder does."""
+
+    def __init__(self, space, records, rates):
+        self.space, self.records, self.rates = space, list(records), rates
+        self.recorder = self.progress = self
+        self.concurrent, self.t_search = 1, time.time()
+
+    def add(self, rec):
+        self.records.append(rec)
+
+    def update(self, **_):
+        pass
+
+    def remote_measure(self, config, baseline=False):
+        import ray
+
+        return ray.put(_rec(config["x"], self.rates[config["x"]]))
+
+
+def _rec(x, rate, **extra):
+    return {"key": f"k{x}", "config": {"x": x}, "status": "ok", "samples_per_sec": rate, **extra}
+
+
+def test_a_search_killed_in_a_confirm_round_takes_it_up_again_within_its_share(ray_local):
+    from tuner.search import _confirm
+
+    # confirm: 2 rounds of the top 2 and the baseline = a share of 6 (of 12 trials)
+    space = spec.parse({"name": "t", "workload": "conv", "budget": {"trials": 12},
+                        "confirm": {"top": 2, "repeats": 2}})
+    assert space.model.confirm_measurements() == 6
+    rates = {0: 50.0, 1: 100.0, 2: 99.0, 3: 98.0}  # 1, 2, 3 within noise of each other
+    base = _rec(0, 50.0, phase="baseline")
+    searched = [_rec(x, rates[x], phase="search") for x in (1, 2, 3)]
+    # killed in round 1, after its first measurement (the leader's)
+    killed = [base, *searched, _rec(1, 100.0, phase="confirm", confirm_round=1)]
+    run = _Rounds(space, killed, rates)
+    _confirm(run, base)
+    new = [(r["config"]["x"], r["phase"], r["confirm_round"]) for r in run.records[len(killed):]]
+    # round 1 again, whole (the top 2 and the baseline), then round 2 with the share's last
+    # 2 measurements: the leader and the baseline; 6 in all with the one before the kill
+    assert new == [(1, "confirm", 1), (2, "confirm", 1), (0, "baseline", 1), (1, "confirm", 2), (0, "baseline", 2)]
+    # resumed once more, after it finished: the share is spent, nothing runs twice
+    done = len(run.records)
+    _confirm(run, base)
+    assert len(run.records) == done
 
 
 def test_placement_on_logical_gpus_across_two_nodes(tmp_path, logical_gpu_cluster):
