@@ -10,7 +10,11 @@ on and off among them):
   timed end to end, epoch boundaries included; samples/sec = samples / seconds;
 - runs interleaved A/B then B/A, ``--rounds`` rounds, medians; beside the ratio of the
   medians, the median of each round's own bench/plain ratio (``paired_ratio``: a drift
-  of the machine that lasts a round hits both sides of that round's ratio);
+  of the machine that lasts a round hits both sides of that round's ratio), and the 90%
+  confidence interval of the rounds' ratios (geometric mean, Student's t on the logs)
+  with its verdict against ``--tolerance`` (±3%): ``within`` (all of the interval
+  inside), ``outside`` (none of it) or ``unresolved`` (the VM's noise is wider than the
+  question). ``--max-rounds`` adds rounds to a row while it is unresolved;
 - peak host memory: bench's figure vs the plain process's own (its peak RSS,
   VmHWM, plus the private pages of its DataLoader workers, read
   every 8 steps by the plain loop itself, the largest sum kept);
@@ -20,6 +24,7 @@ on and off among them):
 Prints a table and writes JSON (default benchmarks/out/truth.json).
 
     python benchmarks/truth.py [--workloads conv,transformer,multisource,files] [--rounds 3]
+    python benchmarks/truth.py --workloads conv --pick 0,1 --rounds 3 --max-rounds 8
     python benchmarks/truth.py --device cuda      # GPU cases: pinning, non_blocking, fp16
 
 On a GPU the plain loop also moves each batch itself (``.to(device, non_blocking=...)``),
@@ -31,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import subprocess
 import sys
@@ -163,14 +169,18 @@ def plain_loop(workload: str, args: dict, config: dict, epochs: int, device: str
     epoch()  # start-up: first workers, first allocations
     sync()
     t0 = time.perf_counter()
-    samples = sum(epoch() for _ in range(epochs))
-    sync()
-    wall = time.perf_counter() - t0
+    samples, ends = 0, []
+    for _ in range(epochs):
+        samples += epoch()
+        sync()
+        ends.append(time.perf_counter())
+    wall = ends[-1] - t0
     # The kernel's high-water mark of this process (VmHWM, what /usr/bin/time's max RSS
     # reads for a process it starts); not ru_maxrss, which keeps the peak of whatever
     # process exec'd this one.
     rss = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM")) / 1024
     return {"samples_per_sec": samples / wall, "epochs": epochs, "epoch_s": wall / epochs,
+            "epoch_times_s": [b - a for a, b in zip([t0, *ends], ends, strict=False)],
             "peak_rss_mb": rss, "workers_private_mb": workers_peak / 2**20,
             "peak_host_memory_mb": rss + workers_peak / 2**20,
             "peak_device_memory_mb": torch.cuda.max_memory_allocated(dev) / 2**20 if dev.type == "cuda" else None}
@@ -237,10 +247,37 @@ def ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a and b else None
 
 
+def paired_interval(a: list[float], b: list[float], level: float = 0.90) -> tuple[float, float, float]:
+    """The geometric mean of the rounds' own ratios a/b and its ``level`` confidence
+    interval (Student's t on the log ratios): a drift that lasts a round hits both sides
+    of that round's ratio, and what is left of the noise sets the interval's width."""
+    from scipy import stats
+
+    logs = [math.log(x / y) for x, y in zip(a, b, strict=True)]
+    mean = statistics.fmean(logs)
+    if len(logs) < 2:
+        return math.exp(mean), 0.0, math.inf
+    half = stats.t.ppf(0.5 + level / 2, len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
+    return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
+
+
+def verdict(lo: float, hi: float, tolerance: float) -> str:
+    """``within``: the whole interval inside 1 ± tolerance; ``outside``: none of it;
+    ``unresolved``: the noise is wider than the question."""
+    if 1 - tolerance <= lo and hi <= 1 + tolerance:
+        return "within"
+    if hi < 1 - tolerance or lo > 1 + tolerance:
+        return "outside"
+    return "unresolved"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workloads", default=",".join(CASES))
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--max-rounds", type=int, default=None,
+                    help="add rounds, up to this many, while a row's interval is unresolved (default: --rounds)")
+    ap.add_argument("--tolerance", type=float, default=0.03, help="the agreement asked for: 0.03 = ±3%%")
     ap.add_argument("--epochs", type=int, default=3, help="timed epochs of the plain loop")
     ap.add_argument("--configs", type=int, default=None, help="only the first N configs per workload")
     ap.add_argument("--pick", default=None, help="only these configs per workload, by index: 0,2")
@@ -275,7 +312,11 @@ def main() -> None:
         picked = [configs[int(i)] for i in a.pick.split(",")] if a.pick else configs[: a.configs]
         for config in picked:
             bench, plain = [], []
-            for r in range(a.rounds):
+            for r in range(max(a.rounds, a.max_rounds or 0)):
+                if r >= a.rounds and verdict(*paired_interval(
+                        [x["samples_per_sec"] for x in bench], [y["samples_per_sec"] for y in plain])[1:],
+                        a.tolerance) != "unresolved":
+                    break
                 order = ("bench", "plain") if r % 2 == 0 else ("plain", "bench")
                 for which in order:
                     if which == "bench":
@@ -288,9 +329,12 @@ def main() -> None:
             pm = statistics.median(x["peak_host_memory_mb"] for x in plain)
             paired = statistics.median(x["samples_per_sec"] / y["samples_per_sec"]
                                        for x, y in zip(bench, plain, strict=True))
+            geo, lo, hi = paired_interval([x["samples_per_sec"] for x in bench],
+                                          [y["samples_per_sec"] for y in plain])
             row = {"workload": workload, "args": args, "config": config,
                    "bench_samples_per_sec": b, "plain_samples_per_sec": p, "bench_over_plain": b / p,
-                   "paired_ratio": paired,
+                   "paired_ratio": paired, "rounds": len(bench), "paired_geomean": geo,
+                   "paired_interval_90": [lo, hi], "verdict": verdict(lo, hi, a.tolerance),
                    "bench_runs": [x["samples_per_sec"] for x in bench],
                    "plain_runs": [x["samples_per_sec"] for x in plain],
                    "bench_memory_mb": bm, "plain_memory_mb": pm, "memory_ratio": bm / pm,
@@ -303,8 +347,8 @@ def main() -> None:
             rows.append(row)
             save()
             print(f"{workload:<12} {_short(config):<58} bench {b:8.1f}  plain {p:8.1f}  "
-                  f"ratio {b / p:5.3f} (paired {paired:5.3f})  memory {bm:6.0f} / {pm:6.0f} MB = {bm / pm:5.3f}",
-                  flush=True)
+                  f"ratio {b / p:5.3f} (paired {paired:5.3f}, 90% {lo:5.3f}-{hi:5.3f} in {len(bench)} rounds: "
+                  f"{row['verdict']})  memory {bm:6.0f} / {pm:6.0f} MB = {bm / pm:5.3f}", flush=True)
 
     # persistent workers on vs off: bench's ratio vs the plain loop's whole epochs
     for workload in a.workloads.split(","):
@@ -339,6 +383,7 @@ def main() -> None:
                 search_rows.append({"workload": workload, "config": config, "bench_samples_per_sec": b,
                                     "trial_samples_per_sec": t, "trial_over_bench": t / b,
                                     "paired_ratio": statistics.median(x / y for x, y in zip(trial, bench, strict=True)),
+                                    "paired_interval_90": list(paired_interval(trial, bench)[1:]),
                                     "bench_runs": bench, "trial_runs": trial,
                                     "trial_tuner_cpu_cores": rec.get("tuner_cpu_cores"),
                                     "trial_interference_cores": rec.get("interference_cores")})
@@ -350,14 +395,15 @@ def main() -> None:
             ray.shutdown()
 
     save()
-    print(f"\n{'workload':<12} {'config':<58} {'bench':>8} {'plain':>8} {'ratio':>6} {'paired':>6} {'mem ratio':>9} "
-          f"{'device MB bench/plain':>22}")
+    print(f"\n{'workload':<12} {'config':<58} {'bench':>8} {'plain':>8} {'ratio':>6} {'paired':>6} "
+          f"{'90% interval':>13} {'n':>2} {'verdict':>10} {'mem ratio':>9} {'device MB bench/plain':>22}")
     for r in rows:
         dev_mb = (f"{r['bench_device_memory_mb']:8.0f} / {r['plain_device_memory_mb']:8.0f}"
                   if r.get("plain_device_memory_mb") else "")
         print(f"{r['workload']:<12} {_short(r['config']):<58} {r['bench_samples_per_sec']:8.1f} "
               f"{r['plain_samples_per_sec']:8.1f} {r['bench_over_plain']:6.3f} {r['paired_ratio']:6.3f} "
-              f"{r['memory_ratio']:9.3f} {dev_mb:>22}")
+              f"{r['paired_interval_90'][0]:6.3f}-{r['paired_interval_90'][1]:6.3f} {r['rounds']:>2} "
+              f"{r['verdict']:>10} {r['memory_ratio']:9.3f} {dev_mb:>22}")
     for p in persistence:
         print(f"{p['workload']:<12} persistent on/off: bench {p['bench_on_over_off']:.3f}, "
               f"plain whole epochs {p['plain_on_over_off']:.3f}, agreement {p['agreement']:.3f}")
