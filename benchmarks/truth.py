@@ -42,6 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import yaml
@@ -76,6 +77,28 @@ CASES = {
          "persistent_workers": False, "torch_threads": 1},
     ]),
 }
+
+# Hugging Face model definitions on synthetic data, as a user wraps them
+# (benchmarks/hf_workloads.py: BatchEncoding and dict batches, the model's own loss):
+# the kind of workload the independent check ran, not one the tuner ships.
+HF = str(Path(__file__).with_name("hf_workloads.py"))
+REFS = {"hf_gpt2": f"{HF}:gpt2", "hf_resnet": f"{HF}:resnet"}  # a case name -> the workload
+CASES.update({
+    "hf_gpt2": ({"size": 512}, [
+        {"precision": "fp32", "micro_batch_size": 8, "torch_threads": 2},
+        {"precision": "fp32", "micro_batch_size": 16, "num_workers": 1, "persistent_workers": True,
+         "torch_threads": 2},
+        {"precision": "fp32", "micro_batch_size": 16, "num_workers": 1, "persistent_workers": False,
+         "torch_threads": 2},
+    ]),
+    "hf_resnet": ({"size": 1024}, [
+        {"precision": "fp32", "micro_batch_size": 32, "torch_threads": 2},
+        {"precision": "fp32", "micro_batch_size": 32, "channels_last": True, "num_workers": 1,
+         "persistent_workers": True, "torch_threads": 1},
+        {"precision": "fp32", "micro_batch_size": 32, "channels_last": True, "num_workers": 1,
+         "persistent_workers": False, "torch_threads": 1},
+    ]),
+})
 
 # GPU cases: the knobs that only matter there, sizes that keep an epoch near a second.
 GPU_CASES = {
@@ -133,6 +156,8 @@ def plain_loop(workload: str, args: dict, config: dict, epochs: int, device: str
     def to_cl(b):
         if cl and isinstance(b, (list, tuple)) and b[0].dim() == 4:
             return (b[0].contiguous(memory_format=torch.channels_last), *b[1:])
+        if cl and isinstance(b, Mapping):  # Hugging Face batches: the images by name
+            return {k: v.contiguous(memory_format=torch.channels_last) if v.dim() == 4 else v for k, v in b.items()}
         return b
 
     def to_dev(b):  # what a user writes for tensors, lists and dicts
@@ -140,7 +165,7 @@ def plain_loop(workload: str, args: dict, config: dict, epochs: int, device: str
             return b
         if isinstance(b, torch.Tensor):
             return b.to(dev, non_blocking=nb)
-        if isinstance(b, dict):
+        if isinstance(b, Mapping):
             return {k: to_dev(v) for k, v in b.items()}
         if isinstance(b, (list, tuple)):
             return type(b)(to_dev(v) for v in b)
@@ -217,7 +242,8 @@ def run_plain(workload: str, args: dict, config: dict, epochs: int, device: str 
 
 def space_file(folder: Path, workload: str, args: dict, name: str = "truth", device: str = "cpu") -> Path:
     path = folder / f"{name}-{workload}.yaml"
-    path.write_text(yaml.safe_dump({"name": name, "workload": workload, "workload_args": args, "device": device}))
+    path.write_text(yaml.safe_dump({"name": name, "workload": REFS.get(workload, workload), "workload_args": args,
+                                    "device": device}))
     return path
 
 
@@ -235,7 +261,8 @@ def run_trial(workload: str, args: dict, config: dict, results: Path, tag: str, 
     from tuner import spec
     from tuner.search import run_search
 
-    space = spec.parse({"name": f"truth-{workload}-{tag}", "workload": workload, "workload_args": args,
+    space = spec.parse({"name": f"truth-{workload}-{tag}", "workload": REFS.get(workload, workload),
+                        "workload_args": args,
                         "device": device, "knobs": config, "budget": {"trials": 1},
                         "confirm": {"top": 0, "repeats": 0}})
     run_search(space, results_root=results, quiet=True)
@@ -322,7 +349,7 @@ def main() -> None:
                     if which == "bench":
                         bench.append(run_bench(space, config))
                     else:
-                        plain.append(run_plain(workload, args, config, a.epochs, a.device))
+                        plain.append(run_plain(REFS.get(workload, workload), args, config, a.epochs, a.device))
             b = statistics.median(x["samples_per_sec"] for x in bench)
             p = statistics.median(x["samples_per_sec"] for x in plain)
             bm = statistics.median(x["peak_host_memory_mb"] for x in bench)
