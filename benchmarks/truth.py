@@ -187,7 +187,7 @@ def plain_loop(workload: str, args: dict, config: dict, epochs: int, device: str
             scaler.update()
             opt.zero_grad(set_to_none=True)
             n += bs
-            if i % 8 == 5:  # workers' private pages grow as they go (a lazily read file)
+            if workers and i % 8 == 5:  # workers' private pages grow as they go (a lazily read file)
                 workers_peak = max(workers_peak, sum(c.memory_full_info().uss for c in me.children()))
         return n
 
@@ -308,6 +308,8 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=3, help="timed epochs of the plain loop")
     ap.add_argument("--configs", type=int, default=None, help="only the first N configs per workload")
     ap.add_argument("--pick", default=None, help="only these configs per workload, by index: 0,2")
+    ap.add_argument("--set", action="append", default=[], metavar="KNOB=JSON",
+                    help="override a knob in every config: --set precision='\"fp32\"' (a CPU without bf16)")
     ap.add_argument("--no-search", action="store_true", help="skip the Tune-trial comparison")
     ap.add_argument("--search-rounds", type=int, default=3, help="rounds of the Tune-trial comparison")
     ap.add_argument("--device", default="cpu", help="cpu, or cuda for the GPU cases")
@@ -321,6 +323,7 @@ def main() -> None:
     from tuner.hardware import describe
 
     cases = GPU_CASES if a.device == "cuda" else CASES
+    overrides = {k: json.loads(v) for k, v in (x.split("=", 1) for x in a.set)}
     if a.workloads == ",".join(CASES):
         a.workloads = ",".join(cases)
     a.out = a.out or ("benchmarks/out/truth-cuda.json" if a.device == "cuda" else "benchmarks/out/truth.json")
@@ -337,6 +340,7 @@ def main() -> None:
         args, configs = cases[workload]
         space = space_file(tmp, workload, args, device=a.device)
         picked = [configs[int(i)] for i in a.pick.split(",")] if a.pick else configs[: a.configs]
+        picked = [{**c, **overrides} for c in picked]
         for config in picked:
             bench, plain = [], []
             for r in range(max(a.rounds, a.max_rounds or 0)):
@@ -396,7 +400,7 @@ def main() -> None:
             for workload in a.workloads.split(","):
                 args, configs = cases[workload]
                 space = space_file(tmp, workload, args, device=a.device)
-                config = configs[0]
+                config = {**configs[0], **overrides}
                 bench, trial = [], []
                 for r in range(a.search_rounds):
                     order = ("bench", "trial") if r % 2 == 0 else ("trial", "bench")
