@@ -1,7 +1,8 @@
 """Does ``tuner bench`` agree with the user's own plain loop on the same config?
 
-For every built-in workload and 3+ configs each (DataLoader workers with persistent
-on and off among them):
+For every built-in workload, and two Hugging Face models wrapped as a user wraps them
+(``benchmarks/hf_workloads.py``: ``hf_gpt2``, ``hf_resnet``), 3 configs each
+(DataLoader workers with persistent on and off among them):
 
 - ``bench``: ``python -m tuner bench SPACE --set ... --json``, the real command;
 - ``plain``: the training loop written the way a user writes one (``plain_loop``
@@ -16,8 +17,8 @@ on and off among them):
   inside), ``outside`` (none of it) or ``unresolved`` (the VM's noise is wider than the
   question). ``--max-rounds`` adds rounds to a row while it is unresolved;
 - peak host memory: bench's figure vs the plain process's own (its peak RSS,
-  VmHWM, plus the private pages of its DataLoader workers, read
-  every 8 steps by the plain loop itself, the largest sum kept);
+  VmHWM, plus the private pages of its DataLoader workers, read every 8 steps by the
+  plain loop itself where it has workers, the largest sum kept);
 - a trial inside a real Ray Tune search (``tuner.search.run_search``, one config) vs
   ``bench`` on that config, interleaved likewise.
 
