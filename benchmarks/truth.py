@@ -271,10 +271,6 @@ def run_trial(workload: str, args: dict, config: dict, results: Path, tag: str, 
     return next(r for r in records if r.get("phase") == "search")
 
 
-def ratio(a: float | None, b: float | None) -> float | None:
-    return a / b if a and b else None
-
-
 def paired_interval(a: list[float], b: list[float], level: float = 0.90) -> tuple[float, float, float]:
     """The geometric mean of the rounds' own ratios a/b and its ``level`` confidence
     interval (Student's t on the log ratios): a drift that lasts a round hits both sides
