@@ -238,6 +238,38 @@ def test_a_search_killed_in_a_confirm_round_takes_it_up_again_within_its_share(r
     assert len(run.records) == done
 
 
+def test_the_tuner_s_own_processes_are_ray_s_daemons_and_agents_and_not_its_workers(ray_local):
+    """The CPU they use beside a trial is reported as the tuner's own, and they run at a
+    lower priority than the trial. Ray's agents take a "ray::" title as its workers do:
+    they were once taken for workers, left at nice 0 and counted as interference."""
+    import os
+
+    import psutil
+
+    from tuner.search import tuner_processes
+
+    @ray_local.remote
+    class Worker:
+        def pid(self) -> int:
+            return os.getpid()
+
+    worker = ray_local.get(Worker.remote().pid.remote())
+
+    def by_name() -> dict:
+        return {q.name(): q.pid for q in psutil.Process().children(recursive=True)}
+
+    deadline = time.time() + 20  # the raylet starts its agents in the background
+    while "ray::DashboardAgent" not in by_name() and time.time() < deadline:
+        time.sleep(0.5)
+    agent = by_name()["ray::DashboardAgent"]
+    pids = tuner_processes(local=True)
+    names = {psutil.Process(p).name() for p in pids}
+    assert os.getpid() in pids and {"gcs_server", "raylet", "ray::DashboardAgent"} <= names
+    assert worker not in pids  # a worker runs the trials: never lowered, never counted as the tuner's
+    assert psutil.Process(agent).nice() >= 10 and psutil.Process(worker).nice() != 10
+    assert psutil.Process(by_name()["raylet"]).nice() == 0  # its workers, trials among them, inherit it
+
+
 def test_placement_on_logical_gpus_across_two_nodes(tmp_path, logical_gpu_cluster):
     records = _sleepy_search(tmp_path, logical_gpu_cluster, "placement", """\
         knobs:

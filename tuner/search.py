@@ -708,9 +708,9 @@ def tuner_processes(local: bool) -> list[int]:
     for p in procs:
         try:
             name = p.name()
-            if name.startswith("ray::") or any(a.startswith("ray::") for a in p.cmdline()[:1]):
+            if _is_ray_worker(name) or any(_is_ray_worker(a) for a in p.cmdline()[:1]):
                 continue  # a worker (an idle one may run the next trial)
-            if any(q.name().startswith("ray::") for q in p.parents()):
+            if any(_is_ray_worker(q.name()) for q in p.parents()):
                 continue  # under a worker: a trial's own processes
         except psutil.Error:
             continue
@@ -718,6 +718,16 @@ def tuner_processes(local: bool) -> list[int]:
         if name != "raylet":
             _lower_priority(p.pid)
     return pids
+
+
+# Ray's per-node agents take a "ray::" process title as its workers do, but are daemons:
+# at nice 0 and left out, the dashboard agent alone used 0.006-0.016 cores beside a trial
+# here (its metrics), counted as interference rather than as the tuner's own.
+_RAY_AGENTS = ("ray::DashboardAgent", "ray::RuntimeEnvAgent")
+
+
+def _is_ray_worker(name: str) -> bool:
+    return name.startswith("ray::") and not name.startswith(_RAY_AGENTS)
 
 
 def _lower_priority(pid: int, nice: int = 10) -> None:
