@@ -266,7 +266,9 @@ def test_the_tuner_s_own_processes_are_ray_s_daemons_and_agents_and_not_its_work
     names = {psutil.Process(p).name() for p in pids}
     assert os.getpid() in pids and {"gcs_server", "raylet", "ray::DashboardAgent"} <= names
     assert worker not in pids  # a worker runs the trials: never lowered, never counted as the tuner's
-    assert psutil.Process(agent).nice() >= 10 and psutil.Process(worker).nice() != 10
+    # lower than the trial: they run on a core it leaves idle, and never preempt it
+    assert os.sched_getscheduler(agent) == os.SCHED_IDLE and psutil.Process(agent).nice() >= 10
+    assert os.sched_getscheduler(worker) == os.SCHED_OTHER and psutil.Process(worker).nice() != 10
     assert psutil.Process(by_name()["raylet"]).nice() == 0  # its workers, trials among them, inherit it
 
 
