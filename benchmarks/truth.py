@@ -19,7 +19,8 @@ For every built-in workload, and two Hugging Face models wrapped as a user wraps
 - the machine's own speed around every run (``machine_speed``: 2-thread matmuls for
   0.3 s in this idle harness, right before and after): the same interval over the
   rounds in which neither run straddled a change of speed and both met the same speed
-  (within 10%), beside the one over all rounds;
+  (within 10%), beside the one over all rounds (on this VM, 2026-11-23, it did not
+  narrow the spread: the noise that moves a run here is not a speed that matmuls feel);
 - peak host memory: bench's figure vs the plain process's own (its peak RSS,
   VmHWM, plus the private pages of its DataLoader workers, read every 8 steps by the
   plain loop itself where it has workers, the largest sum kept);
