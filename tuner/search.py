@@ -740,14 +740,13 @@ def _is_ray_worker(name: str) -> bool:
 
 
 def _lower_priority(pid: int, nice: int = 10) -> None:
-    """Every thread of ``pid`` at SCHED_IDLE (at nice 10 where that is refused): it runs
-    on a core the trial leaves idle, and does not preempt the trial when it wakes.
-    Measured on 2 cores beside a 2-thread loop (``benchmarks/ray_cost.py``): Ray's
-    processes as a search left them cost the loop 6.2% against the same processes
-    stopped, 3.4% with the daemons at SCHED_IDLE. Threads the daemon starts later inherit
-    the policy; its children (no trial among them: the raylet starts the workers, and it
-    keeps its priority) too. A thread may always give up priority this way, so no
-    privilege is needed."""
+    """``pid`` at nice 10 and every thread of it at SCHED_IDLE: it runs on a core the
+    trial leaves idle, and does not preempt the trial when it wakes. Measured on 2 cores
+    beside a 2-thread loop (``benchmarks/ray_cost.py``, 3 runs): Ray's processes with the
+    daemons at nice 10 cost the loop 4-6% against the same processes stopped, 2.5-3.4%
+    with them at SCHED_IDLE. Threads the daemon starts later inherit the policy; its
+    children (no trial among them: the raylet starts the workers, and it keeps its
+    priority) too. A thread may always give up priority this way: no privilege needed."""
     from tuner.trial import renice
 
     with contextlib.suppress(OSError):  # a daemon that ended, or one of another user
