@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import mmap
 import time
 
 import numpy as np
@@ -246,6 +247,20 @@ def main_ballast(mb: int = 200) -> Workload:
             block = np.ones(mb * 2**20, dtype=np.uint8)  # np.ones writes every page
             _MAIN_BALLAST.append(int(block[::4096].sum()))
             del block
+        return _mse(model, batch)
+
+    return Workload(model=lambda: nn.Linear(8, 1), dataset=lambda: Numbers(), loss=loss)
+
+
+def faulting(pages: int = 2048) -> Workload:
+    """Each loss call maps `pages` fresh pages and writes one byte to each: at least
+    `pages` minor page faults per micro-batch, which the kernel cannot avoid."""
+
+    def loss(model, batch):
+        if pages:
+            with mmap.mmap(-1, pages * mmap.PAGESIZE) as block:
+                for i in range(0, pages * mmap.PAGESIZE, mmap.PAGESIZE):
+                    block[i] = 1
         return _mse(model, batch)
 
     return Workload(model=lambda: nn.Linear(8, 1), dataset=lambda: Numbers(), loss=loss)

@@ -129,6 +129,16 @@ def test_short_lived_peak_in_the_trial_process_is_counted():
     assert big["peak_host_memory_mb"] - small["peak_host_memory_mb"] > 0.9 * 300
 
 
+def test_page_faults_per_step_counts_the_trial_s_own_faults():
+    # 2048 fresh pages written per micro-batch, 2 micro-batches per step: at least 4096
+    # faults per step on top of what the same loop takes without them.
+    quiet = _run("faulting", {"pages": 0}, {"micro_batch_size": 8, "grad_accum_steps": 2})
+    faulting = _run("faulting", {"pages": 2048}, {"micro_batch_size": 8, "grad_accum_steps": 2})
+    assert quiet["status"] == faulting["status"] == "ok"
+    assert faulting["page_faults_per_step"] >= 4096
+    assert faulting["page_faults_per_step"] - quiet["page_faults_per_step"] >= 0.95 * 4096
+
+
 def test_forked_trial_counts_the_pages_it_shares_with_its_server():
     # A trial forked from the server that imported torch holds torch's pages as a
     # process that imports torch itself does: at least what a bare `import torch` holds.
