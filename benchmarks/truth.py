@@ -16,11 +16,10 @@ For every built-in workload, and two Hugging Face models wrapped as a user wraps
   with its verdict against ``--tolerance`` (±3%): ``within`` (all of the interval
   inside), ``outside`` (none of it) or ``unresolved`` (the VM's noise is wider than the
   question). ``--max-rounds`` adds rounds to a row while it is unresolved;
-- the machine's own speed around every run (``machine_speed``: 2-thread matmuls for
-  0.3 s in this idle harness, right before and after): the same interval over the
-  rounds in which neither run straddled a change of speed and both met the same speed
-  (within 10%), beside the one over all rounds (on this VM, 2026-11-23, it did not
-  narrow the spread: the noise that moves a run here is not a speed that matmuls feel);
+- the machine's own speed around every run, recorded (``machine_speed``: 2-thread
+  matmuls for 0.3 s in this idle harness, right before and after; on this VM,
+  2026-11-23, the rounds whose runs met one speed by it spread as widely as all rounds:
+  the noise that moves a run here is not a speed that matmuls feel);
 - peak host memory: bench's figure vs the plain process's own (its peak RSS,
   VmHWM, plus the private pages of its DataLoader workers, read every 8 steps by the
   plain loop itself where it has workers, the largest sum kept);
@@ -279,8 +278,7 @@ def run_trial(workload: str, args: dict, config: dict, results: Path, tag: str, 
 def machine_speed(seconds: float = 0.3) -> float:
     """GFLOP/s of 2-thread fp32 matmuls, timed in this (idle) harness process right
     before and after each run. This VM moves between speeds ~35% apart for minutes at a
-    time; a run whose probes before and after disagree straddled such a move, and a round
-    whose two runs met different speeds says more about the VM than about the loops."""
+    time; the probes say which speed each run met."""
     import torch
 
     torch.set_num_threads(2)
@@ -298,16 +296,6 @@ def probed(fn, *args) -> dict:
     before = machine_speed()
     result = fn(*args)
     return {**result, "probe_before": before, "probe_after": machine_speed()}
-
-
-def speed_of(run: dict) -> float:
-    """The machine's speed during a run: the mean of its probes before and after."""
-    return (run["probe_before"] + run["probe_after"]) / 2
-
-
-def straddled(run: dict, limit: float = 0.10) -> bool:
-    """The machine's speed moved by more than ``limit`` between a run's two probes."""
-    return abs(run["probe_after"] / run["probe_before"] - 1) > limit
 
 
 def paired_interval(a: list[float], b: list[float], level: float = 0.90) -> tuple[float, float, float]:
@@ -399,19 +387,10 @@ def main() -> None:
                                        for x, y in zip(bench, plain, strict=True))
             geo, lo, hi = paired_interval([x["samples_per_sec"] for x in bench],
                                           [y["samples_per_sec"] for y in plain])
-            # The rounds whose runs met the same machine (no run straddled a change of speed,
-            # and both ran at speeds within 10% of each other): what is left of the noise.
-            same = [i for i, (x, y) in enumerate(zip(bench, plain, strict=True))
-                    if not straddled(x) and not straddled(y) and abs(speed_of(x) / speed_of(y) - 1) <= 0.10]
-            s_geo, s_lo, s_hi = (paired_interval([bench[i]["samples_per_sec"] for i in same],
-                                                 [plain[i]["samples_per_sec"] for i in same])
-                                 if same else (math.nan, 0.0, math.inf))
             row = {"workload": workload, "args": args, "config": config,
                    "bench_samples_per_sec": b, "plain_samples_per_sec": p, "bench_over_plain": b / p,
                    "paired_ratio": paired, "rounds": len(bench), "paired_geomean": geo,
                    "paired_interval_90": [lo, hi], "verdict": verdict(lo, hi, a.tolerance),
-                   "same_speed_rounds": same, "same_speed_geomean": s_geo,
-                   "same_speed_interval_90": [s_lo, s_hi], "same_speed_verdict": verdict(s_lo, s_hi, a.tolerance),
                    "bench_probes": [[x["probe_before"], x["probe_after"]] for x in bench],
                    "plain_probes": [[y["probe_before"], y["probe_after"]] for y in plain],
                    "bench_runs": [x["samples_per_sec"] for x in bench],
@@ -427,8 +406,7 @@ def main() -> None:
             save()
             print(f"{workload:<12} {_short(config):<58} bench {b:8.1f}  plain {p:8.1f}  "
                   f"ratio {b / p:5.3f} (paired {paired:5.3f}, 90% {lo:5.3f}-{hi:5.3f} in {len(bench)} rounds: "
-                  f"{row['verdict']}; same-speed rounds {len(same)}: {s_geo:5.3f}, {s_lo:5.3f}-{s_hi:5.3f} "
-                  f"{row['same_speed_verdict']})  memory {bm:6.0f} / {pm:6.0f} MB = {bm / pm:5.3f}", flush=True)
+                  f"{row['verdict']})  memory {bm:6.0f} / {pm:6.0f} MB = {bm / pm:5.3f}", flush=True)
 
     # persistent workers on vs off: bench's ratio vs the plain loop's whole epochs
     for workload in a.workloads.split(","):
