@@ -470,7 +470,7 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
     kept: list[Window] = []
     kept_busy: list[bool] = []  # disturbed, but kept: the redos had run out
     kept_loads: list[Load | None] = []
-    faults_kept, steps_kept = 0, 0  # minor page faults of this process in the windows kept
+    kept_faults: list[int] = []  # minor page faults of this process, per window kept
     before = 1  # the warm-up ended on an epoch boundary
     gap_s = 0.0  # untimed, between windows
     rates: list[float] = []
@@ -556,7 +556,7 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
                     f"measuring it again")
                 continue
             kept.append(window)
-            faults_kept, steps_kept = faults_kept + faults, steps_kept + steps
+            kept_faults.append(faults)
             kept_busy.append(bool(busy))
             kept_loads.append(load)
             rates.append(rate(window, fetch_s()))
@@ -591,6 +591,7 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
         kept = [kept[i] for i in quiet_kept]
         kept_busy = [False] * len(kept)
         kept_loads = [kept_loads[i] for i in quiet_kept]
+        kept_faults = [kept_faults[i] for i in quiet_kept]
     loads = [ld for ld in kept_loads if ld is not None]  # the figure's windows, no others
     is_disturbed = 3 * sum(kept_busy) > len(kept)  # more than a third
 
@@ -670,7 +671,8 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
         # How the heap behaves: glibc's malloc trims and re-grows it, and each page it
         # takes back costs a fault (the same plain loop took 3,900 and 13,600 per step in
         # two fresh processes here). The trial's process only: workers not included.
-        "page_faults_per_step": faults_kept / steps_kept if steps_kept else None,
+        "page_faults_per_step": (sum(kept_faults) * trainer.accum / sum(w.micro_batches for w in kept)
+                                 if kept else None),
         "host_memory_measure": "peak RSS of the trial process + private pages of its DataLoader workers",
         # what ran beside the timed windows (medians over the windows kept)
         "interference_cores": statistics.median(ld.other_cores for ld in loads) if loads else None,
