@@ -12,6 +12,8 @@ cycle, so that the VM's drift hits every state alike (the ratios are paired per 
   and the workers as Ray starts them;
 - ``nice10``: the daemons and the actor at nice 10 instead, as searches left them
   before (a thread cannot leave SCHED_IDLE without privilege: root only);
+- ``all_idle``: every Ray process at SCHED_IDLE, the raylet and the idle workers too
+  (what a search could do where a trial may put itself back: root or RLIMIT_NICE >= 20);
 - ``stopped``: every Ray process stopped (SIGSTOP): the loop as it runs without Ray, the
   reference.
 
@@ -67,7 +69,7 @@ def main() -> None:
     _lower_priority(actor)  # as the search's Board
     procs = psutil.Process().children(recursive=True)
     daemons = [p for p in procs if p.pid == actor or not _is_ray_worker(p.name()) and p.name() != "raylet"]
-    states = ["tuner", "stopped"] + (["nice10"] if os.geteuid() == 0 else [])
+    states = ["tuner", "stopped"] + (["nice10", "all_idle"] if os.geteuid() == 0 else [])
     print(f"Ray's processes: {', '.join(p.name() for p in procs)}; states {states}", flush=True)
 
     def tids(p: psutil.Process) -> list[int]:
@@ -85,14 +87,20 @@ def main() -> None:
                 p.resume()
             except psutil.Error:
                 continue
-            if p in daemons:
+            if p in daemons or state == "all_idle":
                 for t in tids(p):
                     try:
-                        if state == "tuner":
+                        if state in ("tuner", "all_idle"):
                             os.sched_setscheduler(t, os.SCHED_IDLE, os.sched_param(0))
                         else:  # nice10
                             os.sched_setscheduler(t, os.SCHED_OTHER, os.sched_param(0))
                             os.setpriority(os.PRIO_PROCESS, t, 10)
+                    except OSError:
+                        pass
+            else:  # the raylet and the workers, as Ray starts them
+                for t in tids(p):
+                    try:
+                        os.sched_setscheduler(t, os.SCHED_OTHER, os.sched_param(0))
                     except OSError:
                         pass
 

@@ -42,6 +42,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import statistics
 import subprocess
 import sys
@@ -240,8 +241,12 @@ class by_source_batches:  # noqa: N801 -- the user's own grouped batch sampler
 
 
 def run_plain(workload: str, args: dict, config: dict, epochs: int, device: str = "cpu") -> dict:
+    from tuner.knobs import MALLOC_RETAIN_ENV
+
+    # malloc_retain: the user starts their run with glibc's variables set
+    env = {**os.environ, **(MALLOC_RETAIN_ENV if config.get("malloc_retain") else {})}
     out = subprocess.run([sys.executable, __file__, "--plain", json.dumps([workload, args, config, epochs, device])],
-                         capture_output=True, text=True, check=True)
+                         capture_output=True, text=True, check=True, env=env)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 

@@ -266,6 +266,20 @@ def faulting(pages: int = 2048) -> Workload:
     return Workload(model=lambda: nn.Linear(8, 1), dataset=lambda: Numbers(), loss=loss)
 
 
+def churning(mb: int = 48) -> Workload:
+    """Each loss call fills and frees an `mb` MB buffer (malloc, written), as a step's
+    activations come and go. Over glibc's largest automatic mmap threshold (32 MB),
+    malloc maps it fresh every time: one page fault per page written, unless the
+    allocator keeps it (malloc_retain)."""
+
+    def loss(model, batch):
+        if mb:
+            bytearray(mb << 20)  # malloc'd and zeroed: every page written, then freed
+        return _mse(model, batch)
+
+    return Workload(model=lambda: nn.Linear(8, 1), dataset=lambda: Numbers(), loss=loss)
+
+
 def burn(dim: int = 512, size: int = 4096) -> Workload:
     """Compute-bound on the CPU (matmuls, every core): its rate drops when another process
     takes cores, which is what the disturbance detection must see."""

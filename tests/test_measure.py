@@ -91,9 +91,12 @@ def test_many_workers_input_bound_agrees_with_whole_epochs_of_a_plain_loop(persi
     # loop, which cannot redo a disturbed stretch as the measurement does (a fresh-clone CI
     # run read 344.6 here where a quiet machine reads 372-388)
     plain = max(before, _plain_epochs(slow_data(**args), config))
-    if r["samples_per_sec"] > plain * 1.07:
-        # both plain runs slowed (fresh-clone CI: 326 and less, against the measurement's
-        # 351, with other tests' processes still ending): one more, the best of three
+    for _ in range(3):
+        if r["samples_per_sec"] <= plain * 1.07:
+            break
+        # the plain runs slowed (fresh-clone CI: 326 and less, against the measurement's
+        # 351, with other tests' processes still ending; once three in a row at 323 and
+        # less, against 356): more, the best of up to five
         plain = max(plain, _plain_epochs(slow_data(**args), config))
     assert r["samples_per_sec"] == pytest.approx(plain, rel=0.07)
     assert r["epoch_overhead_from"] == "windows"
@@ -137,6 +140,21 @@ def test_page_faults_per_step_counts_the_trial_s_own_faults():
     assert quiet["status"] == faulting["status"] == "ok"
     assert faulting["page_faults_per_step"] >= 4096
     assert faulting["page_faults_per_step"] - quiet["page_faults_per_step"] >= 0.95 * 4096
+
+
+def test_malloc_retain_keeps_a_step_s_buffers_from_faulting_in_again():
+    # A 48 MB buffer filled and freed per micro-batch: glibc maps it fresh each time
+    # (12,288 pages, one fault each); with malloc_retain it is reused from the heap.
+    import mmap
+
+    pages = (48 << 20) // mmap.PAGESIZE
+    config = {"micro_batch_size": 8, "grad_accum_steps": 2}
+    plain = _run("churning", {"mb": 48}, config)
+    kept = _run("churning", {"mb": 48}, {**config, "malloc_retain": True})
+    assert plain["status"] == kept["status"] == "ok"
+    assert plain["page_faults_per_step"] >= 0.95 * 2 * pages
+    assert kept["page_faults_per_step"] < 0.05 * pages
+    assert kept["config"]["malloc_retain"] is True and plain["config"]["malloc_retain"] is False
 
 
 def test_forked_trial_counts_the_pages_it_shares_with_its_server():

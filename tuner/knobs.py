@@ -9,8 +9,10 @@ entry here and, if it changes the run, one ``apply_*`` function called by
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import inspect
 import os
+import platform
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +25,12 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 COMM_HOOKS = ("none", "bf16_compress", "fp16_compress")
 COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune")
 GROUPINGS = ("mixed", "by_source")
+GLIBC = platform.libc_ver()[0] == "glibc"
+# malloc_retain: glibc's thresholds as environment variables (what a user's own run sets)
+# and as mallopt parameters (what a running process sets: the variables are read once,
+# when malloc first runs).
+MALLOC_RETAIN_ENV = {"MALLOC_MMAP_THRESHOLD_": str(64 << 20), "MALLOC_TRIM_THRESHOLD_": str(256 << 20)}
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # <malloc.h>
 
 
 @dataclass(frozen=True)
@@ -85,6 +93,11 @@ def _static_graph_allowed(config: dict, ctx: Context) -> str | None:
     return None
 
 
+def _needs_glibc(config: dict, ctx: Context) -> str | None:
+    """with glibc's malloc (Linux)"""
+    return None if GLIBC else "needs glibc's malloc (Linux)"
+
+
 def _recommended_precision(ctx: Context) -> str:
     if ctx.bf16_ok:
         return "bf16"
@@ -132,6 +145,12 @@ _TABLE = [
          False, lambda ctx: False, cost="about one extra forward pass of compute", recompiles=True, priority=15),
     Knob("torch_threads", int, "intra-op threads of the training process (null: PyTorch's default)",
          None, lambda ctx: None, minimum=1, nullable=True, priority=5),
+    Knob("malloc_retain", bool,
+         "host malloc keeps freed memory for the next step: glibc's mmap threshold 64 MB and "
+         "trim threshold 256 MB (fixed, where glibc moves them itself), so a step's buffers are "
+         "reused, not returned to the kernel and faulted in again",
+         False, lambda ctx: False, inactive=_needs_glibc,
+         cost="up to 256 MB freed memory stays with the process", priority=9),
     Knob("batch_grouping", str, "multi-source data: mixed batches, or each batch from one source",
          "mixed", lambda ctx: "by_source" if ctx.has_groups else "mixed", choices=GROUPINGS,
          inactive=_needs_groups, recompiles=True, priority=3),
@@ -273,6 +292,18 @@ def apply_threads(threads: int | None) -> None:
     """Intra-op threads of this process (None: leave PyTorch's default)."""
     if threads is not None:
         torch.set_num_threads(threads)
+
+
+def apply_malloc_retain(enabled: bool) -> None:
+    """glibc's fixed thresholds (``MALLOC_RETAIN_ENV``) in this process, and in the
+    environment of the processes it starts (off: leave the allocator alone)."""
+    if not enabled:
+        return
+    libc = ctypes.CDLL(None)
+    if not (libc.mallopt(_M_MMAP_THRESHOLD, int(MALLOC_RETAIN_ENV["MALLOC_MMAP_THRESHOLD_"]))
+            and libc.mallopt(_M_TRIM_THRESHOLD, int(MALLOC_RETAIN_ENV["MALLOC_TRIM_THRESHOLD_"]))):
+        raise UserError("knob 'malloc_retain': glibc's mallopt refused the thresholds")
+    os.environ.update(MALLOC_RETAIN_ENV)
 
 
 def apply_backend_flags(device: torch.device, cudnn_benchmark: bool, tf32: bool) -> None:

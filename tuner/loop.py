@@ -129,8 +129,9 @@ class Trainer:
         torch.manual_seed(seed)
 
         # The order matters:
-        # 1. threads and backend flags before any kernel runs;
+        # 1. threads, the allocator and backend flags before any kernel runs;
         knobs.apply_threads(config["torch_threads"])
+        knobs.apply_malloc_retain(config["malloc_retain"])
         knobs.apply_backend_flags(device, config["cudnn_benchmark"], config["tf32"])
         # 2. the model on its device, then its memory format (weights must exist there);
         model = _call(workload.model, "model").to(device)

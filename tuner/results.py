@@ -237,6 +237,8 @@ def hf_kwargs(payload: dict) -> tuple[dict, list[str]]:
         unsaid.append("channels_last=True: model.to(memory_format=torch.channels_last) before Trainer(model=...)")
     if c["torch_threads"]:
         unsaid.append(f"torch_threads={c['torch_threads']}: torch.set_num_threads({c['torch_threads']}) at start")
+    if c["malloc_retain"]:
+        unsaid.append(f"malloc_retain=True: {_malloc_env()} in the environment")
     if c["cudnn_benchmark"]:
         unsaid.append("cudnn_benchmark=True: torch.backends.cudnn.benchmark = True at start")
     if c["non_blocking"]:
@@ -259,6 +261,12 @@ def hf_kwargs(payload: dict) -> tuple[dict, list[str]]:
             unsaid.append("ddp_no_sync_accumulation=False: the HF Trainer always skips the all-reduce "
                           "on accumulation micro-steps")
     return kw, unsaid
+
+
+def _malloc_env() -> str:
+    from tuner import knobs
+
+    return " ".join(f"{k}={v}" for k, v in knobs.MALLOC_RETAIN_ENV.items())
 
 
 def _find_unused(payload: dict) -> bool:
@@ -286,6 +294,8 @@ def lightning_kwargs(payload: dict) -> tuple[dict, dict, list[str]]:
     code = []
     if c["torch_threads"]:
         code.append(f"torch.set_num_threads({c['torch_threads']})")
+    if c["malloc_retain"]:
+        code.append(f"# malloc_retain: start the run with {_malloc_env()} in the environment")
     if c["tf32"]:
         code.append('torch.set_float32_matmul_precision("high")  # tf32')
     if c["channels_last"]:

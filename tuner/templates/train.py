@@ -98,6 +98,16 @@ def main():
             torch.cuda.set_device(device)
     if c["torch_threads"]:
         torch.set_num_threads(c["torch_threads"])
+    if c["malloc_retain"]:  # glibc keeps freed memory for the next step
+        import ctypes
+        import os
+
+        # M_MMAP_THRESHOLD 64 MB, M_TRIM_THRESHOLD 256 MB: the same as starting Python with
+        # MALLOC_MMAP_THRESHOLD_=67108864 MALLOC_TRIM_THRESHOLD_=268435456 in the environment
+        libc = ctypes.CDLL(None)
+        libc.mallopt(-3, 64 << 20)
+        libc.mallopt(-1, 256 << 20)
+        os.environ.update(MALLOC_MMAP_THRESHOLD_=str(64 << 20), MALLOC_TRIM_THRESHOLD_=str(256 << 20))
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = c["cudnn_benchmark"]
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = c["tf32"]
