@@ -46,14 +46,17 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=3, help="timed epochs of the plain loop")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--resume", action="store_true", help="keep the rows already in --out; measure the rest")
     a = ap.parse_args()
     off, on = json.loads(a.off), json.loads(a.on)
     overrides = {k: json.loads(v) for k, v in (s.split("=", 1) for s in a.set)}
     out = Path(a.out or Path(__file__).parent / "out" / f"knob_ab_{a.knob}.json")
     rng = random.Random(a.seed)
-    rows = []
+    rows = json.loads(out.read_text())["rows"] if a.resume and out.exists() else []
     with tempfile.TemporaryDirectory() as tmp:
         for workload in a.workloads.split(","):
+            if any(row["workload"] == workload for row in rows):
+                continue
             args, configs = truth.CASES[workload]
             base = {**configs[a.pick], **overrides}
             space = truth.space_file(Path(tmp), workload, args)
@@ -69,7 +72,7 @@ def main() -> None:
                         keep = {k: rec.get(k) for k in ("samples_per_sec", "page_faults_per_step",
                                                         "peak_host_memory_mb", "spread", "disturbed")}
                     else:
-                        keep = truth.run_plain(workload, args, config, a.epochs)
+                        keep = truth.run_plain(truth.REFS.get(workload, workload), args, config, a.epochs)
                     runs[side].append({**keep, "round": r, "seconds": time.time() - t})
                     print(f"  {workload} round {r} {side}: {keep['samples_per_sec']:.1f} samples/s"
                           + (f", {keep['page_faults_per_step']:,.0f} faults/step"
@@ -80,21 +83,23 @@ def main() -> None:
                 y = [s["samples_per_sec"] for s in runs[f"{side}_off"]]
                 row[f"{side}_median_off"], row[f"{side}_median_on"] = statistics.median(y), statistics.median(x)
                 row[f"{side}_on_off"] = truth.paired_interval(x, y)
-            for v in ("off", "on"):
-                row[f"faults_per_step_{v}"] = statistics.median(s["page_faults_per_step"] or 0
-                                                               for s in runs[f"bench_{v}"])
+            for side in ("bench", "plain"):
+                for v in ("off", "on"):
+                    row[f"{side}_faults_per_step_{v}"] = statistics.median(s.get("page_faults_per_step") or 0
+                                                                           for s in runs[f"{side}_{v}"])
             rows.append(row)
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_text(json.dumps({"knob": a.knob, "rounds": a.rounds, "rows": rows}, indent=2))
     print(f"\n{a.knob}: {off} -> {on}, {a.rounds} rounds (medians; paired on/off ratio, 90% interval)")
     print(f"{'workload':<12} {'bench off':>10} {'bench on':>10} {'bench on/off':>22} "
-          f"{'plain off':>10} {'plain on':>10} {'plain on/off':>22} {'faults/step off -> on':>22}")
+          f"{'plain off':>10} {'plain on':>10} {'plain on/off':>22} {'bench faults off -> on':>22} {'plain faults off -> on':>22}")
     for row in rows:
         b, p = row["bench_on_off"], row["plain_on_off"]
         print(f"{row['workload']:<12} {row['bench_median_off']:>10.1f} {row['bench_median_on']:>10.1f} "
               f"{b[0]:>7.3f} ({b[1]:.3f}-{b[2]:.3f}) {row['plain_median_off']:>10.1f} "
               f"{row['plain_median_on']:>10.1f} {p[0]:>7.3f} ({p[1]:.3f}-{p[2]:.3f}) "
-              f"{row['faults_per_step_off']:>10,.0f} -> {row['faults_per_step_on']:<8,.0f}")
+              f"{row['bench_faults_per_step_off']:>10,.0f} -> {row['bench_faults_per_step_on']:<8,.0f}"
+              f"{row.get('plain_faults_per_step_off', 0):>10,.0f} -> {row.get('plain_faults_per_step_on', 0):<8,.0f}")
     print(f"wrote {out}")
 
 

@@ -4,7 +4,7 @@ For each built-in workload, on this machine:
 
 - naive: the plain loop (fp32, num_workers=0, a .item() each step), ``bench --baseline``;
 - good: the config the tuner itself picks (``run_search`` with the guided sampler,
-  12 trials over precision, workers, threads, channels_last and micro-batch, the top 3
+  12 trials over precision, workers, threads, channels_last, malloc_retain and micro-batch, the top 3
   re-measured twice), each trial measured as always (``tuner.trial.run_isolated``);
 - limit: on a GPU the compute-only ceiling (same step, data already on the device);
   on a CPU, where loading and compute share the cores, the work bound
@@ -39,7 +39,8 @@ MEASURE = {"warmup_steps": 3, "window_s": 1.0, "min_windows": 5, "max_windows": 
 KNOBS = {
     # the knobs that matter on a CPU; on a GPU pin_memory/non_blocking/compile/cudnn join
     "cpu": {"precision": ["fp32", "bf16"], "num_workers": [0, 1, 2], "torch_threads": [1, 2],
-            "channels_last": [False, True], "micro_batch_size": [32, 64, 128], "persistent_workers": [True]},
+            "channels_last": [False, True], "micro_batch_size": [32, 64, 128], "persistent_workers": [True],
+            "malloc_retain": [False, True]},
     "cuda": {"precision": ["fp32", "bf16"], "num_workers": [0, 2, 4, 8], "micro_batch_size": [64, 128, 256],
              "persistent_workers": [True], "pin_memory": [True], "non_blocking": [True],
              "compile": ["off", "default"], "cudnn_benchmark": [True]},

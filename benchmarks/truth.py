@@ -43,6 +43,7 @@ import argparse
 import json
 import math
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -199,6 +200,7 @@ def plain_loop(workload: str, args: dict, config: dict, epochs: int, device: str
 
     epoch()  # start-up: first workers, first allocations
     sync()
+    faults0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     t0 = time.perf_counter()
     samples, ends = 0, []
     for _ in range(epochs):
@@ -206,12 +208,14 @@ def plain_loop(workload: str, args: dict, config: dict, epochs: int, device: str
         sync()
         ends.append(time.perf_counter())
     wall = ends[-1] - t0
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults0
     # The kernel's high-water mark of this process (VmHWM, what /usr/bin/time's max RSS
     # reads for a process it starts); not ru_maxrss, which keeps the peak of whatever
     # process exec'd this one.
     rss = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM")) / 1024
     return {"samples_per_sec": samples / wall, "epochs": epochs, "epoch_s": wall / epochs,
             "epoch_times_s": [b - a for a, b in zip([t0, *ends], ends, strict=False)],
+            "page_faults_per_step": faults * bs / samples,  # one optimizer step per batch
             "peak_rss_mb": rss, "workers_private_mb": workers_peak / 2**20,
             "peak_host_memory_mb": rss + workers_peak / 2**20,
             "peak_device_memory_mb": torch.cuda.max_memory_allocated(dev) / 2**20 if dev.type == "cuda" else None}

@@ -42,6 +42,7 @@ def test_batch_values_and_knobs_follow_the_hardware():
     cpu = dict((k, v) for k, v, _ in knob_lines("cpu", 2, bf16=False, conv=False, compiler=True))
     assert cpu["precision"] == ["fp32", "bf16"] and "pin_memory" not in cpu and cpu["num_workers"] == [0, 1]
     assert "channels_last" not in cpu and cpu["compile"] == ["off", "default"]
+    assert cpu["malloc_retain"] == [False, True]  # this machine's libc is glibc
     gpu = dict((k, v) for k, v, _ in knob_lines("cuda", 16, bf16=True, conv=True, compiler=False))
     assert gpu["precision"] == ["fp32", "bf16", "fp16"] and gpu["pin_memory"] == [False, True]
     assert gpu["num_workers"] == [0, 1, 2, 4, 8] and "compile" not in gpu and "channels_last" in gpu

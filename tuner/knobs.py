@@ -149,8 +149,8 @@ _TABLE = [
          "host malloc keeps freed memory for the next step: glibc's mmap threshold 64 MB and "
          "trim threshold 256 MB (fixed, where glibc moves them itself), so a step's buffers are "
          "reused, not returned to the kernel and faulted in again",
-         False, lambda ctx: False, inactive=_needs_glibc,
-         cost="up to 256 MB freed memory stays with the process", priority=9),
+         False, lambda ctx: GLIBC, inactive=_needs_glibc,
+         cost="freed memory stays with the process: peak host memory +0-6% on the built-ins", priority=9),
     Knob("batch_grouping", str, "multi-source data: mixed batches, or each batch from one source",
          "mixed", lambda ctx: "by_source" if ctx.has_groups else "mixed", choices=GROUPINGS,
          inactive=_needs_groups, recompiles=True, priority=3),

@@ -136,6 +136,10 @@ def knob_lines(device: str, cores: int, bf16: bool, conv: bool, compiler: bool) 
     else:
         lines.append(("torch_threads", sorted({1, max(1, cores // 2), cores}),
                       f"intra-op threads share the {cores} cores with the DataLoader workers"))
+    from tuner.knobs import GLIBC
+
+    if GLIBC:
+        lines.append(("malloc_retain", [False, True], "glibc's malloc: a step's freed buffers kept for the next"))
     if conv:
         lines.append(("channels_last", [False, True], "the model has Conv2d layers"))
     if compiler:
