@@ -53,6 +53,22 @@ def test_unsupported_precision_is_an_error():
         knobs.resolve({"precision": "bf16"}, ctx, strict=False)
 
 
+def test_recommended_precision_is_bf16_only_where_the_hardware_runs_it():
+    # A CPU without AVX512-BF16 or AMX emulates bf16 (several times slower than fp32):
+    # the guides' start there is fp32; bf16 stays searchable, and on GPUs the GPU decides.
+    slow = knobs.Context(device="cpu", cpu_count=2, bf16_native=False)
+    assert knobs.recommended(slow)["precision"] == "fp32"
+    assert knobs.resolve({"precision": "bf16"}, slow, strict=True)[0]["precision"] == "bf16"
+    assert knobs.recommended(knobs.Context(device="cpu", cpu_count=2))["precision"] == "bf16"
+    assert knobs.recommended(knobs.Context(device="cuda", cpu_count=8, bf16_native=False))["precision"] == "bf16"
+    assert knobs.recommended(knobs.Context(device="cuda", cpu_count=8, bf16_ok=False))["precision"] == "fp16"
+
+
+def test_malloc_retain_is_recommended_where_the_libc_is_glibc():
+    assert knobs.recommended(CPU)["malloc_retain"] is knobs.GLIBC
+    assert knobs.defaults()["malloc_retain"] is False  # the baseline: PyTorch's default
+
+
 def test_batch_grouping_needs_sources():
     with pytest.raises(UserError, match="single source"):
         knobs.resolve({"batch_grouping": "by_source"}, CPU, strict=True)

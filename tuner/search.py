@@ -530,11 +530,18 @@ def _search(space: spec.Space, out: Path, progress: Progress, ray_start_s: float
         workload=m.workload, workload_args=m.workload_args, base_dir=str(space.base_dir), device="cpu")).workload
     # bf16 where the trials run (a V100 or T4 has none: the guides' bf16 start would be a
     # wasted trial), asked of a GPU node, not of this driver.
-    bf16_ok, cuda_ok = True, device == "cuda"
+    # On CPUs: whether they run bf16 in hardware (without, the guides' bf16 start ran conv at
+    # 18 samples/s against fp32's 293 here, and that one trial made the search's model
+    # blame every other knob of that start).
+    bf16_ok, cuda_ok, bf16_native = True, device == "cuda", True
     if device == "cuda":
         bf16_ok, cuda_ok = ray.get(ray.remote(num_gpus=gpus_per_trial)(_gpu_facts).remote())
+    else:
+        from tuner.hardware import cpu_has_bf16
+
+        bf16_native = ray.get(ray.remote(num_cpus=1)(cpu_has_bf16).remote())
     ctx = knobs.Context(device=device, cpu_count=shape["max_node_cpus"], has_groups=workload.groups is not None,
-                        bf16_ok=bf16_ok)
+                        bf16_ok=bf16_ok, bf16_native=bf16_native)
     for name, values in space.domain.items():  # a GPU knob searched on CPUs is a wasted trial
         if knobs.KNOBS[name].gpu_only and device != "cuda" and len(values) > 1:
             raise UserError(f"knobs.{name}: a GPU knob, but this search runs on CPUs; remove it or fix it")
