@@ -102,12 +102,12 @@ def main():
         import ctypes
         import os
 
-        # M_MMAP_THRESHOLD 64 MB, M_TRIM_THRESHOLD 256 MB: the same as starting Python with
-        # MALLOC_MMAP_THRESHOLD_=67108864 MALLOC_TRIM_THRESHOLD_=268435456 in the environment
+        # M_MMAP_THRESHOLD 1 GiB, M_TRIM_THRESHOLD never: the same as starting Python with
+        # MALLOC_MMAP_THRESHOLD_=1073741824 MALLOC_TRIM_THRESHOLD_=18446744073709551615
         libc = ctypes.CDLL(None)
-        libc.mallopt(-3, 64 << 20)
-        libc.mallopt(-1, 256 << 20)
-        os.environ.update(MALLOC_MMAP_THRESHOLD_=str(64 << 20), MALLOC_TRIM_THRESHOLD_=str(256 << 20))
+        libc.mallopt(-3, 1 << 30)
+        libc.mallopt(-1, -1)
+        os.environ.update(MALLOC_MMAP_THRESHOLD_=str(1 << 30), MALLOC_TRIM_THRESHOLD_=str(2**64 - 1))
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = c["cudnn_benchmark"]
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = c["tf32"]
