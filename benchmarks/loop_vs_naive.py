@@ -68,7 +68,19 @@ def prep_seconds_per_sample(workload: str, args: dict, n: int = 512) -> float:
 
 def compute_seconds_per_sample(workload: str, args: dict, config: dict, device: torch.device,
                                threads: int | None) -> float:
-    """The training step alone, data already in memory (on the device), ``threads`` threads."""
+    """The training step alone, data already in memory (on the device), ``threads`` threads;
+    in a fresh process: a config's process-wide settings (malloc_retain's allocator
+    thresholds and variables) must not reach this one, whose later searches start Ray."""
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as pool:
+        return pool.submit(_compute_seconds_per_sample, workload, args, config, str(device), threads).result()
+
+
+def _compute_seconds_per_sample(workload: str, args: dict, config: dict, device: str | torch.device,
+                                threads: int | None) -> float:
+    device = torch.device(device)
     wl = load_workload(workload, args)
     ctx = knobs.context_for(device, has_groups=wl.groups is not None)
     cfg = knobs.resolve({**config, "num_workers": 0, "torch_threads": threads}, ctx, strict=False)[0]
