@@ -305,7 +305,9 @@ def apply_threads(threads: int | None) -> None:
 
 def apply_malloc_retain(enabled: bool) -> None:
     """glibc's fixed thresholds (``MALLOC_RETAIN_ENV``) in this process, and in the
-    environment of the processes it starts (off: leave the allocator alone)."""
+    environment of the processes it starts (off: leave the allocator alone). For good:
+    glibc has no way back to its moving thresholds, so only a process of its own (a
+    trial's) should call this with True."""
     if not enabled:
         return
     libc = ctypes.CDLL(None)
