@@ -70,9 +70,13 @@ def test_end_to_end_on_a_builtin_workload(tmp_path):
     for r in records:
         assert r["hardware"]["cpu_count"] >= 1 and "config" in r
     # the first trials: PyTorch's defaults in the optimized loop, then the guides' advice
+    # (bf16 only on a CPU that runs it in hardware)
+    from tuner.hardware import cpu_has_bf16
+
     first, second = [r for r in records if r["phase"] == "search"][:2]
     assert first["config"]["precision"] == "fp32" and first["config"]["num_workers"] == 0
-    assert second["config"]["precision"] == "bf16" and second["config"]["num_workers"] == 1
+    assert second["config"]["num_workers"] == 1
+    assert second["config"]["precision"] == ("bf16" if cpu_has_bf16() else "fp32")
     saved = json.loads((out / "summary.json").read_text())
     speedup = saved["best"]["samples_per_sec"] / saved["baseline"]["samples_per_sec"]
     assert saved["speedup_vs_baseline"] == pytest.approx(speedup)
