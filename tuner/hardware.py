@@ -36,6 +36,7 @@ def _host_memory_mb() -> float | None:
         return None
 
 
+@lru_cache(maxsize=1)
 def cpu_has_bf16() -> bool:
     """Native bf16 on this CPU (AVX512-BF16 or AMX): without it, bf16 autocast is slow."""
     try:
