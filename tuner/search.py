@@ -537,9 +537,7 @@ def _search(space: spec.Space, out: Path, progress: Progress, ray_start_s: float
     if device == "cuda":
         bf16_ok, cuda_ok = ray.get(ray.remote(num_gpus=gpus_per_trial)(_gpu_facts).remote())
     else:
-        from tuner.hardware import cpu_has_bf16
-
-        bf16_native = ray.get(ray.remote(num_cpus=1)(cpu_has_bf16).remote())
+        bf16_native = ray.get(ray.remote(num_cpus=1)(_cpu_facts).remote())
     ctx = knobs.Context(device=device, cpu_count=shape["max_node_cpus"], has_groups=workload.groups is not None,
                         bf16_ok=bf16_ok, bf16_native=bf16_native)
     for name, values in space.domain.items():  # a GPU knob searched on CPUs is a wasted trial
@@ -776,6 +774,14 @@ def _gpu_facts() -> tuple[bool, bool]:
     if not torch.cuda.is_available():
         return True, False
     return bool(torch.cuda.is_bf16_supported()), True
+
+
+def _cpu_facts() -> bool:
+    """On a trial node's CPU: whether it runs bf16 in hardware. A plain function, because
+    Ray's remote() takes functions and classes, not the lru_cache wrapper."""
+    from tuner.hardware import cpu_has_bf16
+
+    return cpu_has_bf16()
 
 
 def _repair_study(space: spec.Space, ctx: knobs.Context, storage: Any, previous: list[dict]) -> None:
