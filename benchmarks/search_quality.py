@@ -20,11 +20,13 @@
 Prints and writes JSON (benchmarks/out/search_quality.json).
 
     python benchmarks/search_quality.py [--seeds 20] [--grid-from benchmarks/out/search_quality_grid.json]
+    python benchmarks/search_quality.py --space benchmarks/search_quality_transformer.yaml --skip-real-run
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import random
@@ -37,7 +39,7 @@ from pathlib import Path
 import optuna
 
 from tuner import knobs, spec
-from tuner.hardware import describe
+from tuner.hardware import cpu_has_bf16, describe
 from tuner.sampler import GuidedSampler
 from tuner.search import Canonical, SearchSpace
 from tuner.trial import make_request, resolve_config, run_isolated
@@ -68,19 +70,23 @@ def measure_grid(space: spec.Space) -> list[dict]:
     return rows
 
 
-def _ctx(space: spec.Space) -> knobs.Context:
+def _ctx(space: spec.Space, bf16_native: bool | None = None) -> knobs.Context:
+    """The search's context; ``bf16_native`` as on the machine that measured the grid
+    (the guides' start is bf16 only where the CPU runs it in hardware)."""
     resolved = resolve_config(make_request(workload=space.model.workload,
                                            workload_args=space.model.workload_args, device="cpu"))
     wl, device = resolved.workload, resolved.device
-    return knobs.context_for(device, has_groups=wl.groups is not None)
+    ctx = knobs.context_for(device, has_groups=wl.groups is not None)
+    return ctx if bf16_native is None else dataclasses.replace(ctx, bf16_native=bf16_native)
 
 
 def replay(space: spec.Space, grid: list[dict], sampler_name: str, budget: int, seed: int,
-           trial_cv: float, top: int = 3, repeats: int = 2) -> dict:
-    ctx = _ctx(space)
+           trial_cv: float, top: int = 3, repeats: int = 2, bf16_native: bool | None = None) -> dict:
+    ctx = _ctx(space, bf16_native)
     canon = Canonical(space, ctx)
     ss = SearchSpace(space, ctx)
-    truth = {g["key"]: g for g in grid}
+    # keyed again from each config: a grid measured by an older tuner has older keys
+    truth = {canon(ss.active(g["config"])): g for g in grid}
     optimum = max(g["samples_per_sec"] for g in grid)
     rng = random.Random(seed)
 
@@ -151,29 +157,35 @@ def real_run(space_path: Path, name: str) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--space", default=str(SPACE), help="the grid's space (default: the 48 conv configs)")
     ap.add_argument("--seeds", type=int, default=20)
     ap.add_argument("--trial-cv", type=float, default=0.023)
     ap.add_argument("--grid-from", help="reuse a measured grid (JSON written by an earlier run)")
     ap.add_argument("--skip-real-run", action="store_true")
-    ap.add_argument("--out", default=str(HERE / "out" / "search_quality.json"))
+    ap.add_argument("--out", help="default: benchmarks/out/search_quality[_<space>].json")
     a = ap.parse_args()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    space = spec.load(SPACE)
+    space = spec.load(Path(a.space))
+    suffix = "" if Path(a.space).resolve() == SPACE.resolve() else "_" + Path(a.space).stem.removeprefix("search_quality_")
+    a.out = a.out or str(HERE / "out" / f"search_quality{suffix}.json")
     out_dir = Path(a.out).parent
     out_dir.mkdir(parents=True, exist_ok=True)
     if a.grid_from:
-        grid = json.loads(Path(a.grid_from).read_text())["grid"]
+        measured = json.loads(Path(a.grid_from).read_text())
+        grid, bf16_native = measured["grid"], measured["hardware"].get("cpu_has_bf16")
     else:
         print(f"measuring the grid of {space.size()} configs")
-        grid = [g for g in measure_grid(space) if g["samples_per_sec"]]
-        (out_dir / "search_quality_grid.json").write_text(json.dumps({"hardware": describe(), "grid": grid}))
+        grid, bf16_native = [g for g in measure_grid(space) if g["samples_per_sec"]], cpu_has_bf16()
+        (out_dir / f"search_quality_grid{suffix}.json").write_text(json.dumps(
+            {"hardware": {**describe(), "cpu_has_bf16": bf16_native}, "grid": grid}))
     optimum = max(g["samples_per_sec"] for g in grid)
     print(f"grid: {len(grid)} distinct configs, optimum {optimum:.1f} samples/s, "
           f"median {statistics.median(g['samples_per_sec'] for g in grid):.1f}")
     results = {}
     for sampler_name in ("tuner", "tpe", "random"):
         for budget in (8, 12, 16, 24):
-            runs = [replay(space, grid, sampler_name, budget, seed, a.trial_cv) for seed in range(a.seeds)]
+            runs = [replay(space, grid, sampler_name, budget, seed, a.trial_cv, bf16_native=bf16_native)
+                    for seed in range(a.seeds)]
             picks = [r["pick_over_optimum"] for r in runs]
             reach = [r["trials_to_95"] if r["trials_to_95"] is not None else budget + 1 for r in runs]
             results[f"{sampler_name}/{budget}"] = {

@@ -98,3 +98,24 @@ def test_budget_trials_counts_the_confirm_rounds(tmp_path, extra, search, confir
     m = _load(tmp_path, GOOD + extra).model
     assert (m.search_trials(), m.confirm_measurements()) == (search, confirm)
     assert m.search_trials() + m.confirm_measurements() == m.budget.trials
+
+
+def test_the_guides_start_keeps_the_default_where_the_guides_value_is_not_in_the_space(tmp_path):
+    """The guides' torch_threads is PyTorch's default (null): a space of [1, 2] must not
+    turn that into 1, its first value (a single thread made the guides' start 40% slower
+    on the transformer here, and the search then blamed the start's other knobs)."""
+    from tuner import knobs
+
+    s = _load(tmp_path, """\
+        name: t
+        workload: transformer
+        knobs:
+          torch_threads: [1, 2]
+          num_workers: [0, 2]
+          precision: [fp32, bf16]
+        """)
+    ctx = knobs.Context(device="cpu", cpu_count=2, bf16_native=True)
+    rec, default = s.recommended_config(ctx), s.default_point(ctx)
+    assert default["torch_threads"] == 2 and rec["torch_threads"] == 2
+    assert knobs.recommended(ctx)["num_workers"] == 1 and rec["num_workers"] == default["num_workers"] == 0
+    assert rec["precision"] == "bf16"  # where the guides' value is in the space, it is taken

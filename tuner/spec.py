@@ -173,9 +173,11 @@ class Space:
 
     def recommended_config(self, ctx: knobs.Context) -> dict:
         """The guides' pick for each searched or fixed knob, where the space allows it;
-        else the knob's first listed value."""
-        rec = knobs.recommended(ctx)
-        config = {k: (rec[k] if rec[k] in values else values[0]) for k, values in self.domain.items()}
+        else the default point's value (the guides have no advice there that the space
+        holds: the first listed value would be advice nobody gave, as torch_threads 1 was
+        for a space of [1, 2] whose guides' value is PyTorch's default)."""
+        rec, default = knobs.recommended(ctx), self.default_point(ctx)
+        config = {k: (rec[k] if rec[k] in values else default[k]) for k, values in self.domain.items()}
         return self.derive(config)
 
     def default_point(self, ctx: knobs.Context) -> dict:
