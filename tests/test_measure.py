@@ -1,7 +1,7 @@
 import pytest
 
 from tests.helpers import FAST_MEASURE, hog_from_first_window, ref
-from tuner.measure import machine_cpu, median_error, own_peak_rss_bytes
+from tuner.measure import Window, _steady, machine_cpu, median_error, own_peak_rss_bytes
 from tuner.trial import make_request, run_isolated
 
 
@@ -248,3 +248,22 @@ def test_a_compile_group_pays_its_compile_once(tmp_path):
     assert cold["status"] == warm["status"] == "ok"
     assert (cold["compile_cache"], warm["compile_cache"]) == ("cold", "warm")
     assert warm["compile_s"] < cold["compile_s"]
+
+
+def test_the_windows_around_an_epoch_boundary_are_not_steady():
+    """Steady windows neither hold, follow, nor precede an epoch boundary. The one before
+    runs fast where DataLoader workers share the cores (they stop at the epoch's last
+    batch and the training process has every core to itself); the last kept window's
+    successor is unknown, so it is not counted either."""
+    def w(wall, boundaries=0, before=0):
+        return Window(samples=128, wall=wall, paused=0.0, boundaries=boundaries, micro_batches=4,
+                      wait=0.0, boundaries_before=before)
+
+    after_warmup, a, b, drain, boundary, after, c, last = (
+        w(1.1, before=1), w(1.0), w(1.0), w(0.7), w(1.2, boundaries=1), w(1.1, before=1), w(1.0), w(1.0))
+    kept = [after_warmup, a, b, drain, boundary, after, c, last]
+    assert _steady(kept) == [a, b, c]
+    # a window dropped as disturbed held the boundary: its redo follows it, and the window
+    # kept before it preceded it
+    redo = w(1.1, before=1)
+    assert _steady([a, b, drain, redo, c, last]) == [a, b, c]

@@ -21,9 +21,11 @@ class MeasureSettings(Strict):
     window_s: float = Field(1.0, gt=0)
     """Target seconds per timed window. The step count is derived from the warm-up, and
     from the first window when the warm-up read fast (workers' prefetched batches)."""
-    min_windows: int = Field(4, ge=1)
+    min_windows: int = Field(5, ge=1)
     """The timed phase starts on an epoch start: the first window holds that boundary, the
-    second may hold its catch-up, and the epoch cost needs two steady windows after them."""
+    second may hold its catch-up, the epoch cost needs two steady windows after them, and
+    a window is steady only once the next one shows no boundary (the window before a
+    boundary runs on the workers' queued batches: fast where they share the cores)."""
     max_windows: int = Field(12, ge=1)
     target_error: float = Field(0.01, gt=0)
     """Add windows (up to max_windows) while the median's relative standard error,
@@ -31,7 +33,7 @@ class MeasureSettings(Strict):
     (In a search with confirm rounds every measurement stops at min_windows: precision
     comes from the interleaved repeats, ``tuner.search.search_measure``.)"""
     epoch_steps: int | None = Field(None, ge=1)
-    """Optimizer steps per measured epoch; None: four windows, so that the timed phase
+    """Optimizer steps per measured epoch; None: five windows, so that the timed phase
     crosses epoch boundaries and has windows clear of them."""
     max_timed_s: float = Field(60.0, gt=0)
     """Stop adding windows once this much time was timed."""
