@@ -451,8 +451,16 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
     cycle = math.lcm(workers, trainer.accum) // trainer.accum if workers else 1
     min_steps = cycle * max(1, math.ceil(2 * workers / (cycle * trainer.accum)))  # two rounds
 
+    # Five windows must fit in an epoch (see size_epochs): where the dataset is shorter
+    # than five windows of the asked length but holds five of two rounds each, the
+    # windows are shortened to a fifth of it (a dataset of 128 steps had 4 windows of 32,
+    # and no two steady ones).
+    dataset_steps = (_dataset_len(trainer) or 0) // step_samples
+    room = (dataset_steps // 5) // cycle * cycle if settings.epoch_steps is None else 0
+
     def whole_cycles(steps: float) -> int:
-        return max(min_steps, cycle * math.ceil(steps / cycle))
+        n = max(min_steps, cycle * math.ceil(steps / cycle))
+        return min(n, room) if room >= min_steps else n
 
     window_steps = whole_cycles(settings.window_s / max(est, 1e-6))
 
@@ -482,7 +490,6 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
     timed_s = 0.0
     starts_before = len(trainer.epoch_start_s)
 
-    dataset_steps = (_dataset_len(trainer) or 0) // step_samples
     own_s, own_wait_s, own_steps = 0.0, 0.0, 0  # this rank's own clock
 
     def steady_enough() -> bool:
