@@ -453,8 +453,8 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
 
     # Five windows must fit in an epoch (see size_epochs): where the dataset is shorter
     # than five windows of the asked length but holds five of two rounds each, the
-    # windows are shortened to a fifth of it (a dataset of 128 steps had 4 windows of 32,
-    # and no two steady ones).
+    # windows are shortened to a fifth of it (the 8-worker test's dataset of 128 steps
+    # had no two steady windows, and its figure fell back to the pauses).
     dataset_steps = (_dataset_len(trainer) or 0) // step_samples
     room = (dataset_steps // 5) // cycle * cycle if settings.epoch_steps is None else 0
 
@@ -612,9 +612,10 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
     starts = trainer.epoch_start_s[starts_before:]
     # Steady time per sample: all samples over all time (not a median of window rates:
     # a right-skewed step time would read fast) of the windows that neither hold an
-    # epoch boundary nor follow one. A boundary costs what all windows took beyond that,
-    # per boundary: its pause (old workers shut down, new ones spawned, the dataset
-    # reopened) less the catch-up of the batches the new workers then deliver at once.
+    # epoch boundary, nor follow one, nor precede one. A boundary costs what all windows
+    # took beyond that, per boundary: its pause (old workers shut down, new ones spawned,
+    # the dataset reopened) less the catch-up of the batches the new workers then deliver
+    # at once, and less the fast steps before it, on the batches the old workers queued.
     steady_windows = _steady(kept)
     boundaries = sum(w.boundaries for w in kept)
     if boundaries and len(steady_windows) >= 2:
@@ -792,7 +793,7 @@ def _steady(kept: list[Window]) -> list[Window]:
     one, nor precedes one. The window before a boundary runs fast: DataLoader workers
     stop at the epoch's last batch, and the training process runs on the batches they
     queued with every core to itself (conv, 2 workers on 2 cores: 402 samples/s against
-    291 in the windows around it). Counted as steady, it read 1.12-1.20x the user's
+    291 in the windows around it). Counted as steady, it read 1.05-1.20x the user's
     whole epochs. The last window's successor is not known yet: it is not counted. (A
     successor that follows a boundary held by a window dropped as disturbed marks this
     one too.)"""
