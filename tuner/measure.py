@@ -41,6 +41,9 @@ from tuner.loop import Trainer, synchronize
 from tuner.settings import MeasureSettings, RunPlan
 
 perf_counter = time.perf_counter
+# Windows per measured epoch: one holds the boundary, the next may hold its catch-up, two
+# are steady, and the last runs on the batches the workers queued (see _steady).
+EPOCH_WINDOWS = 5
 
 
 # ---- the trial's own process tree: CPU time and memory, read at window edges ----------
@@ -456,7 +459,7 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
     # windows are shortened to a fifth of it (the 8-worker test's dataset of 128 steps
     # had no two steady windows, and its figure fell back to the pauses).
     dataset_steps = (_dataset_len(trainer) or 0) // step_samples
-    room = (dataset_steps // 5) // cycle * cycle if settings.epoch_steps is None else 0
+    room = (dataset_steps // EPOCH_WINDOWS) // cycle * cycle if settings.epoch_steps is None else 0
 
     def whole_cycles(steps: float) -> int:
         n = max(min_steps, cycle * math.ceil(steps / cycle))
@@ -467,7 +470,7 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
     def size_epochs(now: bool = False) -> None:
         # five windows per epoch: one holds the boundary, the next may hold its
         # catch-up, two are steady, and the last runs on the batches the workers queued
-        epoch_steps = settings.epoch_steps or 5 * window_steps
+        epoch_steps = settings.epoch_steps or EPOCH_WINDOWS * window_steps
         trainer.set_epoch_limit(epoch_steps * trainer.samples_per_step, now=now,
                                 align=cycle * trainer.samples_per_step)
 
@@ -496,7 +499,7 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
         """Two windows clear of epoch boundaries, where the epochs leave room for them:
         five windows (a shorter dataset's epochs are measured whole, boundaries and all,
         and its windows' average is already the sustained rate)."""
-        if settings.epoch_steps is not None or dataset_steps < 5 * window_steps:
+        if settings.epoch_steps is not None or dataset_steps < EPOCH_WINDOWS * window_steps:
             return True
         return len(_steady(kept)) >= 2
 
