@@ -29,6 +29,18 @@ epochs as long as a user's dataset makes them (the plain loop times 1 whole epoc
 
 Prints a table and writes JSON (default benchmarks/out/truth.json).
 
+``--concurrent`` runs the two side by side instead of in turn (``run_concurrent``), each
+with 1 thread: the plain loop's rate is read over bench's own timed phase, so a drift of
+the machine lands on both. With ``--set malloc_retain=true`` this resolves ±3% where
+sequential rounds never did: two plain loops of the same config, started together, read
+up to 13% apart with glibc's default malloc (each process keeps the speed it drew at its
+start) and within 1.5% with the knob (``--twins`` runs a second plain loop in bench's
+place). The tuner's own CPU use lands on both sides there, so it is measured apart.
+Speed only, and no Tune-trial rows.
+
+    python benchmarks/truth.py --concurrent --set malloc_retain=true --rounds 4 --max-rounds 6
+    python benchmarks/truth.py --concurrent --twins --workloads conv --pick 0
+
     python benchmarks/truth.py [--workloads conv,transformer,multisource,files] [--rounds 3]
     python benchmarks/truth.py --workloads conv --pick 0,1 --rounds 3 --max-rounds 8
     python benchmarks/truth.py --device cuda      # GPU cases: pinning, non_blocking, fp16
@@ -141,7 +153,10 @@ GPU_CASES = {
 # ---- the plain loop, as a user writes it (runs in its own process: --plain) -----------
 
 
-def plain_loop(workload: str, args: dict, config: dict, epochs: int, device: str = "cpu") -> dict:
+def plain_loop(workload: str, args: dict, config: dict, epochs: int, device: str = "cpu",
+               stop_file: str | None = None) -> dict:
+    """``stop_file``: after the untimed epoch, print ``ready`` and run epochs until that
+    file exists (at least ``epochs``), for a bench run beside this loop (``--concurrent``)."""
     import psutil
     import torch
     from torch.utils.data import DataLoader
@@ -217,7 +232,9 @@ def plain_loop(workload: str, args: dict, config: dict, epochs: int, device: str
     faults0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     t0 = time.perf_counter()
     samples, ends = 0, []
-    for _ in range(epochs):
+    if stop_file:
+        print("ready", flush=True)
+    while len(ends) < epochs or (stop_file and not os.path.exists(stop_file)):
         samples += epoch()
         sync()
         ends.append(time.perf_counter())
@@ -227,8 +244,9 @@ def plain_loop(workload: str, args: dict, config: dict, epochs: int, device: str
     # reads for a process it starts); not ru_maxrss, which keeps the peak of whatever
     # process exec'd this one.
     rss = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM")) / 1024
-    return {"samples_per_sec": samples / wall, "epochs": epochs, "epoch_s": wall / epochs,
+    return {"samples_per_sec": samples / wall, "epochs": len(ends), "epoch_s": wall / len(ends),
             "epoch_times_s": [b - a for a, b in zip([t0, *ends], ends, strict=False)],
+            "clock_start": t0, "clock_ends": ends,  # CLOCK_MONOTONIC: one clock for every process
             "page_faults_per_step": faults * bs / samples,  # one optimizer step per batch
             "peak_rss_mb": rss, "workers_private_mb": workers_peak / 2**20,
             "peak_host_memory_mb": rss + workers_peak / 2**20,
@@ -258,20 +276,24 @@ class by_source_batches:  # noqa: N801 -- the user's own grouped batch sampler
 # ---- the harness ---------------------------------------------------------------------
 
 
-def run_plain(workload: str, args: dict, config: dict, epochs: int, device: str = "cpu") -> dict:
+def plain_env(config: dict) -> dict:
     from tuner.knobs import MALLOC_RETAIN_ENV
 
     # malloc_retain: the user starts their run with glibc's variables set
-    env = {**os.environ, **(MALLOC_RETAIN_ENV if config.get("malloc_retain") else {})}
+    return {**os.environ, **(MALLOC_RETAIN_ENV if config.get("malloc_retain") else {})}
+
+
+def run_plain(workload: str, args: dict, config: dict, epochs: int, device: str = "cpu") -> dict:
     out = subprocess.run([sys.executable, __file__, "--plain", json.dumps([workload, args, config, epochs, device])],
-                         capture_output=True, text=True, check=True, env=env)
+                         capture_output=True, text=True, check=True, env=plain_env(config))
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def space_file(folder: Path, workload: str, args: dict, name: str = "truth", device: str = "cpu") -> Path:
+def space_file(folder: Path, workload: str, args: dict, name: str = "truth", device: str = "cpu",
+               measure: dict | None = None) -> Path:
     path = folder / f"{name}-{workload}.yaml"
     path.write_text(yaml.safe_dump({"name": name, "workload": REFS.get(workload, workload), "workload_args": args,
-                                    "device": device}))
+                                    "device": device, **({"measure": measure} if measure else {})}))
     return path
 
 
@@ -296,6 +318,48 @@ def run_trial(workload: str, args: dict, config: dict, results: Path, tag: str, 
     run_search(space, results_root=results, quiet=True)
     records = [json.loads(line) for line in (results / space.name / "trials.jsonl").read_text().splitlines()]
     return next(r for r in records if r.get("phase") == "search")
+
+
+def run_twin(workload: str, args: dict, config: dict, device: str = "cpu", epochs: int = 3) -> dict:
+    """The plain loop again, as the "bench" side of ``run_concurrent`` (``--twins``: the
+    method's own floor, two identical loops side by side)."""
+    p = run_plain(workload, args, config, epochs, device)
+    return {"samples_per_sec": p["samples_per_sec"], "timed_clock_s": [p["clock_start"], p["clock_ends"][-1]]}
+
+
+def run_concurrent(space: Path, workload: str, args: dict, config: dict, folder: Path, device: str = "cpu",
+                   twin: bool = False) -> dict:
+    """``bench`` and the plain loop at once, each on its share of the cores: the plain
+    loop starts first, and once its untimed epoch is done, bench runs beside it; the
+    plain loop's rate is read over bench's own timed phase (``timed_clock_s``: one
+    monotonic clock for both processes), epochs weighted by how much of each falls in
+    it. A drift of the machine, which in sequential rounds lands on one side of a ratio
+    and not the other, lands on both."""
+    stop = folder / f"stop-{time.monotonic_ns()}"
+    plain = subprocess.Popen([sys.executable, __file__, "--plain",
+                              json.dumps([REFS.get(workload, workload), args, config, 1, device, str(stop)])],
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=plain_env(config))
+    try:
+        if plain.stdout.readline().strip() != "ready":
+            raise RuntimeError("the plain loop failed before its first epoch ended")
+        bench = run_twin(REFS.get(workload, workload), args, config, device) if twin else run_bench(space, config)
+    finally:
+        stop.touch()
+        tail = plain.communicate()[0]
+    p = json.loads(tail.strip().splitlines()[-1])
+    s0, s1 = bench["timed_clock_s"]
+    edges = [p["clock_start"], *p["clock_ends"]]
+    per_epoch = p["samples_per_sec"] * p["epoch_s"]
+    samples = sum(per_epoch * max(0.0, min(e1, s1) - max(e0, s0)) / (e1 - e0)
+                  for e0, e1 in zip(edges, edges[1:], strict=False))
+    covered = (min(s1, edges[-1]) - max(s0, edges[0])) / (s1 - s0)
+    if covered < 0.999:
+        raise RuntimeError(f"the plain loop covered {covered:.0%} of bench's timed phase")
+    return {"bench": bench["samples_per_sec"], "plain": samples / (s1 - s0),
+            "plain_whole": p["samples_per_sec"], "timed_s": s1 - s0, "plain_epochs": len(p["clock_ends"]),
+            "bench_windows": bench.get("samples_per_sec_windows"),
+            "bench_faults_per_step": bench.get("page_faults_per_step"),
+            "plain_faults_per_step": p["page_faults_per_step"]}
 
 
 def machine_speed(seconds: float = 0.3) -> float:
@@ -358,9 +422,17 @@ def main() -> None:
     ap.add_argument("--set", action="append", default=[], metavar="KNOB=JSON",
                     help="override a knob in every config: --set precision='\"fp32\"' (a CPU without bf16)")
     ap.add_argument("--no-search", action="store_true", help="skip the Tune-trial comparison")
+    ap.add_argument("--only-search", action="store_true", help="only the Tune-trial comparison")
     ap.add_argument("--search-rounds", type=int, default=3, help="rounds of the Tune-trial comparison")
     ap.add_argument("--device", default="cpu", help="cpu, or cuda for the GPU cases")
     ap.add_argument("--out", default=None, help="default benchmarks/out/truth.json (truth-cuda.json on a GPU)")
+    ap.add_argument("--concurrent", action="store_true",
+                    help="bench and the plain loop at once, each with 1 thread, instead of in turn "
+                         "(speed only; drift lands on both)")
+    ap.add_argument("--twins", action="store_true",
+                    help="with --concurrent: a second plain loop in bench's place (the comparison's own floor)")
+    ap.add_argument("--measure", default=None, metavar="JSON",
+                    help='bench\'s measure settings, as in a space: \'{"min_windows": 15}\'')
     ap.add_argument("--plain", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.plain:
@@ -383,12 +455,19 @@ def main() -> None:
                                            "rows": rows, "persistence": persistence, "search": search_rows},
                                           indent=2, default=str))
 
+    if a.concurrent:
+        a.out = a.out if a.out != "benchmarks/out/truth.json" else "benchmarks/out/truth_concurrent.json"
+        overrides["torch_threads"] = 1
     for workload in a.workloads.split(","):
         args, configs = cases[workload]
-        space = space_file(tmp, workload, args, device=a.device)
+        space = space_file(tmp, workload, args, device=a.device, measure=json.loads(a.measure or "{}"))
         picked = [configs[int(i)] for i in a.pick.split(",")] if a.pick else configs[: a.configs]
         picked = [{**c, **overrides} for c in picked]
-        for config in picked:
+        for config in [] if a.only_search else picked:
+            if a.concurrent:
+                rows.append(concurrent_row(space, workload, args, config, tmp, a))
+                save()
+                continue
             bench, plain = [], []
             for r in range(max(a.rounds, a.max_rounds or 0)):
                 if r >= a.rounds and verdict(*paired_interval(
@@ -430,6 +509,11 @@ def main() -> None:
             print(f"{workload:<12} {_short(config):<58} bench {b:8.1f}  plain {p:8.1f}  "
                   f"ratio {b / p:5.3f} (paired {paired:5.3f}, 90% {lo:5.3f}-{hi:5.3f} in {len(bench)} rounds: "
                   f"{row['verdict']})  memory {bm:6.0f} / {pm:6.0f} MB = {bm / pm:5.3f}", flush=True)
+
+    if a.concurrent:
+        save()
+        print(f"wrote {a.out}")
+        return
 
     # persistent workers on vs off: bench's ratio vs the plain loop's whole epochs
     for workload in a.workloads.split(","):
@@ -491,6 +575,27 @@ def main() -> None:
     for s in search_rows:
         print(f"{s['workload']:<12} Tune trial / bench: {s['trial_over_bench']:.3f} (paired {s['paired_ratio']:.3f})")
     print(f"wrote {a.out}")
+
+
+def concurrent_row(space: Path, workload: str, args: dict, config: dict, tmp: Path, a: argparse.Namespace) -> dict:
+    """One config's rounds of ``run_concurrent``, with the interval of their ratios."""
+    runs: list[dict] = []
+    for r in range(max(a.rounds, a.max_rounds or 0)):
+        if r >= a.rounds and verdict(*paired_interval([x["bench"] for x in runs],
+                                                      [x["plain"] for x in runs])[1:], a.tolerance) != "unresolved":
+            break
+        runs.append(run_concurrent(space, workload, args, config, tmp, a.device, twin=a.twins))
+        print(f"  round {r + 1}: {'twin' if a.twins else 'bench'} {runs[-1]['bench']:.1f}, "
+              f"plain beside it {runs[-1]['plain']:.1f} "
+              f"({runs[-1]['bench'] / runs[-1]['plain']:.3f})", flush=True)
+    geo, lo, hi = paired_interval([x["bench"] for x in runs], [x["plain"] for x in runs])
+    row = {"workload": workload, "args": args, "config": config, "concurrent": True, "twins": a.twins,
+           "rounds": len(runs),
+           "paired_geomean": geo, "paired_interval_90": [lo, hi], "verdict": verdict(lo, hi, a.tolerance),
+           "paired_ratio": statistics.median(x["bench"] / x["plain"] for x in runs), "runs": runs}
+    print(f"{workload:<12} {_short(config):<58} concurrent: {'twin' if a.twins else 'bench'} / plain {geo:5.3f} "
+          f"(90% {lo:5.3f}-{hi:5.3f} in {len(runs)} rounds: {row['verdict']})", flush=True)
+    return row
 
 
 def _short(config: dict) -> str:

@@ -375,3 +375,29 @@ def ddp_spy(out: str, size: int = 256, step_s: float = 0.0, unused_layer: bool =
 
     model = _Unused if unused_layer else (lambda: nn.Linear(8, 1))
     return Workload(model=model, dataset=lambda: Numbers(size), loss=loss)
+
+
+class TwoSources(Dataset):
+    """Samples from two sources, even and odd indices: (x, y, source)."""
+
+    def __init__(self, size: int):
+        self.numbers = Numbers(size)
+
+    def __len__(self) -> int:
+        return len(self.numbers)
+
+    def __getitem__(self, i: int):
+        return *self.numbers[i], i % 2
+
+
+def uneven_sources(even_s: float = 0.036, odd_s: float = 0.004, size: int = 480) -> Workload:
+    """Batches of one source each (``batch_grouping: by_source``) cost ``even_s`` or
+    ``odd_s`` (a sleep): steps of unequal cost, in an order the sampler's seed fixes."""
+
+    def loss(model, batch):
+        x, y, source = batch
+        time.sleep(odd_s if int(source[0]) else even_s)
+        return _mse(model, (x, y))
+
+    return Workload(model=lambda: nn.Linear(8, 1), dataset=lambda: TwoSources(size), loss=loss,
+                    groups=lambda ds: [list(range(0, len(ds), 2)), list(range(1, len(ds), 2))])
