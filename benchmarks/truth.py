@@ -283,8 +283,13 @@ def plain_env(config: dict) -> dict:
     return {**os.environ, **(MALLOC_RETAIN_ENV if config.get("malloc_retain") else {})}
 
 
+def plain_cmd(*loop_args: object) -> list[str]:
+    """The command that runs ``plain_loop(*loop_args)`` in a fresh process."""
+    return [sys.executable, __file__, "--plain", json.dumps(loop_args)]
+
+
 def run_plain(workload: str, args: dict, config: dict, epochs: int, device: str = "cpu") -> dict:
-    out = subprocess.run([sys.executable, __file__, "--plain", json.dumps([workload, args, config, epochs, device])],
+    out = subprocess.run(plain_cmd(workload, args, config, epochs, device),
                          capture_output=True, text=True, check=True, env=plain_env(config))
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -336,8 +341,7 @@ def run_concurrent(space: Path, workload: str, args: dict, config: dict, folder:
     it. A drift of the machine, which in sequential rounds lands on one side of a ratio
     and not the other, lands on both."""
     stop = folder / f"stop-{time.monotonic_ns()}"
-    plain = subprocess.Popen([sys.executable, __file__, "--plain",
-                              json.dumps([REFS.get(workload, workload), args, config, 1, device, str(stop)])],
+    plain = subprocess.Popen(plain_cmd(REFS.get(workload, workload), args, config, 1, device, str(stop)),
                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=plain_env(config))
     try:
         if plain.stdout.readline().strip() != "ready":
