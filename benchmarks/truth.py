@@ -311,7 +311,8 @@ def run_bench(space: Path, config: dict) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def run_trial(workload: str, args: dict, config: dict, results: Path, tag: str, device: str = "cpu") -> dict:
+def run_trial(workload: str, args: dict, config: dict, results: Path, tag: str, device: str = "cpu",
+              measure: dict | None = None) -> dict:
     """One config as a trial of a real Tune search (Ray already started by the caller)."""
     from tuner import spec
     from tuner.search import run_search
@@ -319,6 +320,7 @@ def run_trial(workload: str, args: dict, config: dict, results: Path, tag: str, 
     space = spec.parse({"name": f"truth-{workload}-{tag}", "workload": REFS.get(workload, workload),
                         "workload_args": args,
                         "device": device, "knobs": config, "budget": {"trials": 1},
+                        **({"measure": measure} if measure else {}),
                         "confirm": {"top": 0, "repeats": 0}})
     run_search(space, results_root=results, quiet=True)
     records = [json.loads(line) for line in (results / space.name / "trials.jsonl").read_text().splitlines()]
@@ -332,21 +334,21 @@ def run_twin(workload: str, args: dict, config: dict, device: str = "cpu", epoch
     return {"samples_per_sec": p["samples_per_sec"], "timed_clock_s": [p["clock_start"], p["clock_ends"][-1]]}
 
 
-def run_concurrent(space: Path, workload: str, args: dict, config: dict, folder: Path, device: str = "cpu",
-                   twin: bool = False) -> dict:
-    """``bench`` and the plain loop at once, each on its share of the cores: the plain
-    loop starts first, and once its untimed epoch is done, bench runs beside it; the
-    plain loop's rate is read over bench's own timed phase (``timed_clock_s``: one
-    monotonic clock for both processes), epochs weighted by how much of each falls in
-    it. A drift of the machine, which in sequential rounds lands on one side of a ratio
-    and not the other, lands on both."""
+def run_concurrent(side, workload: str, args: dict, config: dict, folder: Path, device: str = "cpu") -> dict:
+    """``side()`` (bench, a Tune trial, or a second plain loop: a dict with its
+    ``samples_per_sec`` and ``timed_clock_s``) and the plain loop at once, each on its
+    share of the cores: the plain loop starts first, and once its untimed epoch is done,
+    ``side`` runs beside it; the plain loop's rate is read over the side's own timed phase
+    (``timed_clock_s``: one monotonic clock for both processes), epochs weighted by how
+    much of each falls in it. A drift of the machine, which in sequential rounds lands on
+    one side of a ratio and not the other, lands on both."""
     stop = folder / f"stop-{time.monotonic_ns()}"
     plain = subprocess.Popen(plain_cmd(REFS.get(workload, workload), args, config, 1, device, str(stop)),
                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=plain_env(config))
     try:
         if plain.stdout.readline().strip() != "ready":
             raise RuntimeError("the plain loop failed before its first epoch ended")
-        bench = run_twin(REFS.get(workload, workload), args, config, device) if twin else run_bench(space, config)
+        bench = side()
     finally:
         stop.touch()
         tail = plain.communicate()[0]
@@ -358,12 +360,14 @@ def run_concurrent(space: Path, workload: str, args: dict, config: dict, folder:
                   for e0, e1 in zip(edges, edges[1:], strict=False))
     covered = (min(s1, edges[-1]) - max(s0, edges[0])) / (s1 - s0)
     if covered < 0.999:
-        raise RuntimeError(f"the plain loop covered {covered:.0%} of bench's timed phase")
+        raise RuntimeError(f"the plain loop covered {covered:.0%} of the timed phase beside it")
     return {"bench": bench["samples_per_sec"], "plain": samples / (s1 - s0),
             "plain_whole": p["samples_per_sec"], "timed_s": s1 - s0, "plain_epochs": len(p["clock_ends"]),
             "bench_windows": bench.get("samples_per_sec_windows"),
             "bench_faults_per_step": bench.get("page_faults_per_step"),
-            "plain_faults_per_step": p["page_faults_per_step"]}
+            "plain_faults_per_step": p["page_faults_per_step"],
+            "tuner_cpu_cores": bench.get("tuner_cpu_cores"),
+            "interference_cores": bench.get("interference_cores")}
 
 
 def machine_speed(seconds: float = 0.3) -> float:
@@ -515,6 +519,20 @@ def main() -> None:
                   f"{row['verdict']})  memory {bm:6.0f} / {pm:6.0f} MB = {bm / pm:5.3f}", flush=True)
 
     if a.concurrent:
+        if not a.no_search and not a.twins:
+            import ray
+
+            ray.init(include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+            try:
+                for workload in a.workloads.split(","):
+                    args, configs = cases[workload]
+                    space = space_file(tmp, workload, args, device=a.device,
+                                       measure=json.loads(a.measure or "{}"))
+                    search_rows.append(concurrent_row(space, workload, args, {**configs[0], **overrides}, tmp, a,
+                                                      trial=True))
+                    save()
+            finally:
+                ray.shutdown()
         save()
         print(f"wrote {a.out}")
         return
@@ -581,23 +599,61 @@ def main() -> None:
     print(f"wrote {a.out}")
 
 
-def concurrent_row(space: Path, workload: str, args: dict, config: dict, tmp: Path, a: argparse.Namespace) -> dict:
-    """One config's rounds of ``run_concurrent``, with the interval of their ratios."""
+def concurrent_row(space: Path, workload: str, args: dict, config: dict, tmp: Path, a: argparse.Namespace,
+                   trial: bool = False) -> dict:
+    """One config's rounds of ``run_concurrent``, with the interval of their ratios.
+
+    ``trial``: each round runs bench beside a plain loop and a one-config Tune search
+    beside another (the order alternating), and the row's question is the Tune trial
+    against bench: each round's (trial / plain) / (bench / plain), so that the plain loop
+    is the common reference of the two (Ray started by the caller)."""
+    def bench() -> dict:
+        if a.twins:
+            return run_twin(REFS.get(workload, workload), args, config, a.device)
+        return run_bench(space, config)
+
+    def tune(r: int):
+        return lambda: run_trial(workload, args, config, tmp / "results", f"c{r}-{time.monotonic_ns()}", a.device,
+                                 json.loads(a.measure or "{}"))
+
+    name = "twin" if a.twins else "bench"
     runs: list[dict] = []
+    trials: list[dict] = []
+
+    def ratios() -> tuple[list[float], list[float]]:
+        if trial:
+            return ([t["bench"] / t["plain"] for t in trials], [x["bench"] / x["plain"] for x in runs])
+        return [x["bench"] for x in runs], [x["plain"] for x in runs]
+
     for r in range(max(a.rounds, a.max_rounds or 0)):
-        if r >= a.rounds and verdict(*paired_interval([x["bench"] for x in runs],
-                                                      [x["plain"] for x in runs])[1:], a.tolerance) != "unresolved":
+        if r >= a.rounds and verdict(*paired_interval(*ratios())[1:], a.tolerance) != "unresolved":
             break
-        runs.append(run_concurrent(space, workload, args, config, tmp, a.device, twin=a.twins))
-        print(f"  round {r + 1}: {'twin' if a.twins else 'bench'} {runs[-1]['bench']:.1f}, "
-              f"plain beside it {runs[-1]['plain']:.1f} "
-              f"({runs[-1]['bench'] / runs[-1]['plain']:.3f})", flush=True)
-    geo, lo, hi = paired_interval([x["bench"] for x in runs], [x["plain"] for x in runs])
+        for which in (("bench", "trial") if r % 2 == 0 else ("trial", "bench")) if trial else ("bench",):
+            if which == "bench":
+                runs.append(run_concurrent(bench, workload, args, config, tmp, a.device))
+                print(f"  round {r + 1}: {name} {runs[-1]['bench']:.1f}, plain beside it {runs[-1]['plain']:.1f} "
+                      f"({runs[-1]['bench'] / runs[-1]['plain']:.3f})", flush=True)
+            else:
+                trials.append(run_concurrent(tune(r), workload, args, config, tmp, a.device))
+                print(f"  round {r + 1}: Tune trial {trials[-1]['bench']:.1f}, plain beside it "
+                      f"{trials[-1]['plain']:.1f} ({trials[-1]['bench'] / trials[-1]['plain']:.3f}; "
+                      f"the tuner's own CPU {trials[-1]['tuner_cpu_cores'] or 0:.3f} cores)", flush=True)
+    geo, lo, hi = paired_interval(*ratios())
     row = {"workload": workload, "args": args, "config": config, "concurrent": True, "twins": a.twins,
-           "rounds": len(runs),
-           "paired_geomean": geo, "paired_interval_90": [lo, hi], "verdict": verdict(lo, hi, a.tolerance),
-           "paired_ratio": statistics.median(x["bench"] / x["plain"] for x in runs), "runs": runs}
-    print(f"{workload:<12} {_short(config):<58} concurrent: {'twin' if a.twins else 'bench'} / plain {geo:5.3f} "
+           "rounds": len(runs), "paired_geomean": geo, "paired_interval_90": [lo, hi],
+           "verdict": verdict(lo, hi, a.tolerance),
+           "paired_ratio": statistics.median(x / y for x, y in zip(*ratios(), strict=True)), "runs": runs}
+    if trial:
+        bench_geo = paired_interval([x["bench"] for x in runs], [x["plain"] for x in runs])
+        trial_geo = paired_interval([x["bench"] for x in trials], [x["plain"] for x in trials])
+        row.update({"question": "Tune trial / bench", "trial_runs": trials,
+                    "bench_over_plain": list(bench_geo), "trial_over_plain": list(trial_geo),
+                    "trial_tuner_cpu_cores": statistics.median(t["tuner_cpu_cores"] or 0.0 for t in trials)})
+        print(f"{workload:<12} {_short(config):<58} concurrent: Tune trial / bench {geo:5.3f} "
+              f"(90% {lo:5.3f}-{hi:5.3f} in {len(runs)} rounds: {row['verdict']}); "
+              f"trial / plain {trial_geo[0]:5.3f}, bench / plain {bench_geo[0]:5.3f}", flush=True)
+        return row
+    print(f"{workload:<12} {_short(config):<58} concurrent: {name} / plain {geo:5.3f} "
           f"(90% {lo:5.3f}-{hi:5.3f} in {len(runs)} rounds: {row['verdict']})", flush=True)
     return row
 

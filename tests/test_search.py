@@ -1,6 +1,8 @@
 """The search end to end with a real local Ray, real Optuna and real torch trials."""
 
 import json
+import subprocess
+import sys
 import textwrap
 import time
 from pathlib import Path
@@ -266,7 +268,15 @@ def test_the_tuner_s_own_processes_are_ray_s_daemons_and_agents_and_not_its_work
     while "ray::DashboardAgent" not in by_name() and time.time() < deadline:
         time.sleep(0.5)
     agent = by_name()["ray::DashboardAgent"]
-    pids = tuner_processes(local=True)
+    # the driver's own child, not Ray's (a notebook's, a script's; truth.py's plain loop
+    # beside a trial was once lowered to SCHED_IDLE and counted as the tuner's CPU)
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        pids = tuner_processes(local=True)
+        assert other.pid not in pids and os.sched_getscheduler(other.pid) == os.SCHED_OTHER
+    finally:
+        other.kill()
+        other.wait()
     names = {psutil.Process(p).name() for p in pids}
     assert os.getpid() in pids and {"gcs_server", "raylet", "ray::DashboardAgent"} <= names
     assert worker not in pids  # a worker runs the trials: never lowered, never counted as the tuner's

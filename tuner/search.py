@@ -708,21 +708,32 @@ def tuner_processes(local: bool) -> list[int]:
     nice 10: ``_lower_priority``), so that what they still need waits for the trial
     rather than the other way round.
     The raylet keeps its priority: the workers it starts inherit it, trials included.
+    Only Ray's: the driver's other children (a notebook's, a script's own, the plain loop
+    that ``benchmarks/truth.py`` runs beside a trial) are neither lowered nor counted.
     """
     import psutil
+    import ray
 
     me = psutil.Process()
     pids = [me.pid]
     if not local:
         return pids
+    ray_dir = os.path.dirname(ray.__file__) + os.sep
     try:
         procs = me.children(recursive=True)
     except psutil.Error:
         return pids
+    roots: set[int] = set()  # Ray's daemons: their binary or script lies in Ray's package
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            if any(a.startswith(ray_dir) for a in p.cmdline()[:3]):
+                roots.add(p.pid)
     for p in procs:
         try:
-            name = p.name()
-            if _is_ray_worker(name) or any(_is_ray_worker(a) for a in p.cmdline()[:1]):
+            name, cmd = p.name(), p.cmdline()
+            if p.pid not in roots and not any(q.pid in roots for q in p.parents()):
+                continue  # not Ray's, nor started by Ray (the raylet's agents and workers)
+            if _is_ray_worker(name) or any(_is_ray_worker(a) for a in cmd[:1]):
                 continue  # a worker (an idle one may run the next trial)
             if any(_is_ray_worker(q.name()) for q in p.parents()):
                 continue  # under a worker: a trial's own processes
