@@ -123,6 +123,25 @@ def test_faulty_trials_are_recorded_and_the_search_finishes(tmp_path, ray_local)
     assert summary["best"]["config"]["micro_batch_size"] == 16
     assert summary["best"]["config"]["precision"] == "fp32"
     assert len(summary["infeasible"]) == 5
+    # the search's actor ends with it, not with Ray (a second search in the same session
+    # once found every earlier search's actor still running beside its trials)
+    deadline = time.time() + 30
+    while _boards() and time.time() < deadline:
+        time.sleep(0.2)
+    assert not _boards()
+
+
+def _boards() -> list:
+    import psutil
+
+    out = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if p.name() == "ray::Board" and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except psutil.Error:
+            pass
+    return out
 
 
 def test_screened_trials_in_a_row_send_the_incumbent_to_be_measured_again(tmp_path, ray_local):

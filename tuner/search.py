@@ -563,50 +563,57 @@ def _search(space: spec.Space, out: Path, progress: Progress, ray_start_s: float
                                                             recheck_after=m.measure.recheck_after),
         nice=os.getpriority(os.PRIO_PROCESS, 0),
     )
-    if local_ray:  # the Board's process is on this machine: one of the tuner's own, as the daemons
-        board_pid = ray.get(job.board.pid.remote())
-        _lower_priority(board_pid)
-        job.observers.append(board_pid)
-    for r in recorder.records:  # a resumed search: what was measured before
-        if r.get("phase") in ("search", "recheck", "confirm"):
-            job.board.update.remote(r)
-    run = SearchRun(space, ctx, job, out, recorder, progress, concurrent, t_search=time.time())
+    # The Board lives as long as this search, not as long as Ray: a second search in
+    # the same Ray session (the API, a notebook) found every earlier one still running
+    # (eleven of them in truth.py's harness, each 0.6-2% of a core while idle).
+    try:
+        if local_ray:  # the Board's process is on this machine: one of the tuner's own, as the daemons
+            board_pid = ray.get(job.board.pid.remote())
+            _lower_priority(board_pid)
+            job.observers.append(board_pid)
+        for r in recorder.records:  # a resumed search: what was measured before
+            if r.get("phase") in ("search", "recheck", "confirm"):
+                job.board.update.remote(r)
+        run = SearchRun(space, ctx, job, out, recorder, progress, concurrent, t_search=time.time())
 
-    previous = [r for r in recorder.records if r.get("phase") == "search"]
-    baseline_rec = next((r for r in recorder.records if r.get("phase") == "baseline"), None)
-    if baseline_rec is None:
-        progress.update(msg="measuring the baseline (plain PyTorch loop)")
-        baseline_rec = ray.get(run.remote_measure(space.baseline_config(), baseline=True))
-        baseline_rec["phase"] = "baseline"
-        recorder.add(baseline_rec)
-    if baseline_rec.get("status") == "ok" and not baseline_rec.get("disturbed"):
-        # (a baseline measured on a disturbed machine would inflate every "x baseline";
-        # the summary's comes from all of its rounds)
-        progress.baseline = baseline_rec.get(m.objective.metric)
+        previous = [r for r in recorder.records if r.get("phase") == "search"]
+        baseline_rec = next((r for r in recorder.records if r.get("phase") == "baseline"), None)
+        if baseline_rec is None:
+            progress.update(msg="measuring the baseline (plain PyTorch loop)")
+            baseline_rec = ray.get(run.remote_measure(space.baseline_config(), baseline=True))
+            baseline_rec["phase"] = "baseline"
+            recorder.add(baseline_rec)
+        if baseline_rec.get("status") == "ok" and not baseline_rec.get("disturbed"):
+            # (a baseline measured on a disturbed machine would inflate every "x baseline";
+            # the summary's comes from all of its rounds)
+            progress.baseline = baseline_rec.get(m.objective.metric)
 
-    # -- the search proper
-    remaining = max(0, m.search_trials() - len(previous))
-    storage = optuna.storages.JournalStorage(
-        optuna.storages.journal.JournalFileBackend(str(out / "optuna.journal")))
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    if previous:
-        _repair_study(space, ctx, storage, previous)
-    if remaining > 0:
-        _fit(run, start, storage, remaining, previous,
-             ray_name="ray" if sessions == 0 else f"ray-resume-{sessions}")
+        # -- the search proper
+        remaining = max(0, m.search_trials() - len(previous))
+        storage = optuna.storages.JournalStorage(
+            optuna.storages.journal.JournalFileBackend(str(out / "optuna.journal")))
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        if previous:
+            _repair_study(space, ctx, storage, previous)
+        if remaining > 0:
+            _fit(run, start, storage, remaining, previous,
+                 ray_name="ray" if sessions == 0 else f"ray-resume-{sessions}")
 
-    # -- confirm: re-measure the top configs in interleaved rounds (A B C base, A B C
-    #    base: a drift of the machine hits every contender and the baseline alike) and
-    #    choose on the median of all measurements.
-    if confirms(space):
-        _confirm(run, baseline_rec)
-    search_wall_s = time.time() - run.t_search
+        # -- confirm: re-measure the top configs in interleaved rounds (A B C base, A B C
+        #    base: a drift of the machine hits every contender and the baseline alike) and
+        #    choose on the median of all measurements.
+        if confirms(space):
+            _confirm(run, baseline_rec)
+        search_wall_s = time.time() - run.t_search
 
-    summary = summarize(space, recorder.records, baseline_of(recorder.records, m.objective.metric) or baseline_rec,
-                        describe_cluster=shape,
-                        search_wall_s=search_wall_s, ray_start_s=ray_start_s, device=device)
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
-    return summary
+        summary = summarize(space, recorder.records, baseline_of(recorder.records, m.objective.metric) or baseline_rec,
+                            describe_cluster=shape,
+                            search_wall_s=search_wall_s, ray_start_s=ray_start_s, device=device)
+        (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+        return summary
+    finally:
+        with contextlib.suppress(Exception):  # Ray already down
+            ray.kill(job.board)
 
 
 @dataclass
