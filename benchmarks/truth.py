@@ -36,9 +36,20 @@ sequential rounds never did: two plain loops of the same config, started togethe
 up to 13% apart with glibc's default malloc (each process keeps the speed it drew at its
 start) and within 1.5% with the knob (``--twins`` runs a second plain loop in bench's
 place). The tuner's own CPU use lands on both sides there, so it is measured apart.
-Speed only, and no Tune-trial rows.
+Speed only. Its Tune-trial rows run, each round, bench beside a plain loop and a
+one-config Tune search beside another, and compare the two through the plain loop:
+(trial / plain) / (bench / plain), on the first config of each workload (no DataLoader
+workers: the trial's process is Ray's to start, and cannot be pinned, see ``--pin``).
+
+``--pin`` puts each side on a core of its own, swapped every round. Without it the
+kernel shares the two cores among the runnable threads of both sides, not between the
+sides: when bench's DataLoader workers idle at the end of one of its short measured
+epochs, its main thread gets half a core and the plain loop's three processes the rest.
+bench's epochs are shorter than the plain loop's, so it spent more of its time that way,
+and read low: conv_long with 2 workers 0.933 unpinned, 0.982 pinned (2026-11-24).
 
     python benchmarks/truth.py --concurrent --set malloc_retain=true --rounds 4 --max-rounds 6
+    python benchmarks/truth.py --concurrent --pin --no-search --workloads conv_long --set malloc_retain=true
     python benchmarks/truth.py --concurrent --twins --workloads conv --pick 0
 
     python benchmarks/truth.py [--workloads conv,transformer,multisource,files] [--rounds 3]
@@ -211,7 +222,7 @@ def plain_loop(workload: str, args: dict, config: dict, epochs: int, device: str
         if dev.type == "cuda":
             torch.cuda.synchronize()
 
-    def epoch() -> int:
+    def epoch(sample: bool = False) -> int:
         nonlocal workers_peak
         n = 0
         for i, batch in enumerate(loader):
@@ -223,7 +234,7 @@ def plain_loop(workload: str, args: dict, config: dict, epochs: int, device: str
             scaler.update()
             opt.zero_grad(set_to_none=True)
             n += bs
-            if workers and i % 8 == 5:  # workers' private pages grow as they go (a lazily read file)
+            if sample and workers and i % 8 == 5:  # workers' private pages grow as they go (a lazily read file)
                 workers_peak = max(workers_peak, sum(c.memory_full_info().uss for c in me.children()))
         return n
 
@@ -240,6 +251,12 @@ def plain_loop(workload: str, args: dict, config: dict, epochs: int, device: str
         ends.append(time.perf_counter())
     wall = ends[-1] - t0
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults0
+    # The workers' memory, read in one more epoch, untimed: reading a worker's private
+    # pages (smaps) takes milliseconds, and read inside the timed epochs, every 8 steps,
+    # it slowed the plain loop by 1-3% on the rows with workers (bench read that much
+    # above it). Not beside bench (``stop_file``): those rows compare speed only.
+    if workers and not stop_file:
+        epoch(sample=True)
     # The kernel's high-water mark of this process (VmHWM, what /usr/bin/time's max RSS
     # reads for a process it starts); not ru_maxrss, which keeps the peak of whatever
     # process exec'd this one.
@@ -288,9 +305,16 @@ def plain_cmd(*loop_args: object) -> list[str]:
     return [sys.executable, __file__, "--plain", json.dumps(loop_args)]
 
 
-def run_plain(workload: str, args: dict, config: dict, epochs: int, device: str = "cpu") -> dict:
+def on_core(core: int | None):
+    """A ``preexec_fn`` that pins the new process (and all it starts) to one core, or None."""
+    return None if core is None else (lambda: os.sched_setaffinity(0, {core}))
+
+
+def run_plain(workload: str, args: dict, config: dict, epochs: int, device: str = "cpu",
+              core: int | None = None) -> dict:
     out = subprocess.run(plain_cmd(workload, args, config, epochs, device),
-                         capture_output=True, text=True, check=True, env=plain_env(config))
+                         capture_output=True, text=True, check=True, env=plain_env(config),
+                         preexec_fn=on_core(core))
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -302,10 +326,10 @@ def space_file(folder: Path, workload: str, args: dict, name: str = "truth", dev
     return path
 
 
-def run_bench(space: Path, config: dict) -> dict:
+def run_bench(space: Path, config: dict, core: int | None = None) -> dict:
     sets = [a for k, v in config.items() for a in ("--set", f"{k}={json.dumps(v)}")]
     out = subprocess.run([sys.executable, "-m", "tuner", "bench", str(space), *sets, "--json"],
-                         capture_output=True, text=True)
+                         capture_output=True, text=True, preexec_fn=on_core(core))
     if out.returncode != 0:
         raise RuntimeError(f"bench failed: {out.stderr.strip()[-500:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -327,24 +351,28 @@ def run_trial(workload: str, args: dict, config: dict, results: Path, tag: str, 
     return next(r for r in records if r.get("phase") == "search")
 
 
-def run_twin(workload: str, args: dict, config: dict, device: str = "cpu", epochs: int = 3) -> dict:
+def run_twin(workload: str, args: dict, config: dict, device: str = "cpu", epochs: int = 3,
+             core: int | None = None) -> dict:
     """The plain loop again, as the "bench" side of ``run_concurrent`` (``--twins``: the
     method's own floor, two identical loops side by side)."""
-    p = run_plain(workload, args, config, epochs, device)
+    p = run_plain(workload, args, config, epochs, device, core)
     return {"samples_per_sec": p["samples_per_sec"], "timed_clock_s": [p["clock_start"], p["clock_ends"][-1]]}
 
 
-def run_concurrent(side, workload: str, args: dict, config: dict, folder: Path, device: str = "cpu") -> dict:
+def run_concurrent(side, workload: str, args: dict, config: dict, folder: Path, device: str = "cpu",
+                   core: int | None = None) -> dict:
     """``side()`` (bench, a Tune trial, or a second plain loop: a dict with its
     ``samples_per_sec`` and ``timed_clock_s``) and the plain loop at once, each on its
     share of the cores: the plain loop starts first, and once its untimed epoch is done,
     ``side`` runs beside it; the plain loop's rate is read over the side's own timed phase
     (``timed_clock_s``: one monotonic clock for both processes), epochs weighted by how
     much of each falls in it. A drift of the machine, which in sequential rounds lands on
-    one side of a ratio and not the other, lands on both."""
+    one side of a ratio and not the other, lands on both. ``core``: the plain loop's
+    process tree pinned to that core (``side`` pins itself to the other)."""
     stop = folder / f"stop-{time.monotonic_ns()}"
     plain = subprocess.Popen(plain_cmd(REFS.get(workload, workload), args, config, 1, device, str(stop)),
-                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=plain_env(config))
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=plain_env(config),
+                             preexec_fn=on_core(core))
     try:
         if plain.stdout.readline().strip() != "ready":
             raise RuntimeError("the plain loop failed before its first epoch ended")
@@ -439,6 +467,9 @@ def main() -> None:
                          "(speed only; drift lands on both)")
     ap.add_argument("--twins", action="store_true",
                     help="with --concurrent: a second plain loop in bench's place (the comparison's own floor)")
+    ap.add_argument("--pin", action="store_true",
+                    help="with --concurrent: each side on a core of its own, swapped every round (not the "
+                         "Tune-trial rows: Ray starts the trial's process)")
     ap.add_argument("--measure", default=None, metavar="JSON",
                     help='bench\'s measure settings, as in a space: \'{"min_windows": 15}\'')
     ap.add_argument("--plain", help=argparse.SUPPRESS)
@@ -607,10 +638,13 @@ def concurrent_row(space: Path, workload: str, args: dict, config: dict, tmp: Pa
     beside another (the order alternating), and the row's question is the Tune trial
     against bench: each round's (trial / plain) / (bench / plain), so that the plain loop
     is the common reference of the two (Ray started by the caller)."""
-    def bench() -> dict:
+    def bench(core: int | None = None):
         if a.twins:
-            return run_twin(REFS.get(workload, workload), args, config, a.device)
-        return run_bench(space, config)
+            return lambda: run_twin(REFS.get(workload, workload), args, config, a.device, core=core)
+        return lambda: run_bench(space, config, core)
+
+    def cores(r: int) -> tuple[int | None, int | None]:  # (the plain loop's, bench's): swapped each round
+        return (r % 2, 1 - r % 2) if a.pin and not trial else (None, None)
 
     def tune(r: int):
         return lambda: run_trial(workload, args, config, tmp / "results", f"c{r}-{time.monotonic_ns()}", a.device,
@@ -630,7 +664,8 @@ def concurrent_row(space: Path, workload: str, args: dict, config: dict, tmp: Pa
             break
         for which in (("bench", "trial") if r % 2 == 0 else ("trial", "bench")) if trial else ("bench",):
             if which == "bench":
-                runs.append(run_concurrent(bench, workload, args, config, tmp, a.device))
+                plain_core, bench_core = cores(r)
+                runs.append(run_concurrent(bench(bench_core), workload, args, config, tmp, a.device, plain_core))
                 print(f"  round {r + 1}: {name} {runs[-1]['bench']:.1f}, plain beside it {runs[-1]['plain']:.1f} "
                       f"({runs[-1]['bench'] / runs[-1]['plain']:.3f})", flush=True)
             else:
@@ -640,6 +675,7 @@ def concurrent_row(space: Path, workload: str, args: dict, config: dict, tmp: Pa
                       f"the tuner's own CPU {trials[-1]['tuner_cpu_cores'] or 0:.3f} cores)", flush=True)
     geo, lo, hi = paired_interval(*ratios())
     row = {"workload": workload, "args": args, "config": config, "concurrent": True, "twins": a.twins,
+           "pinned": bool(a.pin and not trial),
            "rounds": len(runs), "paired_geomean": geo, "paired_interval_90": [lo, hi],
            "verdict": verdict(lo, hi, a.tolerance),
            "paired_ratio": statistics.median(x / y for x, y in zip(*ratios(), strict=True)), "runs": runs}
