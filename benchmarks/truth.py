@@ -23,7 +23,8 @@ epochs as long as a user's dataset makes them (the plain loop times 1 whole epoc
   the noise that moves a run here is not a speed that matmuls feel);
 - peak host memory: bench's figure vs the plain process's own (its peak RSS,
   VmHWM, plus the private pages of its DataLoader workers, read every 8 steps by the
-  plain loop itself where it has workers, the largest sum kept);
+  plain loop itself where it has workers, the largest sum kept, in one more epoch after
+  the timed ones: read inside them, it slowed the plain loop by 1-3%);
 - a trial inside a real Ray Tune search (``tuner.search.run_search``, one config) vs
   ``bench`` on that config, interleaved likewise.
 
