@@ -37,7 +37,10 @@ sequential rounds never did: two plain loops of the same config, started togethe
 up to 13% apart with glibc's default malloc (each process keeps the speed it drew at its
 start) and within 1.5% with the knob (``--twins`` runs a second plain loop in bench's
 place). The tuner's own CPU use lands on both sides there, so it is measured apart.
-Speed only. Its Tune-trial rows run, each round, bench beside a plain loop and a
+Speed only. bench's threshold of interference is raised there above the other side's
+core (``measure_settings``), so that its ``disturbed`` flag, printed per round, still
+singles out a round that something else disturbed. The rows' own geometric means are
+summed up ``across_rows``: a bias that every config shares. Its Tune-trial rows run, each round, bench beside a plain loop and a
 one-config Tune search beside another, and compare the two through the plain loop:
 (trial / plain) / (bench / plain), on the first config of each workload (no DataLoader
 workers: the trial's process is Ray's to start, and cannot be pinned, see ``--pin``).
@@ -390,13 +393,15 @@ def run_concurrent(side, workload: str, args: dict, config: dict, folder: Path, 
     covered = (min(s1, edges[-1]) - max(s0, edges[0])) / (s1 - s0)
     if covered < 0.999:
         raise RuntimeError(f"the plain loop covered {covered:.0%} of the timed phase beside it")
-    return {"bench": bench["samples_per_sec"], "plain": samples / (s1 - s0),
+    return {"side": bench["samples_per_sec"], "plain": samples / (s1 - s0),
             "plain_whole": p["samples_per_sec"], "timed_s": s1 - s0, "plain_epochs": len(p["clock_ends"]),
             "bench_windows": bench.get("samples_per_sec_windows"),
             "bench_faults_per_step": bench.get("page_faults_per_step"),
             "plain_faults_per_step": p["page_faults_per_step"],
             "tuner_cpu_cores": bench.get("tuner_cpu_cores"),
-            "interference_cores": bench.get("interference_cores")}
+            "interference_cores": bench.get("interference_cores"),
+            "disturbed": bench.get("disturbed"),
+            "disturbed_windows_dropped": bench.get("disturbed_windows_dropped")}
 
 
 def machine_speed(seconds: float = 0.3) -> float:
@@ -434,6 +439,38 @@ def paired_interval(a: list[float], b: list[float], level: float = 0.90) -> tupl
         return math.exp(mean), 0.0, math.inf
     half = stats.t.ppf(0.5 + level / 2, len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
     return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
+
+
+def across_rows(rows: list[dict], tolerance: float) -> dict | None:
+    """A bias common to every config: the geometric mean of the rows' own geometric
+    means (each row weighs the same, however many rounds it took), with the 90% interval
+    over the rows. A row's own interval is wide on this VM (a round strays by ±5%); this
+    one says whether bench reads high or low in general."""
+    geos = [r["paired_geomean"] for r in rows if r.get("paired_geomean")]
+    if len(geos) < 2:
+        return None
+    geo, lo, hi = paired_interval(geos, [1.0] * len(geos))
+    return {"rows": len(geos), "geomean": geo, "interval_90": [lo, hi],
+            "within_tolerance": sum(1 - tolerance <= g <= 1 + tolerance for g in geos)}
+
+
+def settled(r: int, a: argparse.Namespace, xs: list[float], ys: list[float]) -> bool:
+    """Whether a row stops before round ``r``: ``--rounds`` done, and then as soon as the
+    interval of the paired ratios is no longer unresolved (``--max-rounds``)."""
+    return r >= a.rounds and verdict(*paired_interval(xs, ys)[1:], a.tolerance) != "unresolved"
+
+
+def measure_settings(a: argparse.Namespace) -> dict:
+    """bench's (and the trial's) measure settings: ``--measure``, and side by side
+    (``--concurrent``) a threshold of interference above the other side's own core.
+    Otherwise every window counts that core as interference (the default threshold is a
+    tenth of the machine's cores): each bench redid its first 12 windows, was marked
+    disturbed, and the flag could not single out a round that something else disturbed."""
+    measure = json.loads(a.measure or "{}")
+    if a.concurrent:
+        cpus = os.cpu_count() or 1
+        measure.setdefault("max_interference", min(1.0, (1 + 0.1 * cpus) / cpus))
+    return measure
 
 
 def verdict(lo: float, hi: float, tolerance: float) -> str:
@@ -492,7 +529,8 @@ def main() -> None:
     def save() -> None:  # after every row: an interrupted run keeps what it measured
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         Path(a.out).write_text(json.dumps({"hardware": describe(), "rounds": a.rounds, "plain_epochs": a.epochs,
-                                           "rows": rows, "persistence": persistence, "search": search_rows},
+                                           "rows": rows, "across_rows": across_rows(rows, a.tolerance),
+                                           "persistence": persistence, "search": search_rows},
                                           indent=2, default=str))
 
     if a.concurrent:
@@ -500,7 +538,7 @@ def main() -> None:
         overrides["torch_threads"] = 1
     for workload in a.workloads.split(","):
         args, configs = cases[workload]
-        space = space_file(tmp, workload, args, device=a.device, measure=json.loads(a.measure or "{}"))
+        space = space_file(tmp, workload, args, device=a.device, measure=measure_settings(a))
         picked = [configs[int(i)] for i in a.pick.split(",")] if a.pick else configs[: a.configs]
         picked = [{**c, **overrides} for c in picked]
         for config in [] if a.only_search else picked:
@@ -510,9 +548,7 @@ def main() -> None:
                 continue
             bench, plain = [], []
             for r in range(max(a.rounds, a.max_rounds or 0)):
-                if r >= a.rounds and verdict(*paired_interval(
-                        [x["samples_per_sec"] for x in bench], [y["samples_per_sec"] for y in plain])[1:],
-                        a.tolerance) != "unresolved":
+                if settled(r, a, [x["samples_per_sec"] for x in bench], [y["samples_per_sec"] for y in plain]):
                     break
                 order = ("bench", "plain") if r % 2 == 0 else ("plain", "bench")
                 for which in order:
@@ -551,6 +587,11 @@ def main() -> None:
                   f"{row['verdict']})  memory {bm:6.0f} / {pm:6.0f} MB = {bm / pm:5.3f}", flush=True)
 
     if a.concurrent:
+        if len(rows) > 1:
+            x = across_rows(rows, a.tolerance)
+            print(f"across {x['rows']} rows: {x['geomean']:.3f} (90% {x['interval_90'][0]:.3f}-"
+                  f"{x['interval_90'][1]:.3f}); {x['within_tolerance']} of them within ±{a.tolerance:.0%} "
+                  f"at the geometric mean", flush=True)
         if not a.no_search and not a.twins:
             import ray
 
@@ -559,7 +600,7 @@ def main() -> None:
                 for workload in a.workloads.split(","):
                     args, configs = cases[workload]
                     space = space_file(tmp, workload, args, device=a.device,
-                                       measure=json.loads(a.measure or "{}"))
+                                       measure=measure_settings(a))
                     search_rows.append(concurrent_row(space, workload, args, {**configs[0], **overrides}, tmp, a,
                                                       trial=True))
                     save()
@@ -649,7 +690,7 @@ def concurrent_row(space: Path, workload: str, args: dict, config: dict, tmp: Pa
 
     def tune(r: int):
         return lambda: run_trial(workload, args, config, tmp / "results", f"c{r}-{time.monotonic_ns()}", a.device,
-                                 json.loads(a.measure or "{}"))
+                                 measure_settings(a))
 
     name = "twin" if a.twins else "bench"
     runs: list[dict] = []
@@ -657,23 +698,24 @@ def concurrent_row(space: Path, workload: str, args: dict, config: dict, tmp: Pa
 
     def ratios() -> tuple[list[float], list[float]]:
         if trial:
-            return ([t["bench"] / t["plain"] for t in trials], [x["bench"] / x["plain"] for x in runs])
-        return [x["bench"] for x in runs], [x["plain"] for x in runs]
+            return ([t["side"] / t["plain"] for t in trials], [x["side"] / x["plain"] for x in runs])
+        return [x["side"] for x in runs], [x["plain"] for x in runs]
 
     for r in range(max(a.rounds, a.max_rounds or 0)):
-        if r >= a.rounds and verdict(*paired_interval(*ratios())[1:], a.tolerance) != "unresolved":
+        if settled(r, a, *ratios()):
             break
         for which in (("bench", "trial") if r % 2 == 0 else ("trial", "bench")) if trial else ("bench",):
             if which == "bench":
                 plain_core, bench_core = cores(r)
                 runs.append(run_concurrent(bench(bench_core), workload, args, config, tmp, a.device, plain_core))
-                print(f"  round {r + 1}: {name} {runs[-1]['bench']:.1f}, plain beside it {runs[-1]['plain']:.1f} "
-                      f"({runs[-1]['bench'] / runs[-1]['plain']:.3f})", flush=True)
+                print(f"  round {r + 1}: {name} {runs[-1]['side']:.1f}, plain beside it {runs[-1]['plain']:.1f} "
+                      f"({runs[-1]['side'] / runs[-1]['plain']:.3f}){_flag(runs[-1])}", flush=True)
             else:
                 trials.append(run_concurrent(tune(r), workload, args, config, tmp, a.device))
-                print(f"  round {r + 1}: Tune trial {trials[-1]['bench']:.1f}, plain beside it "
-                      f"{trials[-1]['plain']:.1f} ({trials[-1]['bench'] / trials[-1]['plain']:.3f}; "
-                      f"the tuner's own CPU {trials[-1]['tuner_cpu_cores'] or 0:.3f} cores)", flush=True)
+                print(f"  round {r + 1}: Tune trial {trials[-1]['side']:.1f}, plain beside it "
+                      f"{trials[-1]['plain']:.1f} ({trials[-1]['side'] / trials[-1]['plain']:.3f}; "
+                      f"the tuner's own CPU {trials[-1]['tuner_cpu_cores'] or 0:.3f} cores){_flag(trials[-1])}",
+                      flush=True)
     geo, lo, hi = paired_interval(*ratios())
     row = {"workload": workload, "args": args, "config": config, "concurrent": True, "twins": a.twins,
            "pinned": bool(a.pin and not trial),
@@ -681,8 +723,8 @@ def concurrent_row(space: Path, workload: str, args: dict, config: dict, tmp: Pa
            "verdict": verdict(lo, hi, a.tolerance),
            "paired_ratio": statistics.median(x / y for x, y in zip(*ratios(), strict=True)), "runs": runs}
     if trial:
-        bench_geo = paired_interval([x["bench"] for x in runs], [x["plain"] for x in runs])
-        trial_geo = paired_interval([x["bench"] for x in trials], [x["plain"] for x in trials])
+        bench_geo = paired_interval([x["side"] for x in runs], [x["plain"] for x in runs])
+        trial_geo = paired_interval([x["side"] for x in trials], [x["plain"] for x in trials])
         row.update({"question": "Tune trial / bench", "trial_runs": trials,
                     "bench_over_plain": list(bench_geo), "trial_over_plain": list(trial_geo),
                     "trial_tuner_cpu_cores": statistics.median(t["tuner_cpu_cores"] or 0.0 for t in trials)})
@@ -693,6 +735,13 @@ def concurrent_row(space: Path, workload: str, args: dict, config: dict, tmp: Pa
     print(f"{workload:<12} {_short(config):<58} concurrent: {name} / plain {geo:5.3f} "
           f"(90% {lo:5.3f}-{hi:5.3f} in {len(runs)} rounds: {row['verdict']})", flush=True)
     return row
+
+
+def _flag(run: dict) -> str:
+    """What a round's measurement said of its own windows, for the round's line."""
+    if run.get("disturbed"):
+        return " DISTURBED"
+    return f" ({run['disturbed_windows_dropped']} windows redone)" if run.get("disturbed_windows_dropped") else ""
 
 
 def _short(config: dict) -> str:
