@@ -363,8 +363,67 @@ def run_twin(workload: str, args: dict, config: dict, device: str = "cpu", epoch
     return {"samples_per_sec": p["samples_per_sec"], "timed_clock_s": [p["clock_start"], p["clock_ends"][-1]]}
 
 
+class Swapper:
+    """Swaps the two sides' cores every ``every_s`` seconds while they run (``--pin``).
+
+    Each side keeps a core of its own at every moment (so that neither side's idle
+    workers hand the other side's threads their core), and over the timed phase both sides
+    spend the same time on each core. Pinned for a whole round instead, a side stayed on
+    the core it started on, and the cores' speeds drift apart here: in one round the
+    plain loop on one core read 154 samples/s while bench on the other read 221, and both
+    read 170-173 in the next (conv, 1 persistent worker, 2026-11-24 12:25). The plain
+    loop's tree is ``plain``'s process and its descendants; the other side is every other
+    descendant of this harness. Every thread of every process is moved (Linux pins
+    threads, not processes); a process started between two swaps inherits its parent's
+    core, which is its own side's."""
+
+    def __init__(self, plain: int, cores: tuple[int, int], every_s: float):
+        import threading
+
+        self.plain, self.cores, self.every_s = plain, cores, every_s
+        self.swaps = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Swapper:
+        if self.every_s > 0:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def _run(self) -> None:
+        import psutil
+
+        while not self._stop.wait(self.every_s):
+            self.swaps += 1
+            plain_core, side_core = self.cores[self.swaps % 2], self.cores[1 - self.swaps % 2]
+            try:
+                root = psutil.Process(self.plain)
+                plain = {root.pid, *(c.pid for c in root.children(recursive=True))}
+            except psutil.Error:
+                return  # the plain loop has ended
+            for proc in psutil.Process().children(recursive=True):
+                _pin_threads(proc.pid, plain_core if proc.pid in plain else side_core)
+
+
+def _pin_threads(pid: int, core: int) -> None:
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return
+    for tid in tids:
+        try:
+            os.sched_setaffinity(int(tid), {core})
+        except OSError:  # the thread or process has ended
+            pass
+
+
 def run_concurrent(side, workload: str, args: dict, config: dict, folder: Path, device: str = "cpu",
-                   core: int | None = None) -> dict:
+                   core: int | None = None, swap_s: float = 0.0) -> dict:
     """``side()`` (bench, a Tune trial, or a second plain loop: a dict with its
     ``samples_per_sec`` and ``timed_clock_s``) and the plain loop at once, each on its
     share of the cores: the plain loop starts first, and once its untimed epoch is done,
@@ -372,7 +431,8 @@ def run_concurrent(side, workload: str, args: dict, config: dict, folder: Path, 
     (``timed_clock_s``: one monotonic clock for both processes), epochs weighted by how
     much of each falls in it. A drift of the machine, which in sequential rounds lands on
     one side of a ratio and not the other, lands on both. ``core``: the plain loop's
-    process tree pinned to that core (``side`` pins itself to the other)."""
+    process tree pinned to that core (``side`` pins itself to the other), and with
+    ``swap_s`` the two sides' cores swapped that often (``Swapper``)."""
     stop = folder / f"stop-{time.monotonic_ns()}"
     plain = subprocess.Popen(plain_cmd(REFS.get(workload, workload), args, config, 1, device, str(stop)),
                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=plain_env(config),
@@ -380,7 +440,9 @@ def run_concurrent(side, workload: str, args: dict, config: dict, folder: Path, 
     try:
         if plain.stdout.readline().strip() != "ready":
             raise RuntimeError("the plain loop failed before its first epoch ended")
-        bench = side()
+        with Swapper(plain.pid, (core, 1 - core) if core is not None else (0, 1),
+                     swap_s if core is not None else 0.0) as swapper:
+            bench = side()
     finally:
         stop.touch()
         tail = plain.communicate()[0]
@@ -401,7 +463,8 @@ def run_concurrent(side, workload: str, args: dict, config: dict, folder: Path, 
             "tuner_cpu_cores": bench.get("tuner_cpu_cores"),
             "interference_cores": bench.get("interference_cores"),
             "disturbed": bench.get("disturbed"),
-            "disturbed_windows_dropped": bench.get("disturbed_windows_dropped")}
+            "disturbed_windows_dropped": bench.get("disturbed_windows_dropped"),
+            "core_swaps": swapper.swaps}
 
 
 def machine_speed(seconds: float = 0.3) -> float:
@@ -508,6 +571,8 @@ def main() -> None:
     ap.add_argument("--pin", action="store_true",
                     help="with --concurrent: each side on a core of its own, swapped every round (not the "
                          "Tune-trial rows: Ray starts the trial's process)")
+    ap.add_argument("--swap-every", type=float, default=0.5, metavar="SECONDS",
+                    help="with --pin: swap the two sides' cores this often while they run (0: once per round)")
     ap.add_argument("--measure", default=None, metavar="JSON",
                     help='bench\'s measure settings, as in a space: \'{"min_windows": 15}\'')
     ap.add_argument("--plain", help=argparse.SUPPRESS)
@@ -707,7 +772,8 @@ def concurrent_row(space: Path, workload: str, args: dict, config: dict, tmp: Pa
         for which in (("bench", "trial") if r % 2 == 0 else ("trial", "bench")) if trial else ("bench",):
             if which == "bench":
                 plain_core, bench_core = cores(r)
-                runs.append(run_concurrent(bench(bench_core), workload, args, config, tmp, a.device, plain_core))
+                runs.append(run_concurrent(bench(bench_core), workload, args, config, tmp, a.device, plain_core,
+                                           a.swap_every))
                 print(f"  round {r + 1}: {name} {runs[-1]['side']:.1f}, plain beside it {runs[-1]['plain']:.1f} "
                       f"({runs[-1]['side'] / runs[-1]['plain']:.3f}){_flag(runs[-1])}", flush=True)
             else:
