@@ -40,17 +40,23 @@ place). The tuner's own CPU use lands on both sides there, so it is measured apa
 Speed only. bench's threshold of interference is raised there above the other side's
 core (``measure_settings``), so that its ``disturbed`` flag, printed per round, still
 singles out a round that something else disturbed. The rows' own geometric means are
-summed up ``across_rows``: a bias that every config shares. Its Tune-trial rows run, each round, bench beside a plain loop and a
-one-config Tune search beside another, and compare the two through the plain loop:
-(trial / plain) / (bench / plain), on the first config of each workload (no DataLoader
-workers: the trial's process is Ray's to start, and cannot be pinned, see ``--pin``).
+summed up ``across_rows``: a bias that every config shares. Its Tune-trial rows run, each
+round, bench beside a plain loop and a one-config Tune search beside another, and compare
+the two through the plain loop: (trial / plain) / (bench / plain), on the first config of
+each workload (no DataLoader workers).
 
-``--pin`` puts each side on a core of its own, swapped every round. Without it the
-kernel shares the two cores among the runnable threads of both sides, not between the
-sides: when bench's DataLoader workers idle at the end of one of its short measured
-epochs, its main thread gets half a core and the plain loop's three processes the rest.
-bench's epochs are shorter than the plain loop's, so it spent more of its time that way,
-and read low: conv_long with 2 workers 0.933 unpinned, 0.982 pinned (2026-11-24).
+``--pin`` puts each side on a core of its own, and swaps the two sides' cores every
+``--swap-every`` seconds while they run (``Swapper``). Without it the kernel shares the
+two cores among the runnable threads of both sides, not between the sides: when bench's
+DataLoader workers idle at the end of one of its short measured epochs, its main thread
+gets half a core and the plain loop's three processes the rest. bench's epochs are
+shorter than the plain loop's, so it spent more of its time that way, and read low:
+conv_long with 2 workers 0.933 unpinned, 0.982 pinned (2026-11-24). Pinned for a whole
+round, each side met its own core's speed, and the cores' speeds drift apart here (one
+round read 1.43). In the Tune-trial rows the trial's side is everything this harness
+started that is not the plain loop: the trial's process, and Ray's own beside it (the
+driver, this process, stays free); the swaps pin them, so those rows need
+``--swap-every`` above 0.
 
     python benchmarks/truth.py --concurrent --set malloc_retain=true --rounds 4 --max-rounds 6
     python benchmarks/truth.py --concurrent --pin --no-search --workloads conv_long --set malloc_retain=true
@@ -203,6 +209,12 @@ def plain_loop(workload: str, args: dict, config: dict, epochs: int, device: str
     cl = config.get("channels_last")
     me = psutil.Process()
     workers_peak = 0
+    # Beside another side (stop_file), the clock at the end of every step of the timed
+    # epochs, so that the rate over the other side's timed phase counts this loop's own
+    # steps in it (a list append per step: well under a microsecond, against steps of
+    # milliseconds). Epochs alone put an epoch's boundary pause anywhere in it, and a
+    # timed phase of ~3 s beside epochs of ~1 s read up to 7% off that way.
+    stamps: list[float] | None = None
 
     def to_cl(b):
         if cl and isinstance(b, (list, tuple)) and b[0].dim() == 4:
@@ -238,6 +250,8 @@ def plain_loop(workload: str, args: dict, config: dict, epochs: int, device: str
             scaler.update()
             opt.zero_grad(set_to_none=True)
             n += bs
+            if stamps is not None:
+                stamps.append(time.perf_counter())
             if sample and workers and i % 8 == 5:  # workers' private pages grow as they go (a lazily read file)
                 workers_peak = max(workers_peak, sum(c.memory_full_info().uss for c in me.children()))
         return n
@@ -248,6 +262,7 @@ def plain_loop(workload: str, args: dict, config: dict, epochs: int, device: str
     t0 = time.perf_counter()
     samples, ends = 0, []
     if stop_file:
+        stamps = []
         print("ready", flush=True)
     while len(ends) < epochs or (stop_file and not os.path.exists(stop_file)):
         samples += epoch()
@@ -268,6 +283,7 @@ def plain_loop(workload: str, args: dict, config: dict, epochs: int, device: str
     return {"samples_per_sec": samples / wall, "epochs": len(ends), "epoch_s": wall / len(ends),
             "epoch_times_s": [b - a for a, b in zip([t0, *ends], ends, strict=False)],
             "clock_start": t0, "clock_ends": ends,  # CLOCK_MONOTONIC: one clock for every process
+            "step_ends": stamps, "batch_size": bs,
             "page_faults_per_step": faults * bs / samples,  # one optimizer step per batch
             "peak_rss_mb": rss, "workers_private_mb": workers_peak / 2**20,
             "peak_host_memory_mb": rss + workers_peak / 2**20,
@@ -375,18 +391,32 @@ class Swapper:
     loop's tree is ``plain``'s process and its descendants; the other side is every other
     descendant of this harness. Every thread of every process is moved (Linux pins
     threads, not processes); a process started between two swaps inherits its parent's
-    core, which is its own side's."""
+    core, which is its own side's.
 
-    def __init__(self, plain: int, cores: tuple[int, int], every_s: float):
+    ``bystanders``: what to do with the harness's other processes that exist before the
+    side starts (Ray's, in the Tune-trial rows): ``"side"`` pins them with the side (a
+    trial's round: the tuner's own processes compete with its trial), ``"free"`` lets them
+    run on any core and leaves them out of the swaps (bench's round: Ray's daemons are
+    nobody's; pinned with bench, they read it 6% low in a first try)."""
+
+    def __init__(self, plain: int, cores: tuple[int, int], every_s: float, bystanders: str = "side"):
         import threading
 
-        self.plain, self.cores, self.every_s = plain, cores, every_s
+        self.plain, self.cores, self.every_s, self.bystanders = plain, cores, every_s, bystanders
         self.swaps = 0
+        self._free: set[int] = set()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def __enter__(self) -> Swapper:
         if self.every_s > 0:
+            if self.bystanders == "free":
+                import psutil
+
+                plain = self._plain_tree() or set()
+                self._free = {c.pid for c in psutil.Process().children(recursive=True)} - plain
+                for pid in self._free:
+                    _pin_threads(pid, os.sched_getaffinity(0))
             self._thread.start()
         return self
 
@@ -401,29 +431,37 @@ class Swapper:
         while not self._stop.wait(self.every_s):
             self.swaps += 1
             plain_core, side_core = self.cores[self.swaps % 2], self.cores[1 - self.swaps % 2]
-            try:
-                root = psutil.Process(self.plain)
-                plain = {root.pid, *(c.pid for c in root.children(recursive=True))}
-            except psutil.Error:
+            plain = self._plain_tree()
+            if plain is None:
                 return  # the plain loop has ended
             for proc in psutil.Process().children(recursive=True):
-                _pin_threads(proc.pid, plain_core if proc.pid in plain else side_core)
+                if proc.pid not in self._free:
+                    _pin_threads(proc.pid, {plain_core if proc.pid in plain else side_core})
+
+    def _plain_tree(self) -> set[int] | None:
+        import psutil
+
+        try:
+            root = psutil.Process(self.plain)
+            return {root.pid, *(c.pid for c in root.children(recursive=True))}
+        except psutil.Error:
+            return None
 
 
-def _pin_threads(pid: int, core: int) -> None:
+def _pin_threads(pid: int, cores: set[int]) -> None:
     try:
         tids = os.listdir(f"/proc/{pid}/task")
     except OSError:
         return
     for tid in tids:
         try:
-            os.sched_setaffinity(int(tid), {core})
+            os.sched_setaffinity(int(tid), cores)
         except OSError:  # the thread or process has ended
             pass
 
 
 def run_concurrent(side, workload: str, args: dict, config: dict, folder: Path, device: str = "cpu",
-                   core: int | None = None, swap_s: float = 0.0) -> dict:
+                   core: int | None = None, swap_s: float = 0.0, bystanders: str = "side") -> dict:
     """``side()`` (bench, a Tune trial, or a second plain loop: a dict with its
     ``samples_per_sec`` and ``timed_clock_s``) and the plain loop at once, each on its
     share of the cores: the plain loop starts first, and once its untimed epoch is done,
@@ -432,7 +470,8 @@ def run_concurrent(side, workload: str, args: dict, config: dict, folder: Path, 
     much of each falls in it. A drift of the machine, which in sequential rounds lands on
     one side of a ratio and not the other, lands on both. ``core``: the plain loop's
     process tree pinned to that core (``side`` pins itself to the other), and with
-    ``swap_s`` the two sides' cores swapped that often (``Swapper``)."""
+    ``swap_s`` the two sides' cores swapped that often (``Swapper``, which is also told
+    what to do with the harness's other processes: ``bystanders``)."""
     stop = folder / f"stop-{time.monotonic_ns()}"
     plain = subprocess.Popen(plain_cmd(REFS.get(workload, workload), args, config, 1, device, str(stop)),
                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=plain_env(config),
@@ -441,7 +480,7 @@ def run_concurrent(side, workload: str, args: dict, config: dict, folder: Path, 
         if plain.stdout.readline().strip() != "ready":
             raise RuntimeError("the plain loop failed before its first epoch ended")
         with Swapper(plain.pid, (core, 1 - core) if core is not None else (0, 1),
-                     swap_s if core is not None else 0.0) as swapper:
+                     swap_s if core is not None else 0.0, bystanders) as swapper:
             bench = side()
     finally:
         stop.touch()
@@ -450,12 +489,17 @@ def run_concurrent(side, workload: str, args: dict, config: dict, folder: Path, 
     s0, s1 = bench["timed_clock_s"]
     edges = [p["clock_start"], *p["clock_ends"]]
     per_epoch = p["samples_per_sec"] * p["epoch_s"]
-    samples = sum(per_epoch * max(0.0, min(e1, s1) - max(e0, s0)) / (e1 - e0)
-                  for e0, e1 in zip(edges, edges[1:], strict=False))
+    by_epoch = sum(per_epoch * max(0.0, min(e1, s1) - max(e0, s0)) / (e1 - e0)
+                   for e0, e1 in zip(edges, edges[1:], strict=False))
+    samples = by_epoch
+    if p.get("step_ends"):  # each step's samples spread over its own time, not its epoch's
+        steps = [p["clock_start"], *p["step_ends"]]
+        samples = sum(p["batch_size"] * max(0.0, min(e1, s1) - max(e0, s0)) / (e1 - e0)
+                      for e0, e1 in zip(steps, steps[1:], strict=False))
     covered = (min(s1, edges[-1]) - max(s0, edges[0])) / (s1 - s0)
     if covered < 0.999:
         raise RuntimeError(f"the plain loop covered {covered:.0%} of the timed phase beside it")
-    return {"side": bench["samples_per_sec"], "plain": samples / (s1 - s0),
+    return {"side": bench["samples_per_sec"], "plain": samples / (s1 - s0), "plain_by_epoch": by_epoch / (s1 - s0),
             "plain_whole": p["samples_per_sec"], "timed_s": s1 - s0, "plain_epochs": len(p["clock_ends"]),
             "bench_windows": bench.get("samples_per_sec_windows"),
             "bench_faults_per_step": bench.get("page_faults_per_step"),
@@ -569,8 +613,8 @@ def main() -> None:
     ap.add_argument("--twins", action="store_true",
                     help="with --concurrent: a second plain loop in bench's place (the comparison's own floor)")
     ap.add_argument("--pin", action="store_true",
-                    help="with --concurrent: each side on a core of its own, swapped every round (not the "
-                         "Tune-trial rows: Ray starts the trial's process)")
+                    help="with --concurrent: each side on a core of its own, the two swapped while they run "
+                         "(--swap-every)")
     ap.add_argument("--swap-every", type=float, default=0.5, metavar="SECONDS",
                     help="with --pin: swap the two sides' cores this often while they run (0: once per round)")
     ap.add_argument("--measure", default=None, metavar="JSON",
@@ -751,7 +795,8 @@ def concurrent_row(space: Path, workload: str, args: dict, config: dict, tmp: Pa
         return lambda: run_bench(space, config, core)
 
     def cores(r: int) -> tuple[int | None, int | None]:  # (the plain loop's, bench's): swapped each round
-        return (r % 2, 1 - r % 2) if a.pin and not trial else (None, None)
+        pinned = a.pin and (not trial or a.swap_every > 0)  # a trial is pinned by the swaps alone
+        return (r % 2, 1 - r % 2) if pinned else (None, None)
 
     def tune(r: int):
         return lambda: run_trial(workload, args, config, tmp / "results", f"c{r}-{time.monotonic_ns()}", a.device,
@@ -773,18 +818,19 @@ def concurrent_row(space: Path, workload: str, args: dict, config: dict, tmp: Pa
             if which == "bench":
                 plain_core, bench_core = cores(r)
                 runs.append(run_concurrent(bench(bench_core), workload, args, config, tmp, a.device, plain_core,
-                                           a.swap_every))
+                                           a.swap_every, "free"))
                 print(f"  round {r + 1}: {name} {runs[-1]['side']:.1f}, plain beside it {runs[-1]['plain']:.1f} "
                       f"({runs[-1]['side'] / runs[-1]['plain']:.3f}){_flag(runs[-1])}", flush=True)
             else:
-                trials.append(run_concurrent(tune(r), workload, args, config, tmp, a.device))
+                trials.append(run_concurrent(tune(r), workload, args, config, tmp, a.device, cores(r)[0],
+                                             a.swap_every))
                 print(f"  round {r + 1}: Tune trial {trials[-1]['side']:.1f}, plain beside it "
                       f"{trials[-1]['plain']:.1f} ({trials[-1]['side'] / trials[-1]['plain']:.3f}; "
                       f"the tuner's own CPU {trials[-1]['tuner_cpu_cores'] or 0:.3f} cores){_flag(trials[-1])}",
                       flush=True)
     geo, lo, hi = paired_interval(*ratios())
     row = {"workload": workload, "args": args, "config": config, "concurrent": True, "twins": a.twins,
-           "pinned": bool(a.pin and not trial),
+           "pinned": cores(0)[0] is not None, "swap_every_s": a.swap_every if cores(0)[0] is not None else None,
            "rounds": len(runs), "paired_geomean": geo, "paired_interval_90": [lo, hi],
            "verdict": verdict(lo, hi, a.tolerance),
            "paired_ratio": statistics.median(x / y for x, y in zip(*ratios(), strict=True)), "runs": runs}

@@ -737,12 +737,12 @@ def tuner_processes(local: bool) -> list[int]:
                 roots.add(p.pid)
     for p in procs:
         try:
-            name, cmd = p.name(), p.cmdline()
-            if p.pid not in roots and not any(q.pid in roots for q in p.parents()):
+            name, cmd, parents = p.name(), p.cmdline(), p.parents()
+            if p.pid not in roots and not any(q.pid in roots for q in parents):
                 continue  # not Ray's, nor started by Ray (the raylet's agents and workers)
             if _is_ray_worker(name) or any(_is_ray_worker(a) for a in cmd[:1]):
                 continue  # a worker (an idle one may run the next trial)
-            if any(_is_ray_worker(q.name()) for q in p.parents()):
+            if any(_is_ray_worker(q.name()) for q in parents):
                 continue  # under a worker: a trial's own processes
         except psutil.Error:
             continue
