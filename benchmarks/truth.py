@@ -58,7 +58,8 @@ started that is not the plain loop: the trial's process, and Ray's own beside it
 driver, this process, stays free); the swaps pin them, so those rows need
 ``--swap-every`` above 0.
 
-    python benchmarks/truth.py --concurrent --set malloc_retain=true --rounds 4 --max-rounds 6
+    python benchmarks/truth.py --concurrent --pin --set malloc_retain=true --set precision='"fp32"' \
+        --workloads conv,transformer,multisource,files,hf_gpt2,hf_resnet --rounds 3 --max-rounds 5
     python benchmarks/truth.py --concurrent --pin --no-search --workloads conv_long --set malloc_retain=true
     python benchmarks/truth.py --concurrent --twins --workloads conv --pick 0
 
@@ -466,8 +467,9 @@ def run_concurrent(side, workload: str, args: dict, config: dict, folder: Path, 
     ``samples_per_sec`` and ``timed_clock_s``) and the plain loop at once, each on its
     share of the cores: the plain loop starts first, and once its untimed epoch is done,
     ``side`` runs beside it; the plain loop's rate is read over the side's own timed phase
-    (``timed_clock_s``: one monotonic clock for both processes), epochs weighted by how
-    much of each falls in it. A drift of the machine, which in sequential rounds lands on
+    (``timed_clock_s``: one monotonic clock for both processes) from its own steps, each
+    weighted by how much of it falls in the phase (``plain_by_epoch``: the same from whole
+    epochs, as it was read until 2026-11-24 13:15). A drift of the machine, which in sequential rounds lands on
     one side of a ratio and not the other, lands on both. ``core``: the plain loop's
     process tree pinned to that core (``side`` pins itself to the other), and with
     ``swap_s`` the two sides' cores swapped that often (``Swapper``, which is also told
