@@ -831,8 +831,9 @@ def concurrent_row(space: Path, workload: str, args: dict, config: dict, tmp: Pa
                       f"the tuner's own CPU {trials[-1]['tuner_cpu_cores'] or 0:.3f} cores){_flag(trials[-1])}",
                       flush=True)
     geo, lo, hi = paired_interval(*ratios())
+    pinned = cores(0)[0] is not None
     row = {"workload": workload, "args": args, "config": config, "concurrent": True, "twins": a.twins,
-           "pinned": cores(0)[0] is not None, "swap_every_s": a.swap_every if cores(0)[0] is not None else None,
+           "pinned": pinned, "swap_every_s": a.swap_every if pinned else None,
            "rounds": len(runs), "paired_geomean": geo, "paired_interval_90": [lo, hi],
            "verdict": verdict(lo, hi, a.tolerance),
            "paired_ratio": statistics.median(x / y for x, y in zip(*ratios(), strict=True)), "runs": runs}
