@@ -1,16 +1,16 @@
 """What do the tuner's own Ray processes cost the training loop beside them?
 
-A local Ray as a search starts it (its daemons, an actor, an idle worker), and in the
+A local Ray as a search starts it (``tuner.search.start_local_ray``: its daemons, an
+idle worker; before stop 30 also an actor and Ray's log monitor and metrics), and in the
 same process a plain training loop on every core (2 threads on 2 cores: the case where
 a process that takes a core for a moment stalls both threads). The loop's windows are
 timed with Ray's processes in each of three states, in a random order within every
 cycle, so that the VM's drift hits every state alike (the ratios are paired per cycle):
 
 - ``tuner``: as a search leaves them (``tuner.search.tuner_processes``): the daemons
-  (GCS, log monitor, dashboard, agents) and the search's actor at SCHED_IDLE (they run
-  on a core nothing else wants, and do not preempt the loop when they wake), the raylet
-  and the workers as Ray starts them;
-- ``nice10``: the daemons and the actor at nice 10 instead, as searches left them
+  (GCS, dashboard, agents) at SCHED_IDLE (they run on a core nothing else wants, and do
+  not preempt the loop when they wake), the raylet and the workers as Ray starts them;
+- ``nice10``: the daemons at nice 10 instead, as searches left them
   before (a thread cannot leave SCHED_IDLE without privilege: root only);
 - ``all_idle``: every Ray process at SCHED_IDLE, the raylet and the idle workers too
   (what a search could do where a trial may put itself back: root or RLIMIT_NICE >= 20);
@@ -52,23 +52,15 @@ def main() -> None:
     from torch.utils.data import DataLoader
 
     from tuner.hardware import describe
-    from tuner.search import _is_ray_worker, _lower_priority, tuner_processes
+    from tuner.search import _is_ray_worker, start_local_ray, tuner_processes
     from tuner.workloads import load_workload
 
     cores = os.cpu_count() or 1
-    ray.init(include_dashboard=False, log_to_driver=False, logging_level="ERROR", num_cpus=cores)
-
-    @ray.remote
-    class Actor:  # an actor, as the search's Board is one
-        def pid(self) -> int:
-            return os.getpid()
-
-    actor = ray.get(Actor.remote().pid.remote())
+    start_local_ray(log_to_driver=False, logging_level="ERROR", num_cpus=cores)
     time.sleep(3)  # the raylet starts its agents and an idle worker in the background
     tuner_processes(local=True)  # the daemons, as in a search
-    _lower_priority(actor)  # as the search's Board
     procs = psutil.Process().children(recursive=True)
-    daemons = [p for p in procs if p.pid == actor or not _is_ray_worker(p.name()) and p.name() != "raylet"]
+    daemons = [p for p in procs if not _is_ray_worker(p.name()) and p.name() != "raylet"]
     states = ["tuner", "stopped"] + (["nice10", "all_idle"] if os.geteuid() == 0 else [])
     print(f"Ray's processes: {', '.join(p.name() for p in procs)}; states {states}", flush=True)
 

@@ -706,7 +706,9 @@ def main() -> None:
         if not a.no_search and not a.twins:
             import ray
 
-            ray.init(include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+            from tuner.search import start_local_ray
+
+            start_local_ray(log_to_driver=False, logging_level="ERROR")  # as `tuner run` starts it
             try:
                 for workload in a.workloads.split(","):
                     args, configs = cases[workload]
@@ -735,7 +737,9 @@ def main() -> None:
     if not a.no_search:
         import ray
 
-        ray.init(include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+        from tuner.search import start_local_ray
+
+        start_local_ray(log_to_driver=False, logging_level="ERROR")  # as `tuner run` starts it
         try:
             for workload in a.workloads.split(","):
                 args, configs = cases[workload]

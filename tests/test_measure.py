@@ -1,3 +1,4 @@
+import os
 import time
 
 import pytest
@@ -293,3 +294,37 @@ def test_steps_of_unequal_cost_read_at_their_average():
     assert r["epoch_overhead_from"] == "windows"
     ideal = 8 / 0.020  # samples/s were each step exactly its sleep
     assert 0.90 * ideal <= r["samples_per_sec"] <= 1.01 * ideal, r["samples_per_sec_windows"]
+
+
+def test_the_driver_sleeps_while_a_trial_is_in_its_windows_and_not_after(tmp_path, monkeypatch):
+    """A trial in its timed windows marks a folder of the driver's (``hushed``), and the
+    driver's loop sleeps while the mark's process lives (``wait_while_timed``)."""
+    import subprocess
+    import sys
+
+    from tuner.measure import HUSH_ENV, hushed, wait_while_timed
+
+    code = ("import time; from tuner.measure import hushed\n"
+            "with hushed() as made:\n    print(made, flush=True); time.sleep(1.5)\n"
+            "time.sleep(3)\n")
+    child = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, HUSH_ENV: str(tmp_path)},
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "True"
+        slept = wait_while_timed(str(tmp_path), poll_s=0.05)
+        assert 0.5 < slept < 2.5  # until the windows ended, not until the process did
+        assert child.poll() is None and not list(tmp_path.iterdir())
+    finally:
+        child.kill()
+        child.wait()
+    # a mark left by a process that is gone (a trial killed in its windows) wakes nobody
+    (tmp_path / str(child.pid)).touch()
+    assert wait_while_timed(str(tmp_path)) < 0.1 and not list(tmp_path.iterdir())
+    assert wait_while_timed(None) == 0.0
+    # no folder (a bench; a trial on another node): no mark
+    monkeypatch.setenv(HUSH_ENV, str(tmp_path / "elsewhere"))
+    with hushed() as made:
+        assert not made
+    monkeypatch.delenv(HUSH_ENV)
+    with hushed() as made:
+        assert not made

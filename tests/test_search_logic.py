@@ -1,5 +1,7 @@
 """The search's plain parts: resources, aggregation, Pareto (no Ray)."""
 
+import json
+
 import pytest
 
 from tuner import spec
@@ -98,7 +100,7 @@ def _full(value, config, error=0.01):
 
 
 def test_after_screened_trials_in_a_row_the_incumbent_is_measured_again():
-    from tuner.search import Board
+    from tuner.search import BOARD_KEY, Board, TrialJob, rescreen
 
     board = Board(recheck_after=2)
     assert board.screen() is None  # nothing measured yet
@@ -115,6 +117,10 @@ def test_after_screened_trials_in_a_row_the_incumbent_is_measured_again():
     assert board.screen()["below"] == 220.0
     board.update({**_full(152.0, {"x": 1}), "phase": "recheck"})
     assert board.screen()["below"] == 152.0
+    # the trial that re-measured applies the same rule itself (the Board is the driver's)
+    assert rescreen(screen, {**_full(60.0, {"x": 1}), "disturbed": True}) == {"below": 220.0, "margin": 0.05}
+    assert rescreen(screen, _full(152.0, {"x": 1})) == {"below": 152.0, "margin": 0.05}
+    assert screen["recheck"] == {"x": 1}  # the screen handed in is left as it was
     # a full measurement above it is the incumbent; one that is not screened breaks the run
     board.update(_full(160.0, {"x": 3}))
     board.update({**_full(100.0, {"x": 4}), "screened": True})
@@ -123,6 +129,14 @@ def test_after_screened_trials_in_a_row_the_incumbent_is_measured_again():
     assert board.screen()["below"] == 160.0 and "recheck" not in board.screen()
     board.update({**_full(100.0, {"x": 7}), "screened": True})
     assert board.screen()["recheck"] == {"x": 3}
+    # what a Tune trial gets in its config, and leaves out of the config it runs
+    board.cold["g1"] = 16.5
+    state = json.loads(board.state())
+    assert state["cold"] == {"g1": 16.5} and state["screen"]["below"] == 160.0
+    job = TrialJob(workload="w", workload_args={}, base_dir=".", device="cpu", measure={}, run={}, seed=0,
+                   trial_timeout_s=1, constraints=None, objective=None, fixed={"a": 1}, derive=dict,
+                   cpus_per_trial=lambda c: 1, gpus_per_rank=0)
+    assert job.knob_config({"x": 2, BOARD_KEY: board.state()}) == {"a": 1, "x": 2}
     never = Board(recheck_after=0)
     never.update(_full(220.0, {"x": 1}))
     for _ in range(5):

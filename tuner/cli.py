@@ -75,8 +75,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         import ray
 
         from tuner.distributed import run_ranks
+        from tuner.search import start_local_ray
 
-        ray.init(include_dashboard=False, configure_logging=False, log_to_driver=False)
+        start_local_ray(configure_logging=False, log_to_driver=False)
         try:
             result = run_ranks(request, timeout_s=timeout_s, spread=space.model.resources.spread_ranks)
         finally:

@@ -24,6 +24,7 @@ import hashlib
 import itertools
 import json
 import os
+import shutil
 import statistics
 import tempfile
 import time
@@ -90,12 +91,13 @@ class TrialJob:
     ddp_backend: str = "gloo"
     observers: list[int] = field(default_factory=list)  # the tuner's own processes beside a trial
     compile_root: str | None = None  # one inductor cache per compile group under it
-    board: Any = None  # the Board actor (screening and cold compile costs)
+    hush_dir: str | None = None  # where a trial in its timed windows says so (``Hush``)
     nice: int = 0  # the driver's niceness: trials run at it, not at Ray's worker niceness
 
     def knob_config(self, searched: dict) -> dict:
-        """The full config a trial runs, from the knobs the sampler chose."""
-        return self.derive({**self.fixed, **searched})
+        """The full config a trial runs, from the knobs the sampler chose (the Board's
+        state that the driver adds to a Tune trial's config left out)."""
+        return self.derive({**self.fixed, **{k: v for k, v in searched.items() if k != BOARD_KEY}})
 
 
 def _compile_cache(knob_config: dict, job: TrialJob) -> str | None:
@@ -125,6 +127,10 @@ def _measure(knob_config: dict, job: TrialJob, baseline: bool = False, screen: d
     env["OMP_NUM_THREADS"] = str(int(cpus))
     if "CUDA_VISIBLE_DEVICES" in os.environ:
         env["CUDA_VISIBLE_DEVICES"] = os.environ["CUDA_VISIBLE_DEVICES"]
+    if job.hush_dir:
+        from tuner.measure import HUSH_ENV
+
+        env[HUSH_ENV] = job.hush_dir
     request = make_request(workload=job.workload, workload_args=job.workload_args,
                            base_dir=job.base_dir, config=knob_config, baseline=baseline,
                            device=job.device, measure=job.measure, run=job.run,
@@ -158,10 +164,17 @@ def _measure(knob_config: dict, job: TrialJob, baseline: bool = False, screen: d
     return apply_constraints(record, job.constraints)
 
 
+BOARD_KEY = "tuner_board"  # the Board's state in a Tune trial's config (JSON)
+
+
 class Board:
     """What a trial needs to know of the search so far, for screening: the incumbent's
-    figure and the noise seen so far. Runs as a Ray actor (the trainable's parameters
-    are fixed when Tune starts); the driver updates it as results land.
+    figure and the noise seen so far; and the cold compile cost of each compile group.
+    The driver holds it, updates it as results land, and hands its state to each Tune
+    trial in the trial's config (``BOARD_KEY``) as Optuna's suggestion is made, just
+    before the trial starts (the trainable's parameters are fixed when Tune starts).
+    It was once a Ray actor that trials asked: an idle actor's process used 0.006-0.011
+    cores beside every trial here (Ray's core worker timers), out of the trial's cores.
 
     The rule is Optuna's ThresholdPruner with a threshold that moves with the
     incumbent, applied inside the trial process between windows (``measure``), where
@@ -185,12 +198,6 @@ class Board:
         self.recheck_after = recheck_after
         self.screened_in_a_row = 0
         self.cold: dict[str, float] = {}  # compile group -> the compile its first trial paid
-
-    def pid(self) -> int:
-        return os.getpid()
-
-    def cold_compile(self, group: str | None) -> float | None:
-        return self.cold.get(group) if group else None
 
     def update(self, record: dict) -> None:
         if record.get("compile_cache") == "cold" and record.get("compile_s") is not None:
@@ -227,34 +234,46 @@ class Board:
         return out
 
 
-def _with_compile_cost(record: dict, board: Any) -> dict:
+    def state(self) -> str:
+        """What a trial gets (``BOARD_KEY``): the screen, and the cold compile costs."""
+        return json.dumps({"screen": self.screen(), "cold": self.cold})
+
+
+def _with_compile_cost(record: dict, cold: dict[str, float]) -> dict:
     """A warm-cache trial's record with its group's cold compile cost (``projected_run_s``
     keeps what a user's first run pays)."""
-    import ray
-
-    if board is not None and record.get("compile_cache") == "warm":
-        return with_cold_compile(record, ray.get(board.cold_compile.remote(record.get("compile_group"))))
+    if record.get("compile_cache") == "warm":
+        return with_cold_compile(record, cold.get(record.get("compile_group") or ""))
     if record.get("compile_cache") == "cold":
         return with_cold_compile(record, None)
     return record
 
 
+def rescreen(screen: dict, recheck: dict) -> dict:
+    """The screen after the incumbent was measured again (``Board.update`` on a recheck,
+    done in the trial: the incumbent as the machine runs it now, where that
+    measurement is sound)."""
+    screen = {k: v for k, v in screen.items() if k != "recheck"}
+    value = recheck.get("samples_per_sec")
+    if recheck.get("status") == "ok" and not recheck.get("disturbed") and value is not None:
+        screen["below"] = value
+    return screen
+
+
 def _trainable(config: dict, job: TrialJob) -> None:
-    import ray
     from ray import tune
 
     knob_config = job.knob_config(config)
-    board = job.board
-    screen = ray.get(board.screen.remote()) if board is not None else None
+    board = json.loads(config.get(BOARD_KEY) or "{}")
+    screen, cold = board.get("screen"), board.get("cold") or {}
     report: dict = {}
     if screen and screen.get("recheck"):
         # the incumbent again first: the threshold as the machine runs now
-        recheck = _with_compile_cost(_measure(screen.pop("recheck"), job), board)
+        recheck = _with_compile_cost(_measure(screen["recheck"], job), cold)
         recheck["phase"] = "recheck"
-        ray.get(board.update.remote(recheck))
-        screen = ray.get(board.screen.remote())
+        screen = rescreen(screen, recheck)
         report["recheck"] = json.dumps(recheck, default=str)
-    record = _with_compile_cost(_measure(knob_config, job, screen=screen), board)
+    record = _with_compile_cost(_measure(knob_config, job, screen=screen), cold)
     record["phase"] = "search"
     record["trial_id"] = tune.get_context().get_trial_id()
     report.update(objective_values(record, job.objective))
@@ -314,12 +333,57 @@ def _start_ray(address: str | None) -> bool:
         if address:
             ray.init(address=address, **kwargs)
         else:
-            ray.init(include_dashboard=False, **kwargs)
+            start_local_ray(**kwargs)
     except (ConnectionError, RuntimeError, ValueError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise UserError(f"--address {address}: cannot connect to Ray ({first})" if address
                         else f"cannot start a local Ray: {first}") from None
     return True
+
+
+# Ray's bookkeeping that a local search has no reader for (no dashboard, no logs sent to
+# the driver, no metrics scraped, no state API), which runs beside every trial on the
+# cores it measures. Beside a trial that only sleeps (2 cores, ``benchmarks/ray_cost.py
+# --idle``), Ray's processes and the Tune driver used 0.049-0.058 cores with Ray's defaults:
+# the log monitor reads its files every 0.1 s (0.006-0.011), the dashboard agent takes
+# metrics from every process (0.008), the raylet and GCS report them on.
+QUIET_RAY_CONFIG: dict[str, Any] = {
+    "enable_metrics_collection": False,
+    "metrics_report_interval_ms": 60_000,
+    "task_events_report_interval_ms": 10_000,
+}
+
+
+def start_local_ray(**kwargs: Any) -> None:
+    """``ray.init`` of a Ray on this machine for a search or a bench: no dashboard, no
+    log monitor, metrics and task events off or rare (``QUIET_RAY_CONFIG``). ``ray.init``
+    has no switch for the log monitor (``ray start --include-log-monitor`` has one); the
+    parameters it builds are given a default of False for it, where Ray's version has
+    that field, and Ray's own default otherwise."""
+    import ray
+
+    kwargs.setdefault("include_dashboard", False)
+    kwargs["_system_config"] = {**QUIET_RAY_CONFIG, **(kwargs.get("_system_config") or {})}
+    try:
+        from ray._private import parameter
+    except ImportError:  # the private module moved: Ray starts its log monitor
+        ray.init(**kwargs)
+        return
+    base = parameter.RayParams
+    if "include_log_monitor" not in base.__init__.__code__.co_varnames:
+        ray.init(**kwargs)
+        return
+
+    class _NoLogMonitor(base):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, **kw: Any) -> None:
+            kw.setdefault("include_log_monitor", False)
+            super().__init__(*args, **kw)
+
+    parameter.RayParams = _NoLogMonitor
+    try:
+        ray.init(**kwargs)
+    finally:
+        parameter.RayParams = base
 
 
 def _can_raise_priority() -> bool:
@@ -559,22 +623,16 @@ def _search(space: spec.Space, out: Path, progress: Progress, ray_start_s: float
         # One inductor cache per compile group, per node, for this search (kept for resume).
         compile_root=os.path.join(tempfile.gettempdir(), "tuner-compile-" + hashlib.sha1(
             f"{out}:{meta_created(out)}".encode()).hexdigest()[:12]),
-        board=ray.remote(Board).options(num_cpus=0).remote(screening=screening,
-                                                            recheck_after=m.measure.recheck_after),
+        # one trial at a time: the driver's loop sleeps through its timed windows
+        hush_dir=tempfile.mkdtemp(prefix="tuner-hush-") if concurrent == 1 else None,
         nice=os.getpriority(os.PRIO_PROCESS, 0),
     )
-    # The Board lives as long as this search, not as long as Ray: a second search in
-    # the same Ray session (the API, a notebook) found every earlier one still running
-    # (eleven of them in truth.py's harness, each 0.6-2% of a core while idle).
+    board = Board(screening=screening, recheck_after=m.measure.recheck_after)
     try:
-        if local_ray:  # the Board's process is on this machine: one of the tuner's own, as the daemons
-            board_pid = ray.get(job.board.pid.remote())
-            _lower_priority(board_pid)
-            job.observers.append(board_pid)
         for r in recorder.records:  # a resumed search: what was measured before
             if r.get("phase") in ("search", "recheck", "confirm"):
-                job.board.update.remote(r)
-        run = SearchRun(space, ctx, job, out, recorder, progress, concurrent, t_search=time.time())
+                board.update(r)
+        run = SearchRun(space, ctx, job, out, recorder, progress, concurrent, t_search=time.time(), board=board)
 
         previous = [r for r in recorder.records if r.get("phase") == "search"]
         baseline_rec = next((r for r in recorder.records if r.get("phase") == "baseline"), None)
@@ -612,8 +670,8 @@ def _search(space: spec.Space, out: Path, progress: Progress, ray_start_s: float
         (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
         return summary
     finally:
-        with contextlib.suppress(Exception):  # Ray already down
-            ray.kill(job.board)
+        if job.hush_dir:
+            shutil.rmtree(job.hush_dir, ignore_errors=True)
 
 
 @dataclass
@@ -628,6 +686,7 @@ class SearchRun:
     progress: Progress
     concurrent: int  # trials at once
     t_search: float  # when the search (baseline included) started
+    board: Board = field(default_factory=Board)
 
     def bundle(self, config: dict) -> dict:
         return driver_bundle(config, self.job.cpus_per_trial, self.job.gpus_per_rank)
@@ -880,6 +939,12 @@ def _fit(run: SearchRun, start: list[dict], storage: Any, remaining: int, previo
                     ot.set_user_attr("reason", str(rec["reason"])[:500])
             super().on_trial_complete(trial_id, result=result, error=error)
 
+        def suggest(self, trial_id: str) -> dict | None:
+            config = super().suggest(trial_id)
+            if isinstance(config, dict):  # the Board as it stands when this trial starts
+                config[BOARD_KEY] = run.board.state()
+            return config
+
     searcher = Searcher(space=search_space, metric=metric_names, mode=modes,
                         sampler=sampler, storage=storage, study_name=m.name,
                         points_to_evaluate=points or None, seed=m.seed)
@@ -888,6 +953,7 @@ def _fit(run: SearchRun, start: list[dict], storage: Any, remaining: int, previo
         def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
             if "recheck" in result:  # the incumbent re-measured before this trial
                 rec = recorder.add(json.loads(result["recheck"]))
+                run.board.update(rec)
                 progress.update(msg=f"the incumbent re-measured at {rec.get('samples_per_sec') or 0:.1f} "
                                     f"samples/s after {m.measure.recheck_after} screened trials in a row")
             if "record" in result:
@@ -895,8 +961,12 @@ def _fit(run: SearchRun, start: list[dict], storage: Any, remaining: int, previo
                 rec["trial_number"] = len([r for r in recorder.records if r.get("phase") == "search"])
                 recorder.add(rec)
                 progress.update(rec)
-                if job.board is not None:
-                    job.board.update.remote(rec)
+                run.board.update(rec)
+
+        def on_step_end(self, iteration: int, trials: list, **info: Any) -> None:
+            from tuner.measure import wait_while_timed
+
+            wait_while_timed(job.hush_dir)  # Tune's loop otherwise wakes 10 times a second
 
         def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
             rec = {"phase": "search", "status": "infeasible", "reason": f"trial crashed in Ray: {trial.error_file}",
@@ -916,13 +986,22 @@ def _fit(run: SearchRun, start: list[dict], storage: Any, remaining: int, previo
         tune.with_resources(tune.with_parameters(_trainable, job=job), resources=resources),
         tune_config=tune.TuneConfig(search_alg=searcher, num_samples=remaining,
                                     max_concurrent_trials=run.concurrent, time_budget_s=time_left,
-                                    reuse_actors=True),
+                                    reuse_actors=True, trial_dirname_creator=trial_dirname),
         run_config=tune.RunConfig(name=ray_name, storage_path=str(run.out), verbose=0,
                                   callbacks=[OnResult(), *logger_callbacks(m.log_to, run.out, m.name)],
                                   log_to_file=True,
                                   failure_config=tune.FailureConfig(max_failures=1)),
     )
     tuner.fit()
+
+
+def trial_dirname(trial: Any) -> str:
+    """A trial's folder under ``ray/``: Tune's name (trainable, id, the knobs' tag) with
+    the Board's state left out of the tag."""
+    import re
+
+    tag = re.sub(rf",?{BOARD_KEY}=[^,]*", "", trial.experiment_tag)
+    return f"{trial.trainable_name}_{trial.trial_id}_{tag}"[:120]
 
 
 def logger_callbacks(log_to: list[str], out: Path, name: str) -> list:

@@ -1,0 +1,185 @@
+"""The tuner's own CPU beside a trial in a search, process by process: Ray's defaults
+and an actor beside the trial (as searches ran before stop 30) against a search as it
+runs now (``start_local_ray``, no actor, the driver's loop asleep through the windows).
+
+Each measurement is a fresh driver process that starts a local Ray as the state says and
+runs a Tune search of one trial. The trial sleeps (its own CPU is Ray's core worker
+alone) and, over ``--window-s`` in the middle, reads the CPU time of every process on
+the machine but itself. The states alternate in a random order within every cycle, so
+that a drift of the machine hits both alike. Prints, per state, the median cores of each
+kind of process and of the tuner's total (the driver's process tree); writes JSON.
+
+    python benchmarks/tuner_cpu.py [--cycles 5] [--window-s 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+STATES = ("before", "now")
+
+
+def kind(cmd: str, name: str, driver: int, pid: int) -> str:
+    """What a process is, from its command line."""
+    if pid == driver:
+        return "driver"
+    for key, label in (("raylet/raylet", "raylet"), ("gcs_server", "gcs"), ("log_monitor.py", "log monitor"),
+                       ("DashboardAgent", "dashboard agent"), ("RuntimeEnvAgent", "runtime env agent"),
+                       ("dashboard/dashboard.py", "dashboard head"), ("autoscaler/_private/monitor.py",
+                                                                      "autoscaler monitor"),
+                       ("ray::Board", "actor"), ("ray::IDLE", "idle workers")):
+        if key in cmd or key in name:
+            return label
+    return "other of the driver's" if name.startswith("ray::") else name
+
+
+def trainable(config: dict) -> None:
+    """A trial that sleeps and reads everyone's CPU but its own."""
+    import psutil
+    from ray import tune
+
+    from tuner.measure import HUSH_ENV, hushed
+
+    if config["hush"]:  # as a search hands it to the process that measures
+        os.environ[HUSH_ENV] = config["hush"]
+    me = os.getpid()
+    driver, window_s = config["driver"], config["window_s"]
+    time.sleep(3)  # the search's start settles
+
+    def snap() -> dict[int, tuple[float, str]]:
+        out = {}
+        for p in psutil.process_iter(["pid", "name", "cmdline"]):
+            try:
+                t = p.cpu_times()
+                out[p.pid] = (t.user + t.system, kind(" ".join(p.info["cmdline"] or []), p.info["name"] or "",
+                                                      driver, p.pid))
+            except psutil.Error:
+                pass
+        return out
+
+    tree = {q.pid for q in psutil.Process(driver).children(recursive=True)} | {driver}
+    with hushed():
+        a, own0, t0 = snap(), psutil.Process().cpu_times(), time.perf_counter()
+        time.sleep(window_s)
+        b, own1, wall = snap(), psutil.Process().cpu_times(), time.perf_counter() - t0
+    cores: dict[str, float] = {}
+    outside = 0.0
+    for pid, (cpu, label) in b.items():
+        if pid == me or pid not in a:
+            continue
+        used = (cpu - a[pid][0]) / wall
+        if pid in tree:
+            cores[label] = cores.get(label, 0.0) + used
+        else:
+            outside += used
+    cores["trial's own process"] = (own1.user + own1.system - own0.user - own0.system) / wall
+    tune.report({"cores": json.dumps(cores), "outside": outside})
+
+
+def one(state: str, window_s: float) -> dict:
+    """One measurement in this process: Ray as ``state`` starts it, one Tune trial."""
+    import logging
+
+    import ray
+    from ray import tune
+
+    from tuner.measure import wait_while_timed
+    from tuner.search import start_local_ray, tuner_processes
+
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
+    kwargs = {"logging_level": logging.ERROR, "log_to_driver": False, "configure_logging": True}
+    hush = None
+    callbacks = []
+    if state == "before":
+        ray.init(include_dashboard=False, **kwargs)
+
+        class Board:
+            def pid(self) -> int:
+                return os.getpid()
+
+        actor = ray.remote(Board).options(num_cpus=0).remote()
+        ray.get(actor.pid.remote())
+    else:
+        start_local_ray(**kwargs)
+        import tempfile
+
+        hush = tempfile.mkdtemp(prefix="tuner-hush-")
+
+        class Hush(tune.Callback):
+            def on_step_end(self, iteration: int, trials: list, **info: object) -> None:
+                wait_while_timed(hush)
+
+        callbacks.append(Hush())
+    tuner_processes(local=True)  # the daemons at SCHED_IDLE, as in a search
+    storage = Path(os.environ.get("TMPDIR", "/tmp")) / f"tuner_cpu_{os.getpid()}"
+    trial = tune.with_resources(trainable, {"CPU": os.cpu_count() or 1})
+    res = tune.Tuner(trial, param_space={"driver": os.getpid(), "window_s": window_s, "hush": hush},
+                     tune_config=tune.TuneConfig(num_samples=1),
+                     run_config=tune.RunConfig(storage_path=str(storage), verbose=0, callbacks=callbacks)).fit()
+    metrics = res[0].metrics
+    ray.shutdown()
+    import shutil
+
+    shutil.rmtree(storage, ignore_errors=True)
+    if hush:
+        shutil.rmtree(hush, ignore_errors=True)
+    return {"state": state, "cores": json.loads(metrics["cores"]), "outside": metrics["outside"]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cycles", type=int, default=5)
+    ap.add_argument("--window-s", type=float, default=20.0)
+    ap.add_argument("--one", choices=STATES, help=argparse.SUPPRESS)
+    ap.add_argument("--out", default="benchmarks/out/tuner_cpu.json")
+    a = ap.parse_args()
+    if a.one:
+        print("RESULT " + json.dumps(one(a.one, a.window_s)), flush=True)
+        return
+
+    from tuner.hardware import describe
+
+    runs: list[dict] = []
+    for cycle in range(a.cycles):
+        for state in random.sample(STATES, len(STATES)):
+            r = subprocess.run([sys.executable, __file__, "--one", state, "--window-s", str(a.window_s)],
+                               capture_output=True, text=True, timeout=a.window_s + 180)
+            line = next((x for x in r.stdout.splitlines() if x.startswith("RESULT ")), None)
+            if line is None:
+                print(f"cycle {cycle + 1} {state}: failed\n{r.stderr[-2000:]}", file=sys.stderr)
+                continue
+            run = json.loads(line[7:])
+            run["cycle"] = cycle
+            runs.append(run)
+            print(f"cycle {cycle + 1} {state:<6}: the tuner's {sum(run['cores'].values()):.4f} cores "
+                  f"(outside it {run['outside']:.4f})", flush=True)
+    kinds = sorted({k for r in runs for k in r["cores"]})
+    table = {}
+    for state in STATES:
+        mine = [r for r in runs if r["state"] == state]
+        if not mine:
+            continue
+        table[state] = {k: statistics.median(r["cores"].get(k, 0.0) for r in mine) for k in kinds}
+        table[state]["total"] = statistics.median(sum(r["cores"].values()) for r in mine)
+        table[state]["outside"] = statistics.median(r["outside"] for r in mine)
+    print(f"\n{'process (median cores)':<24}" + "".join(f"{s:>10}" for s in table))
+    for k in [*kinds, "total", "outside"]:
+        print(f"{k:<24}" + "".join(f"{table[s][k]:10.4f}" for s in table))
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps({"hardware": describe(), "window_s": a.window_s, "cycles": a.cycles,
+                                       "table": table, "runs": runs, "when": time.strftime("%Y-%m-%d %H:%M")},
+                                      indent=2))
+    print(f"wrote {a.out}")
+
+
+if __name__ == "__main__":
+    main()
