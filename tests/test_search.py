@@ -182,10 +182,12 @@ def test_two_objectives_write_a_pareto_front_and_a_memory_cap_excludes(tmp_path,
 def test_a_local_ray_starts_without_the_parts_a_search_never_reads():
     """No log monitor (it reads Ray's log files every 0.1 s, for drivers that want
     workers' output; a search does not), metrics off: CPU beside every trial otherwise."""
+    import os
+
     import psutil
     import ray
 
-    from tuner.search import QUIET_RAY_CONFIG, start_local_ray
+    from tuner.search import QUIET_RAY_CONFIG, QUIET_RAY_ENV, start_local_ray
 
     start_local_ray(num_cpus=1, log_to_driver=False)
     try:
@@ -195,6 +197,10 @@ def test_a_local_ray_starts_without_the_parts_a_search_never_reads():
         assert not [c for c in cmds if "log_monitor.py" in c]
         node = ray._private.worker._global_node  # the config the head was started with
         assert all(node._config.get(k) == v for k, v in QUIET_RAY_CONFIG.items())
+        # the raylet starts the agents in the environment it got (an agent's own environ
+        # cannot be read back: its process title is written over that memory)
+        raylet = next(p for p in psutil.Process().children(recursive=True) if p.name() == "raylet")
+        assert {k: raylet.environ().get(k) for k in QUIET_RAY_ENV} == {k: os.environ[k] for k in QUIET_RAY_ENV}
     finally:
         ray.shutdown()
     from ray._private import parameter
