@@ -23,6 +23,7 @@ import contextlib
 import hashlib
 import itertools
 import json
+import logging
 import os
 import shutil
 import statistics
@@ -315,8 +316,6 @@ class Recorder:
 
 def _start_ray(address: str | None) -> bool:
     """Start a local Ray, or attach to ``address``; True when this call started it."""
-    import logging
-
     import ray
 
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # the old engine honours verbose=0
@@ -985,6 +984,8 @@ def _fit(run: SearchRun, start: list[dict], storage: Any, remaining: int, previo
         # Tune refuses an empty bundle: a multi-rank trial's driver holds one byte.
         return tune.PlacementGroupFactory([bundle or {"memory": 1}])
 
+    # Tune warns of a step callback that takes over 0.5 s; this one sleeps on purpose
+    logging.getLogger("ray.tune.utils.util").addFilter(_quiet_about_sleeping)
     time_left = None
     if m.budget.time_s is not None:
         time_left = max(1.0, m.budget.time_s - (time.time() - run.t_search))
@@ -999,6 +1000,10 @@ def _fit(run: SearchRun, start: list[dict], storage: Any, remaining: int, previo
                                   failure_config=tune.FailureConfig(max_failures=1)),
     )
     tuner.fit()
+
+
+def _quiet_about_sleeping(record: logging.LogRecord) -> bool:
+    return "callbacks.on_step_end" not in record.getMessage()
 
 
 def trial_dirname(trial: Any) -> str:
