@@ -128,8 +128,8 @@ def test_faulty_trials_are_recorded_and_the_search_finishes(tmp_path, ray_local)
     # the trials' folders are named for their knobs (not for the Board's state they got)
     folders = [p.name for p in (tmp_path / "r" / "faults" / "ray").iterdir() if p.is_dir()]
     assert len(folders) == 6 and all("micro_batch_size=" in f and "tuner_board" not in f for f in folders)
-    # nothing of the search outlives it: no folder of marks (measure.hushed)
     assert all(r["driver_asleep"] for r in records if r["status"] == "ok")  # its loop slept through windows
+    # nothing of the search outlives it: no folder of marks (measure.hushed)
     assert not [p for p in Path(tempfile.gettempdir()).glob("tuner-hush-*") if p.stat().st_mtime >= started]
 
 
@@ -189,6 +189,7 @@ def test_a_local_ray_starts_without_the_parts_a_search_never_reads():
 
     from tuner.search import QUIET_RAY_CONFIG, QUIET_RAY_ENV, start_local_ray
 
+    unset = [k for k in QUIET_RAY_ENV if k not in os.environ]
     start_local_ray(num_cpus=1, log_to_driver=False)
     try:
         assert ray.get(ray.remote(lambda: 7).remote()) == 7
@@ -203,6 +204,8 @@ def test_a_local_ray_starts_without_the_parts_a_search_never_reads():
         assert {k: raylet.environ().get(k) for k in QUIET_RAY_ENV} == {k: os.environ[k] for k in QUIET_RAY_ENV}
     finally:
         ray.shutdown()
+        for k in unset:  # this process's environment as it was, for the tests after
+            os.environ.pop(k, None)
     from ray._private import parameter
 
     assert parameter.RayParams.__name__ == "RayParams"  # put back for whoever starts Ray next

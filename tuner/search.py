@@ -92,7 +92,7 @@ class TrialJob:
     ddp_backend: str = "gloo"
     observers: list[int] = field(default_factory=list)  # the tuner's own processes beside a trial
     compile_root: str | None = None  # one inductor cache per compile group under it
-    hush_dir: str | None = None  # where a trial in its timed windows says so (``Hush``)
+    hush_dir: str | None = None  # where a trial in its timed windows says so (``measure.hushed``)
     nice: int = 0  # the driver's niceness: trials run at it, not at Ray's worker niceness
 
     def knob_config(self, searched: dict) -> dict:
@@ -233,7 +233,6 @@ class Board:
             out["recheck"] = self.incumbent
             self.screened_in_a_row = 0  # asked once: concurrent trials do not all re-measure it
         return out
-
 
     def state(self) -> str:
         """What a trial gets (``BOARD_KEY``): the screen, and the cold compile costs."""
