@@ -690,7 +690,7 @@ class SearchRun:
     progress: Progress
     concurrent: int  # trials at once
     t_search: float  # when the search (baseline included) started
-    board: Board = field(default_factory=Board)
+    board: Board  # the screening state, handed to each Tune trial (BOARD_KEY)
 
     def bundle(self, config: dict) -> dict:
         return driver_bundle(config, self.job.cpus_per_trial, self.job.gpus_per_rank)
@@ -772,7 +772,7 @@ def _confirm(run: SearchRun, baseline_rec: dict) -> None:
 
 def tuner_processes(local: bool) -> list[int]:
     """The tuner's own processes beside a trial: this driver and, for a Ray started here,
-    its daemons (GCS, dashboard agents, log monitor...; Ray's workers, which run the
+    its daemons (GCS, dashboard head and agents...; Ray's workers, which run the
     trials, excluded). Their CPU use during every timed window is recorded
     (``tuner_cpu_cores``); the daemons are also given a lower priority (SCHED_IDLE, or
     nice 10: ``_lower_priority``), so that what they still need waits for the trial
