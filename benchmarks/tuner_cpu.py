@@ -1,13 +1,15 @@
-"""The tuner's own CPU beside a trial in a search, process by process: Ray's defaults
-and an actor beside the trial (as searches ran before stop 30) against a search as it
-runs now (``start_local_ray``, no actor, the driver's loop asleep through the windows).
+"""The tuner's own CPU and wake-ups beside a trial in a search, process by process: Ray's
+defaults and an actor beside the trial (as searches ran before stop 30), a search as stop
+30 left it (``start_local_ray``, no actor, the driver's loop asleep through the windows),
+and one as it runs now (the raylet's timers rarer as well: ``QUIET_RAY_CONFIG``).
 
 Each measurement is a fresh driver process that starts a local Ray as the state says and
 runs a Tune search of one trial. The trial sleeps (its own CPU is Ray's core worker
 alone) and, over ``--window-s`` in the middle, reads the CPU time of every process on
-the machine but itself. The states alternate in a random order within every cycle, so
-that a drift of the machine hits both alike. Prints, per state, the median cores of each
-kind of process and of the tuner's total (the driver's process tree); writes JSON.
+the machine but itself, and how often their threads were woken (context switches).
+The states alternate in a random order within every cycle, so that a drift of the
+machine hits all alike. Prints, per state, the median cores and wake-ups per second of
+each kind of process and of the tuner's total (the driver's process tree); writes JSON.
 
     python benchmarks/tuner_cpu.py [--cycles 5] [--window-s 20]
 """
@@ -24,7 +26,26 @@ import sys
 import time
 from pathlib import Path
 
-STATES = ("before", "now")
+STATES = ("before", "stop30", "now")
+# Ray's own defaults of the raylet timers that stop 31 made rarer (ray_config_def.h)
+RAYLET_TIMER_DEFAULTS = {"raylet_check_gc_period_milliseconds": 100, "object_manager_timer_freq_ms": 100,
+                         "local_fs_monitor_interval_ms": 100, "kill_idle_workers_interval_ms": 200}
+
+
+def wakeups(pid: int) -> int:
+    """Context switches of all of ``pid``'s threads so far: how often they were woken."""
+    n = 0
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return 0
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/status") as f:
+                n += sum(int(line.split()[1]) for line in f if "ctxt_switches" in line)
+        except OSError:
+            pass
+    return n
 
 
 def kind(cmd: str, name: str, driver: int, pid: int) -> str:
@@ -54,34 +75,38 @@ def trainable(config: dict) -> None:
     driver, window_s = config["driver"], config["window_s"]
     time.sleep(3)  # the search's start settles
 
-    def snap() -> dict[int, tuple[float, str]]:
+    tree = {q.pid for q in psutil.Process(driver).children(recursive=True)} | {driver}
+
+    def snap() -> dict[int, tuple[float, int, str]]:
         out = {}
         for p in psutil.process_iter(["pid", "name", "cmdline"]):
             try:
                 t = p.cpu_times()
-                out[p.pid] = (t.user + t.system, kind(" ".join(p.info["cmdline"] or []), p.info["name"] or "",
-                                                      driver, p.pid))
+                label = kind(" ".join(p.info["cmdline"] or []), p.info["name"] or "", driver, p.pid)
+                out[p.pid] = (t.user + t.system, wakeups(p.pid) if p.pid in tree else 0, label)
             except psutil.Error:
                 pass
         return out
 
-    tree = {q.pid for q in psutil.Process(driver).children(recursive=True)} | {driver}
     with hushed():
-        a, own0, t0 = snap(), psutil.Process().cpu_times(), time.perf_counter()
+        a, own0, woke0, t0 = snap(), psutil.Process().cpu_times(), wakeups(me), time.perf_counter()
         time.sleep(window_s)
-        b, own1, wall = snap(), psutil.Process().cpu_times(), time.perf_counter() - t0
+        b, own1, woke1, wall = snap(), psutil.Process().cpu_times(), wakeups(me), time.perf_counter() - t0
     cores: dict[str, float] = {}
+    wakes: dict[str, float] = {}
     outside = 0.0
-    for pid, (cpu, label) in b.items():
+    for pid, (cpu, woke, label) in b.items():
         if pid == me or pid not in a:
             continue
         used = (cpu - a[pid][0]) / wall
         if pid in tree:
             cores[label] = cores.get(label, 0.0) + used
+            wakes[label] = wakes.get(label, 0.0) + (woke - a[pid][1]) / wall
         else:
             outside += used
     cores["trial's own process"] = (own1.user + own1.system - own0.user - own0.system) / wall
-    tune.report({"cores": json.dumps(cores), "outside": outside})
+    wakes["trial's own process"] = (woke1 - woke0) / wall
+    tune.report({"cores": json.dumps(cores), "wakes": json.dumps(wakes), "outside": outside})
 
 
 def one(state: str, window_s: float) -> dict:
@@ -109,7 +134,7 @@ def one(state: str, window_s: float) -> dict:
         actor = ray.remote(Board).options(num_cpus=0).remote()
         ray.get(actor.pid.remote())
     else:
-        start_local_ray(**kwargs)
+        start_local_ray(**kwargs, **({"_system_config": RAYLET_TIMER_DEFAULTS} if state == "stop30" else {}))
         import tempfile
 
         hush = tempfile.mkdtemp(prefix="tuner-hush-")
@@ -132,7 +157,8 @@ def one(state: str, window_s: float) -> dict:
     shutil.rmtree(storage, ignore_errors=True)
     if hush:
         shutil.rmtree(hush, ignore_errors=True)
-    return {"state": state, "cores": json.loads(metrics["cores"]), "outside": metrics["outside"]}
+    return {"state": state, "cores": json.loads(metrics["cores"]), "wakes": json.loads(metrics["wakes"]),
+            "outside": metrics["outside"]}
 
 
 def main() -> None:
@@ -160,10 +186,10 @@ def main() -> None:
             run = json.loads(line[7:])
             run["cycle"] = cycle
             runs.append(run)
-            print(f"cycle {cycle + 1} {state:<6}: the tuner's {sum(run['cores'].values()):.4f} cores "
-                  f"(outside it {run['outside']:.4f})", flush=True)
+            print(f"cycle {cycle + 1} {state:<6}: the tuner's {sum(run['cores'].values()):.4f} cores, "
+                  f"{sum(run['wakes'].values()):.0f} wake-ups/s (outside it {run['outside']:.4f} cores)", flush=True)
     kinds = sorted({k for r in runs for k in r["cores"]})
-    table = {}
+    table, woken = {}, {}
     for state in STATES:
         mine = [r for r in runs if r["state"] == state]
         if not mine:
@@ -171,12 +197,15 @@ def main() -> None:
         table[state] = {k: statistics.median(r["cores"].get(k, 0.0) for r in mine) for k in kinds}
         table[state]["total"] = statistics.median(sum(r["cores"].values()) for r in mine)
         table[state]["outside"] = statistics.median(r["outside"] for r in mine)
-    print(f"\n{'process (median cores)':<24}" + "".join(f"{s:>10}" for s in table))
+        woken[state] = {k: statistics.median(r["wakes"].get(k, 0.0) for r in mine) for k in kinds}
+        woken[state]["total"] = statistics.median(sum(r["wakes"].values()) for r in mine)
+    print(f"\n{'process (median)':<24}" + "".join(f"{s + ' cores':>14}{'wakes/s':>9}" for s in table))
     for k in [*kinds, "total", "outside"]:
-        print(f"{k:<24}" + "".join(f"{table[s][k]:10.4f}" for s in table))
+        print(f"{k:<24}" + "".join(f"{table[s][k]:14.4f}" + (f"{woken[s][k]:9.0f}" if k in woken[s] else " " * 9)
+                                   for s in table))
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps({"hardware": describe(), "window_s": a.window_s, "cycles": a.cycles,
-                                       "table": table, "runs": runs, "when": time.strftime("%Y-%m-%d %H:%M")},
+                                       "table": table, "wakeups_per_s": woken, "runs": runs, "when": time.strftime("%Y-%m-%d %H:%M")},
                                       indent=2))
     print(f"wrote {a.out}")
 

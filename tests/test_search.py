@@ -181,7 +181,10 @@ def test_two_objectives_write_a_pareto_front_and_a_memory_cap_excludes(tmp_path,
 
 def test_a_local_ray_starts_without_the_parts_a_search_never_reads():
     """No log monitor (it reads Ray's log files every 0.1 s, for drivers that want
-    workers' output; a search does not), metrics off: CPU beside every trial otherwise."""
+    workers' output; a search does not), metrics off, the raylet's timers rarer: CPU
+    beside every trial otherwise."""
+    import base64
+    import json
     import os
 
     import psutil
@@ -198,6 +201,10 @@ def test_a_local_ray_starts_without_the_parts_a_search_never_reads():
         assert not [c for c in cmds if "log_monitor.py" in c]
         node = ray._private.worker._global_node  # the config the head was started with
         assert all(node._config.get(k) == v for k, v in QUIET_RAY_CONFIG.items())
+        # ...and the GCS, from which the raylet and every worker take theirs
+        gcs = next(p for p in psutil.Process().children(recursive=True) if "gcs_server" in p.name())
+        given = next(a.split("=", 1)[1] for a in gcs.cmdline() if a.startswith("--config_list="))
+        assert json.loads(base64.b64decode(given)).items() >= QUIET_RAY_CONFIG.items()
         # the raylet starts the agents in the environment it got (an agent's own environ
         # cannot be read back: its process title is written over that memory)
         raylet = next(p for p in psutil.Process().children(recursive=True) if p.name() == "raylet")

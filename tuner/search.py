@@ -345,10 +345,21 @@ def _start_ray(address: str | None) -> bool:
 # with Ray's defaults the log monitor used 0.0105 cores (it reads its files every 0.1 s),
 # the dashboard agent 0.0095 (it gathers metrics from every process, the raylet and GCS
 # report them on); in all, the tuner's processes used 0.061 cores before stop 30.
+# The raylet's own timers, from 0.1-0.2 s to 1 s: its check of the object store's memory
+# pressure (to ask workers for a GC), the object manager's tick (pulls and pushes between
+# nodes: a local Ray is one node), its disk-full check, and its culling of idle workers.
+# Beside a sleeping trial they woke it 150 times a second (0.0087 cores); 80 (0.0047 cores)
+# at 1 s (``benchmarks/tuner_cpu.py``). Its resource reports to the GCS (0.1 s) are left:
+# placement groups, one per trial, are scheduled from them. So is its memory monitor
+# (0.25 s): Ray's OOM killer, which a trial that runs away with memory needs.
 QUIET_RAY_CONFIG: dict[str, Any] = {
     "enable_metrics_collection": False,
     "metrics_report_interval_ms": 60_000,
     "task_events_report_interval_ms": 10_000,
+    "raylet_check_gc_period_milliseconds": 1000,
+    "object_manager_timer_freq_ms": 1000,
+    "local_fs_monitor_interval_ms": 1000,
+    "kill_idle_workers_interval_ms": 1000,
 }
 # The dashboard agent's, read from the environment it starts in: its reporter reads every
 # process's stats each 5 s for the dashboard, and it checks that the raylet lives every
