@@ -1,7 +1,8 @@
 """The tuner's own CPU and wake-ups beside a trial in a search, process by process: Ray's
 defaults and an actor beside the trial (as searches ran before stop 30), a search as stop
 30 left it (``start_local_ray``, no actor, the driver's loop asleep through the windows),
-and one as it runs now (the raylet's timers rarer as well: ``QUIET_RAY_CONFIG``).
+and one as it runs now (the raylet's timers rarer as well, ``QUIET_RAY_CONFIG``, and no
+autoscaler monitor, ``QUIET_RAY_PARAMS``).
 
 Each measurement is a fresh driver process that starts a local Ray as the state says and
 runs a Tune search of one trial. The trial sleeps (its own CPU is Ray's core worker
@@ -134,6 +135,10 @@ def one(state: str, window_s: float) -> dict:
         actor = ray.remote(Board).options(num_cpus=0).remote()
         ray.get(actor.pid.remote())
     else:
+        if state == "stop30":  # Ray's timers, and its autoscaler monitor, as stop 30 left them
+            import tuner.search
+
+            tuner.search.QUIET_RAY_PARAMS = {"include_log_monitor": False}
         start_local_ray(**kwargs, **({"_system_config": RAYLET_TIMER_DEFAULTS} if state == "stop30" else {}))
         import tempfile
 

@@ -181,7 +181,7 @@ def test_two_objectives_write_a_pareto_front_and_a_memory_cap_excludes(tmp_path,
 
 def test_a_local_ray_starts_without_the_parts_a_search_never_reads():
     """No log monitor (it reads Ray's log files every 0.1 s, for drivers that want
-    workers' output; a search does not), metrics off, the raylet's timers rarer: CPU
+    workers' output; a search does not), no autoscaler monitor, metrics off, the raylet's timers rarer: CPU
     beside every trial otherwise."""
     import base64
     import json
@@ -198,7 +198,7 @@ def test_a_local_ray_starts_without_the_parts_a_search_never_reads():
         assert ray.get(ray.remote(lambda: 7).remote()) == 7
         cmds = [" ".join(p.cmdline()) for p in psutil.Process().children(recursive=True)]
         assert any("gcs_server" in c for c in cmds) and any("raylet" in c for c in cmds)
-        assert not [c for c in cmds if "log_monitor.py" in c]
+        assert not [c for c in cmds if "log_monitor.py" in c or "autoscaler/_private/monitor.py" in c]
         node = ray._private.worker._global_node  # the config the head was started with
         assert all(node._config.get(k) == v for k, v in QUIET_RAY_CONFIG.items())
         # ...and the GCS, from which the raylet and every worker take theirs
