@@ -54,9 +54,10 @@ def test_windows_are_sized_by_time_when_the_warm_up_only_drains_prefetched_batch
 def _plain_epochs(name: str, args: dict, config: dict, epochs: int = 2) -> float:
     """The user's own loop over whole epochs of fixture workload ``name`` (one untimed
     first), in a fresh process as the user's script runs: samples/sec. Not in pytest's
-    own process: after a hundred tests its forks of DataLoader workers are slower (a
-    fresh-clone CI run read 337-341 samples/s five times in a row with eight workers
-    restarted per epoch, where a fresh process reads 372-388)."""
+    own process, which a hundred tests in holds far more than a user's script, and
+    copies it all into each DataLoader worker it forks: a fresh-clone CI run read
+    337-341 samples/s there five times in a row with eight workers restarted per epoch,
+    against the measurement's 365 (a fresh process reads 372-388 on this VM)."""
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor
 
