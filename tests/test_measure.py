@@ -54,8 +54,8 @@ def test_windows_are_sized_by_time_when_the_warm_up_only_drains_prefetched_batch
 def _plain_epochs(name: str, args: dict, config: dict, epochs: int = 2) -> float:
     """The user's own loop over whole epochs of fixture workload ``name`` (one untimed
     first), in a fresh process as the user's script runs: samples/sec. Not in pytest's
-    own process, which a hundred tests in holds far more than a user's script, and
-    copies it all into each DataLoader worker it forks: a fresh-clone CI run read
+    own process, which a hundred tests in maps far more than a user's script does, and
+    each DataLoader worker it forks copies those page tables: a fresh-clone CI run read
     337-341 samples/s there five times in a row with eight workers restarted per epoch,
     against the measurement's 365 (a fresh process reads 372-388 on this VM)."""
     import multiprocessing as mp
