@@ -350,9 +350,9 @@ def _start_ray(address: str | None) -> bool:
 # nodes: a local Ray is one node), its disk-full check, and its culling of idle workers.
 # Beside a sleeping trial it woke 122 times a second (0.0087 cores), and 79 (0.0060 cores)
 # with these at 1 s (``benchmarks/tuner_cpu.py``, medians of 4). Its resource reports to
-# the GCS (0.1 s) are left:
-# placement groups, one per trial, are scheduled from them. So is its memory monitor
-# (0.25 s): Ray's OOM killer, which a trial that runs away with memory needs.
+# the GCS (0.1 s) are left: placement groups, one per trial, are scheduled from them. So
+# is its memory monitor (0.25 s): Ray's OOM killer, which a trial that runs away with
+# memory needs.
 QUIET_RAY_CONFIG: dict[str, Any] = {
     "enable_metrics_collection": False,
     "metrics_report_interval_ms": 60_000,
