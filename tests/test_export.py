@@ -1,6 +1,7 @@
 """Exports a user runs as they are: a plain PyTorch script, Hugging Face and Lightning kwargs."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -86,10 +87,41 @@ def test_the_exported_data_parallel_script_trains_under_torchrun(tmp_path):
     assert main(["export", str(folder), "--format", "python", "-o", str(script)]) == 0
     alone = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert alone.returncode != 0 and "torchrun --nproc_per_node 2" in alone.stderr
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                        str(script), "--steps", "3"], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    r = _torchrun(script, tmp_path, "--steps", "3")
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.count("samples/sec:") == 1  # rank 0 speaks for both
+
+
+@pytest.mark.slow
+def test_the_exported_data_parallel_script_exits_cleanly_with_the_cores_busy(tmp_path):
+    """A rank that trained must not abort at exit (a process group or DataLoader workers
+    left to the interpreter's teardown did, 3 runs in 5, with the cores busy)."""
+    from tests.helpers import spin
+    from tuner.trial import kill_tree
+
+    config = {**DDP, "num_workers": 1, "persistent_workers": True}
+    folder = _results(tmp_path, f"{FIXTURES.name}:linear", {"size": 64}, config, base_dir=FIXTURES.parent)
+    script = tmp_path / "train.py"
+    assert main(["export", str(folder), "--format", "python", "-o", str(script)]) == 0
+    ctx = __import__("multiprocessing").get_context("spawn")
+    hogs = [ctx.Process(target=spin, args=(600,)) for _ in range(os.cpu_count() or 2)]
+    for h in hogs:
+        h.start()
+    try:
+        codes = []
+        for args in (["--steps", "3"], [], ["--steps", "3"], [], ["--steps", "3"]):
+            r = _torchrun(script, tmp_path, *args)
+            codes.append(r.returncode)
+            assert r.returncode == 0, f"run {len(codes)}: {r.stderr[-2000:]}"
+    finally:
+        for h in hogs:
+            kill_tree(h.pid)
+    assert codes == [0] * 5
+
+
+def _torchrun(script, cwd, *args):
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           str(script), *args], capture_output=True, text=True, timeout=300, cwd=cwd)
 
 
 def test_data_parallel_knobs_reach_hugging_face_and_lightning(tmp_path, monkeypatch):

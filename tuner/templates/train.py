@@ -9,6 +9,7 @@ Written by `tuner export --format python`; the CONFIG below is the exported conf
 
 import argparse
 import contextlib
+import gc
 import importlib
 import importlib.util
 import inspect
@@ -18,6 +19,7 @@ import time
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 WORKLOAD = None  # "file.py:make", "pkg.module:make" or a built-in name
 WORKLOAD_ARGS = {}
@@ -88,14 +90,28 @@ def main():
     if world > 1:  # data parallel: one process per rank, started by torchrun
         import os
 
-        import torch.distributed as dist
-
         if int(os.environ.get("WORLD_SIZE", 1)) != world:
             sys.exit(f"world_size={world}: run with torchrun --nproc_per_node {world} {sys.argv[0]}")
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
         if device.type == "cuda":
             device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
             torch.cuda.set_device(device)
+    try:
+        train(a, c, device, world)
+        if world > 1:
+            dist.barrier()  # every rank done with its collectives before the group goes
+    finally:
+        # A process group, or a DDP model, left to the interpreter's exit can abort a
+        # rank after it trained ("terminate called without an active exception": gloo's
+        # threads still hold work that refers to Python objects being torn down), and
+        # torchrun then marks the whole job failed. The model's reducer and a comm
+        # hook's futures sit in reference cycles: collected here, then the group goes.
+        gc.collect()
+        if world > 1 and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def train(a, c, device, world):
     if c["torch_threads"]:
         torch.set_num_threads(c["torch_threads"])
     if c["malloc_retain"]:  # glibc keeps freed memory for the next step
@@ -194,6 +210,17 @@ def main():
         if device.type == "cuda":
             torch.cuda.synchronize()
 
+    try:
+        run_steps(a, step, sync, bs, accum, world, device)
+    finally:
+        # DataLoader workers shut down before the process group goes (persistent ones
+        # are held by the loader, not by the generator)
+        it.close()
+        if getattr(loader, "_iterator", None) is not None:
+            loader._iterator._shutdown_workers()
+
+
+def run_steps(a, step, sync, bs, accum, world, device):
     if a.steps is None:
         steps = 0
         try:
@@ -218,6 +245,7 @@ def main():
         seconds = t.item()
     if world == 1 or dist.get_rank() == 0:
         print(f"samples/sec: {a.steps * bs * accum * world / seconds:.1f} over {a.steps} steps")
+
 
 if __name__ == "__main__":
     main()
