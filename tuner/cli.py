@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tuner.errors import UserError, WorkloadError
+from tuner.errors import NoWinner, UserError, WorkloadError
 
 
 def _parse_sets(items: list[str]) -> dict[str, Any]:
@@ -253,7 +253,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     print_summary(summary)
     out = Path(args.results_dir) / space.model.name
     print(f"results: {out}/ (summary.json, trials.jsonl, optuna.journal, ray/)")
-    return 0
+    return _winner_status(summary)
 
 
 def cmd_show(args: argparse.Namespace) -> int:
@@ -300,8 +300,11 @@ def cmd_report(args: argparse.Namespace) -> int:
     from tuner.report import write_report
     from tuner.results import open_results
 
-    md = write_report(open_results(args.results))
+    res = open_results(args.results)
+    md = write_report(res)
     print(f"wrote {md} and its plots")
+    if res.no_winner():
+        print(f"no winner: {res.no_winner()}", file=sys.stderr)
     return 0
 
 
@@ -323,6 +326,14 @@ def cmd_resume(args: argparse.Namespace) -> int:
     summary = run_search(space, results_root=res.path.resolve().parent, address=args.address,
                          resume=True, quiet=args.quiet)
     print_summary(summary)
+    return _winner_status(summary)
+
+
+def _winner_status(summary: dict) -> int:
+    """0, or 4 with the reason on stderr when the search ended with no config to pick."""
+    if summary.get("no_winner"):
+        print(f"no winner: {summary['no_winner']}", file=sys.stderr)
+        return 4
     return 0
 
 
@@ -539,6 +550,9 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except NoWinner as exc:
+        print(f"no winner: {exc}", file=sys.stderr)
+        return 4
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -1,4 +1,4 @@
-"""Errors the CLI turns into one clear line and exit status 2."""
+"""Errors the CLI turns into one clear line: exit status 2 (bad input) or 4 (no winner)."""
 
 
 class UserError(ValueError):
@@ -10,3 +10,8 @@ class UserError(ValueError):
 
 class WorkloadError(RuntimeError):
     """The user's workload raised while it was being built or run."""
+
+
+class NoWinner(RuntimeError):
+    """A results folder with no config to pick: no trial yet, or every measurement
+    infeasible, screened or disturbed. The message says why and what to do."""

@@ -247,6 +247,24 @@ def best_of(ranked: list[dict], finished: bool = True) -> dict | None:
     return quiet[0] if quiet else None
 
 
+def no_winner_reason(records: list[dict], metric: str, folder: str) -> str:
+    """Why no config of ``records`` can win, and the command that helps, in one line."""
+    searched = [r for r in records if r.get("phase") in ("search", "confirm")]
+    if not searched:
+        return f"no trial has finished yet: continue the search with `tuner resume {folder}`"
+    ok = [r for r in searched if r.get("status") == "ok" and r.get(metric) is not None]
+    if not ok:
+        reasons = sorted({str(r.get("reason") or r.get("status")).splitlines()[0][:80] for r in searched})
+        return (f"all {len(searched)} measurements were infeasible ({'; '.join(reasons[:2])}): see "
+                f"`tuner show {folder}`, then widen the space or relax its constraints")
+    disturbed = sum(1 for r in ok if r.get("disturbed"))
+    screened = sum(1 for r in ok if r.get("screened") and not r.get("disturbed"))
+    return (f"{disturbed} of {len(ok)} measurements stayed disturbed by other load on the machine"
+            + (f" and {screened} were screened out" if screened else "")
+            + f": stop that load (`tuner doctor` names it), then "
+            f"`tuner resume {folder} --trials {len(searched) + 4}`")
+
+
 def baseline_of(records: list[dict], metric: str) -> dict | None:
     """The baseline: its first record, with the figures pooled over all of its
     measurements (the confirm rounds re-measure it beside the contenders)."""

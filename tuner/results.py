@@ -17,11 +17,12 @@ from typing import Any
 import yaml
 
 from tuner import spec
-from tuner.errors import UserError
+from tuner.errors import NoWinner, UserError
 from tuner.records import (
     aggregate,
     baseline_of,
     best_of,
+    no_winner_reason,
     pareto_front,
     rank,
     read_json,
@@ -55,6 +56,12 @@ class Results:
 
     def best(self) -> dict | None:
         return best_of(self.ranked(), finished=self.summary is not None)
+
+    def no_winner(self) -> str | None:
+        """Why no config can be picked (one line with what to do), or None if one can."""
+        if self.best() is not None:
+            return None
+        return no_winner_reason(self.records, self.metric, str(self.path))
 
     def speedup(self, row: dict) -> float | None:
         base = self.baseline
@@ -108,10 +115,11 @@ def pick(res: Results, how: str, memory_mb: float | None = None, device_model: s
         # a mixed cluster: the winner of each model
         return [p for m in models for p in pick(res, how, memory_mb, m)]
     ranked = rank(rows, res.metric)
-    if not ranked:
-        raise UserError(f"{res.path}: no feasible trial to pick from (see `tuner show {res.path}`)")
+    winner = best_of(ranked, finished=res.summary is not None)
+    if winner is None:
+        raise NoWinner(f"{res.path}: nothing to export: {res.no_winner()}")
     if how == "best":
-        return [best_of(ranked, finished=res.summary is not None)]
+        return [winner]
     if how == "pareto":
         return pareto_front(rows, res.metric)
     if how == "fastest-under-memory":

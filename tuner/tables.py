@@ -88,6 +88,8 @@ def print_show(res: Results, out: Any = None, limit: int | None = None) -> None:
     best = res.best()
     if best is not None:
         print_diagnosis("best config", diagnose(best, cap), out)
+    else:
+        print(f"no winner: {res.no_winner()}", file=out)
 
 
 def print_diagnosis(what: str, d: Diagnosis, out: Any = None) -> None:
