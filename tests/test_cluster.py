@@ -22,8 +22,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture
-def ray_head(tmp_path):
+def _start_head() -> tuple[subprocess.Popen, str, dict, str]:
+    """A real token-auth head, as a child of this test: (process, dashboard address, env, temp dir)."""
     temp_dir = tempfile.mkdtemp(prefix="rh", dir="/tmp")  # short: Ray's socket paths have a length limit
     dash = _free_port()
     env = dict(os.environ, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(16))
@@ -32,7 +32,19 @@ def ray_head(tmp_path):
          "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}", "--num-cpus=2", "--num-gpus=0",
          "--include-dashboard=true", "--disable-usage-stats"],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    address = f"http://127.0.0.1:{dash}"
+    return head, f"http://127.0.0.1:{dash}", env, temp_dir
+
+
+def _stop_head(head: subprocess.Popen, temp_dir: str) -> None:
+    import shutil
+
+    kill_tree(head.pid)  # the head we started and every descendant, by id (never by name)
+    shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+@pytest.fixture
+def ray_head(tmp_path):
+    head, address, env, temp_dir = _start_head()
     try:
         # Poll the jobs API with the token (an HTTP header: this test process's Ray has
         # cached its own auth mode, so its client would not pick the token up).
@@ -54,10 +66,7 @@ def ray_head(tmp_path):
             time.sleep(1)
         yield address, env
     finally:
-        kill_tree(head.pid)  # the head we started and every descendant, by id (never by name)
-        import shutil
-
-        shutil.rmtree(temp_dir, ignore_errors=True)
+        _stop_head(head, temp_dir)
 
 
 @pytest.mark.slow
@@ -119,3 +128,129 @@ def test_unreachable_address_is_one_line(tmp_path):
                         f"http://127.0.0.1:{_free_port()}"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2
     assert r.stderr.strip().startswith("error: --address") and len(r.stderr.strip().splitlines()) == 1
+
+
+SPACE = "name: x\nworkload: conv\nbudget: {trials: 1}\n"
+
+
+@pytest.mark.slow
+def test_submit_the_moment_a_fresh_heads_dashboard_answers(tmp_path):
+    """The submission goes out as soon as the dashboard's port accepts a connection, when
+    the job agent may not be up yet ("No available agent ... try again later"): it waits
+    that out. Twice, each time on a new head."""
+    (tmp_path / "space.yaml").write_text(SPACE)
+    for attempt in range(2):
+        head, address, env, temp_dir = _start_head()
+        try:
+            port = int(address.rsplit(":", 1)[1])
+            deadline = time.time() + 120
+            while True:
+                try:
+                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                    break
+                except OSError:
+                    if time.time() > deadline or head.poll() is not None:
+                        pytest.fail("the Ray head's dashboard did not open its port")
+                    time.sleep(0.1)
+            r = subprocess.run([sys.executable, "-m", "tuner", "submit", str(tmp_path / "space.yaml"),
+                                "--address", address, "--results-dir", str(tmp_path / "res")],
+                               env=env, capture_output=True, text=True, timeout=200)
+            assert r.returncode == 0, f"attempt {attempt + 1}: {r.stdout[-2000:]} {r.stderr[-2000:]}"
+            assert "submitted job" in r.stdout
+        finally:
+            _stop_head(head, temp_dir)
+
+
+class _StartingJobApi:
+    """A local HTTP stub of Ray's job API that answers a submission with Ray's 500 "try
+    again later" ``busy`` times, then accepts it (a deterministic starting head)."""
+
+    def __init__(self, busy: int):
+        import http.server
+        import json
+        import threading
+
+        self.busy, self.posts = busy, 0
+        stub = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _send(self, code: int, body: object) -> None:
+                data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self):  # the version check; packages "already uploaded"
+                if self.path.startswith("/api/version"):
+                    self._send(200, {"ray_version": "2.60.0", "version": "4", "ray_commit": "x"})
+                else:
+                    self._send(200, {})
+
+            def do_PUT(self):
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                self._send(200, {})
+
+            def do_POST(self):
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                stub.posts += 1
+                if stub.posts <= stub.busy:
+                    self._send(500, "No available agent to submit job, please try again later.")
+                else:
+                    self._send(200, {"submission_id": "raysubmit_stub", "job_id": None})
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.address = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_submit_waits_out_a_starting_head(tmp_path, monkeypatch):
+    import io
+
+    from tuner import cluster, spec
+
+    (tmp_path / "space.yaml").write_text(SPACE)
+    sleeps: list[float] = []
+    real = cluster.retrying
+    monkeypatch.setattr(cluster, "retrying", lambda call, address, out, **kw: real(
+        call, address, out, sleep=sleeps.append, **kw))  # the backoff recorded, not slept
+    stub = _StartingJobApi(busy=2)
+    try:
+        out = io.StringIO()
+        assert cluster.submit(spec.load(tmp_path / "space.yaml"), stub.address, "res", out=out) == 0
+    finally:
+        stub.close()
+    assert stub.posts == 3 and sleeps == [1.0, 2.0]
+    text = out.getvalue()
+    assert text.count("still starting") == 1 and "submitted job raysubmit_stub" in text
+
+
+def test_submit_gives_up_on_a_head_that_stays_busy(tmp_path, monkeypatch):
+    from tuner import cluster, spec
+    from tuner.errors import UserError
+
+    (tmp_path / "space.yaml").write_text(SPACE)
+    clock = [0.0]
+
+    def sleep(s: float) -> None:
+        clock[0] += s
+
+    monkeypatch.setattr(cluster.time, "monotonic", lambda: clock[0])
+    real = cluster.retrying
+    monkeypatch.setattr(cluster, "retrying", lambda call, address, out, **kw: real(
+        call, address, out, sleep=sleep, **kw))
+    stub = _StartingJobApi(busy=10**6)
+    try:
+        with pytest.raises(UserError, match="refused the search .*try again later"):
+            cluster.submit(spec.load(tmp_path / "space.yaml"), stub.address, "res", out=open(os.devnull, "w"))
+    finally:
+        stub.close()
+    assert 55 <= clock[0] <= 60 and stub.posts > 5

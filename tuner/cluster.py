@@ -44,14 +44,45 @@ def stage(space: spec.Space, staging: Path) -> str:
     return "space.yaml"
 
 
-def _client(address: str) -> Any:
+# What Ray's job API answers while a head is still starting (its job agent not up yet):
+# worth waiting for. Anything else (a refused connection included) fails at once.
+TRANSIENT = ("try again later", "no available agent", "status code 502", "status code 503",
+             "status code 504")
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
+def _transient(exc: BaseException) -> bool:
+    return isinstance(exc, RuntimeError) and any(t in str(exc).lower() for t in TRANSIENT)
+
+
+def retrying(call: Any, address: str, out: Any, wait_s: float = 60.0, sleep: Any = time.sleep) -> Any:
+    """``call()``, retried with backoff (1, 2, 4, 8, 8... s) while Ray's job API answers that
+    it is still starting, for at most ``wait_s``; one progress line while it waits."""
+    delay, t0, said = 1.0, time.monotonic(), False
+    while True:
+        try:
+            return call()
+        except Exception as exc:
+            if not _transient(exc) or time.monotonic() - t0 + delay > wait_s:
+                raise
+            if not said:
+                print(f"{address}: the cluster is still starting ({_first_line(exc)[:100]}); "
+                      f"retrying for up to {wait_s:.0f} s", file=out)
+                said = True
+            sleep(delay)
+            delay = min(2 * delay, 8.0)
+
+
+def _client(address: str, out: Any = None) -> Any:
     from ray.job_submission import JobSubmissionClient
 
     try:
-        return JobSubmissionClient(address)
+        return retrying(lambda: JobSubmissionClient(address), address, out or sys.stderr)
     except Exception as exc:
-        msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UserError(f"--address {address}: cannot reach the Ray dashboard ({msg})") from None
+        raise UserError(f"--address {address}: cannot reach the Ray dashboard ({_first_line(exc)})") from None
 
 
 def submit(space: spec.Space, address: str, results_dir: str, *, follow: bool = False, wait: bool = False,
@@ -60,7 +91,7 @@ def submit(space: spec.Space, address: str, results_dir: str, *, follow: bool = 
     out = sys.stdout if out is None else out  # at call time: a replaced sys.stdout is honoured
     import tuner
 
-    client = _client(address)
+    client = _client(address, out)
     staging = Path(tempfile.mkdtemp(prefix="tuner-job-"))
     try:
         name = stage(space, staging)
@@ -68,8 +99,12 @@ def submit(space: spec.Space, address: str, results_dir: str, *, follow: bool = 
                  f"--name {space.model.name} --quiet")
         runtime_env = {"working_dir": str(staging), "py_modules": [str(Path(tuner.__file__).parent)],
                        "env_vars": {"PYTHONUNBUFFERED": "1"}}
-        job_id = client.submit_job(entrypoint=entry, runtime_env=runtime_env,
-                                   metadata={"tuner_search": space.model.name})
+        try:
+            job_id = retrying(lambda: client.submit_job(entrypoint=entry, runtime_env=runtime_env,
+                                                        metadata={"tuner_search": space.model.name}),
+                              address, out)
+        except (RuntimeError, ConnectionError) as exc:
+            raise UserError(f"--address {address}: the Ray job API refused the search ({_first_line(exc)})") from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     where = results_dir if results_dir.startswith("/") or "://" in results_dir else \
