@@ -1,0 +1,132 @@
+"""Render ``docs/benchmarks.md`` from ``benchmarks/out/*.json``: one current JSON per
+benchmark, one section each, with when, on what and by which command it was measured.
+History lives in git, not on the page.
+
+    python benchmarks/render.py
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).parent
+OUT = HERE / "out"
+PAGE = HERE.parent / "docs" / "benchmarks.md"
+
+WHAT = {  # what each benchmark answers, in one line
+    "search_replay": "How good the search's pick is, replayed on recorded landscapes, against stock searches",
+    "search_cost": "The tuner against stock Ray Tune + OptunaSearch, live",
+    "loop_vs_naive": "The pick against the plain PyTorch loop and the best config of the grid",
+    "truth": "bench and trials against a user's plain loop on the same config",
+    "tuner_cpu": "The CPU the tuner's own processes use beside a trial",
+    "ray_cost": "What Ray's processes cost a trial beside them",
+    "hog": "A CPU hog during a measurement: the figure with disturbance detection on and off",
+    "knob_ab": "One knob on and off, side by side",
+    "export_speed": "The exported script against the tuner's own figure",
+}
+
+
+def _when(path: Path, data: dict) -> str:
+    if data.get("date"):
+        return str(data["date"])
+    try:
+        return subprocess.run(["git", "log", "-1", "--format=%cs", "--", str(path)], capture_output=True,
+                              text=True, cwd=HERE).stdout.strip() or "?"
+    except OSError:
+        return "?"
+
+
+def _machine(data: dict) -> str:
+    hw = data.get("hardware") or data.get("machine") or {}
+    if isinstance(hw, dict):
+        return ", ".join(str(hw[k]) for k in ("cpu", "gpu", "cpu_count") if hw.get(k)) or "?"
+    return str(hw)
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.3g}" if abs(v) < 1000 else f"{v:,.0f}"
+    return str(v)
+
+
+def _table(rows: list[dict]) -> list[str]:
+    """A list of flat records as a table: the columns that hold numbers or short strings."""
+    cols = [k for k in dict.fromkeys(k for r in rows for k in r)
+            if all(isinstance(r.get(k), (int, float, str, bool, type(None))) and len(str(r.get(k))) < 40
+                   for r in rows)][:10]
+    return ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols),
+            *("| " + " | ".join(_fmt(r.get(k, "")) for k in cols) + " |" for r in rows[:20]), ""]
+
+
+def _generic(data: Any, prefix: str = "", depth: int = 0, lines: list | None = None) -> list[str]:
+    """Numbers and short strings, flattened two levels deep; lists of records as tables."""
+    lines = [] if lines is None else lines
+    if isinstance(data, dict):
+        for k, v in data.items():
+            if k in ("hardware", "command", "date", "machine") or len(lines) >= 40:
+                continue
+            if isinstance(v, (int, float, str, bool)) and len(str(v)) < 100:
+                lines.append(f"- `{prefix}{k}`: {_fmt(v)}")
+            elif isinstance(v, list) and v and all(isinstance(r, dict) for r in v):
+                lines += [f"`{prefix}{k}`:", "", *_table(v)]
+            elif depth < 2 and isinstance(v, (dict, list)):
+                _generic(v, f"{prefix}{k}.", depth + 1, lines)
+    elif isinstance(data, list) and depth < 2:
+        for i, v in enumerate(data[:6]):
+            _generic(v, f"{prefix}{i}.", depth + 1, lines)
+    return lines
+
+
+def _search_replay(data: dict) -> list[str]:
+    budgets = data["budgets"]
+    out = [f"{data['seeds']} seeds per landscape ({data['gp_seeds']} for the GP sampler); each cell is the pick's "
+           f"recorded figure over the landscape's best: median / 10th percentile. The tuner tries N configs and "
+           f"re-measures the top ones after; stock TPE tries N and reports its best single figure.", ""]
+    for name, strategies in data["results"].items():
+        info = data["landscapes"][name]
+        out += [f"**{name}** ({info['configs']} configs, repeat CV {info['repeat_cv']:.3f}; "
+                f"{(info.get('hardware') or {}).get('cpu', '?')}, measured {info.get('measured')})", "",
+                "| strategy | " + " | ".join(f"{b} configs" for b in budgets) + " |",
+                "|---|" + "---|" * len(budgets)]
+        for strategy, row in strategies.items():
+            out.append(f"| {strategy} | " + " | ".join(
+                f"{row[str(b)]['median']:.3f} / {row[str(b)]['p10']:.3f}" for b in budgets) + " |")
+        fn = strategies.get("tuner", {}).get("12", {})
+        if fn.get("false_negative_rate") is not None:
+            out.append(f"\nScreening at 12 configs: {fn['screened']} configs screened over the seeds, "
+                       f"{fn['false_negative_rate']:.1%} of them within 3% of the final pick.")
+        out.append("")
+    if data.get("real_run"):
+        r = data["real_run"]
+        out.append(f"The real quickstart search: {r['command_wall_s']:.0f} s to its recommendation "
+                   f"({r['trials']} configs, {r['measurements']} measurements).")
+    return out
+
+
+def render() -> str:
+    parts = ["# Benchmarks", "", "Generated by `python benchmarks/render.py` from `benchmarks/out/` "
+             "(one current JSON per benchmark; earlier runs are in git's history). Every figure says "
+             "when, on what and by which command it was measured. This machine is a 2-core VM that moves "
+             "between hosts: compare figures within one section, not across sections.", ""]
+    for path in sorted(OUT.glob("*.json"), key=lambda p: (p.stem not in WHAT, list(WHAT).index(p.stem)
+                                                            if p.stem in WHAT else 0, p.stem)):
+        data = json.loads(path.read_text())
+        parts += [f"## {path.stem}", "", WHAT.get(path.stem, ""), "",
+                  f"Measured {_when(path, data)} on {_machine(data)}; "
+                  f"`{data.get('command') or f'python benchmarks/{path.stem}.py'}`.", ""]
+        parts += _search_replay(data) if path.stem == "search_replay" else _generic(data)
+        parts.append("")
+    return "\n".join(parts).rstrip() + "\n"
+
+
+def main() -> None:
+    PAGE.parent.mkdir(exist_ok=True)
+    PAGE.write_text(render())
+    print(f"wrote {PAGE}")
+
+
+if __name__ == "__main__":
+    main()
