@@ -110,6 +110,28 @@ def hangs(when_workers: int = 1) -> Workload:
     return Workload(model=lambda: nn.Linear(8, 1), dataset=lambda: Numbers(), loss=loss)
 
 
+class Stalling(Dataset):
+    """Numbers whose reads block for good after ``after`` reads in a process: a DataLoader
+    worker stuck on a dead network filesystem, say."""
+
+    def __init__(self, after: int):
+        self.after, self.reads = after, 0
+
+    def __len__(self) -> int:
+        return 4096
+
+    def __getitem__(self, i: int):
+        self.reads += 1
+        while self.reads > self.after:
+            time.sleep(1)
+        return torch.randn(8), torch.randn(1)
+
+
+def stalls(after: int = 200) -> Workload:
+    """Trains at a fast step, then its data never comes again."""
+    return Workload(model=lambda: nn.Linear(8, 1), dataset=lambda: Stalling(after), loss=_mse)
+
+
 def raises() -> Workload:
     raise RuntimeError("my dataset path does not exist")
 

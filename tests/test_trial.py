@@ -83,3 +83,14 @@ def test_a_trial_launched_at_ray_s_worker_niceness_runs_at_the_users():
         assert r["nice"] == 0
     else:  # an unprivileged user cannot lower niceness: said, not hidden
         assert r["nice"] == 15 and any("RAY_worker_niceness" in n for n in r["notes"])
+
+
+def test_a_trial_that_stops_stepping_is_hung_by_its_progress_not_the_time_limit():
+    """Its DataLoader worker blocks for good after a few batches: recorded after
+    max(30 s, 10x its slowest step gap), not at the 300 s limit."""
+    from tuner.trial import STALL_MIN_S, stall_limit
+
+    assert stall_limit([]) is None and stall_limit([0.1, 0.2]) == STALL_MIN_S and stall_limit([5.0]) == 50.0
+    r = _run("stalls", {"after": 60}, {"micro_batch_size": 8, "num_workers": 1}, timeout=300)
+    assert r["error_kind"] == "timeout" and r["reason"].startswith("hung: no step for"), r.get("reason")
+    assert r["trial_wall_s"] < STALL_MIN_S + 30

@@ -280,6 +280,18 @@ def hung_reason(timeout_s: float) -> str:
     return f"hung: no result within the trial time limit of {timeout_s:.0f} s"
 
 
+STALL_MIN_S = 30.0  # a trial that has stepped is hung after max(this, STALL_FACTOR x its slowest gap)
+STALL_FACTOR = 10.0
+
+
+def stall_limit(gaps: list[float]) -> float | None:
+    """How long a trial may go without a word once it has stepped: ``gaps`` are the times
+    between its progress messages (one before each warm-up step, one after each window),
+    so the first gap holds the first step, compile included. None before any step: the
+    trial time limit is the only limit then."""
+    return max(STALL_MIN_S, STALL_FACTOR * max(gaps)) if gaps else None
+
+
 def _run_once(request: TrialRequest, timeout_s: float, progress: Callable[[str], None] | None) -> dict:
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(_PRELOAD)
@@ -290,16 +302,28 @@ def _run_once(request: TrialRequest, timeout_s: float, progress: Callable[[str],
     send.close()
     result: dict | None = None
     deadline = t0 + timeout_s
+    last: float | None = None  # the last progress message
+    gaps: list[float] = []
     while result is None:
-        remaining = deadline - time.perf_counter()
+        now = time.perf_counter()
+        remaining = deadline - now
+        limit = stall_limit(gaps)
+        if limit is not None and last is not None and now - last >= limit:
+            # a hang is found by its progress: a DataLoader worker blocked for good, a
+            # deadlock in the loss, costs a few times the trial's own step, not the limit
+            kill_tree(proc.pid)
+            result = infeasible("timeout", f"hung: no step for {now - last:.0f} s", request)
+            break
         if remaining <= 0:
             kill_tree(proc.pid)
             result = infeasible("timeout", hung_reason(timeout_s), request)
             break
+        if limit is not None and last is not None:
+            remaining = min(remaining, last + limit - now)
         try:
-            # Blocks until the child writes (once per window) or the time limit: the
-            # parent wakes for nothing else while the trial measures.
-            if not recv.poll(remaining):
+            # Blocks until the child writes (once per window) or a limit: the parent
+            # wakes for nothing else while the trial measures.
+            if not recv.poll(max(0.0, remaining)):
                 continue
             msg = recv.recv()
         except (EOFError, OSError):
@@ -311,6 +335,10 @@ def _run_once(request: TrialRequest, timeout_s: float, progress: Callable[[str],
             result = infeasible("died", f"trial process died: {why}{hint}", request)
             break
         if msg[0] == "progress":
+            now = time.perf_counter()
+            if last is not None:
+                gaps.append(now - last)
+            last = now
             if progress:
                 progress(msg[1])
         elif msg[0] == "result":
