@@ -229,6 +229,8 @@ def test_a_search_over_world_size_reports_scaling_efficiency(ray_4cpu, tmp_path)
     records = {r["config"]["world_size"]: r for r in _records(tmp_path / "r" / "ddp") if r["phase"] == "search"}
     assert records[1]["status"] == records[2]["status"] == "ok", records[2].get("reason")
     assert records[2]["world_size"] == 2 and len(records[2]["ranks"]) == 2
+    # the trial's own ranks, their workers and Ray Train's processes are never outside load
+    assert not records[2]["disturbed"] and records[2]["disturbed_windows_dropped"] == 0
     two = next(r for r in summary["top"] if r["config"]["world_size"] == 2)
     # 2 x 20 ms of sleep per step on each rank: two ranks nearly double the rate (with
     # 5 ms, the gloo all-reduce and the step itself weighed enough on a slow VM to read

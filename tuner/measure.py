@@ -231,8 +231,10 @@ class TreeProbe:
         t = os.times()  # reaped children (workers of past epochs) included
         peers = 0.0
         for p in self.peers:
-            try:
-                peers += _cpu_s(p) + sum(_cpu_s(c) for c in p.children(recursive=True))
+            try:  # a peer's reaped children (its workers of past epochs) too
+                c = p.cpu_times()
+                peers += c.user + c.system + c.children_user + c.children_system + sum(
+                    _cpu_s(q) for q in p.children(recursive=True))
             except psutil.Error:
                 pass
         return t.user + t.system + t.children_user + t.children_system + peers + sum(
@@ -251,6 +253,19 @@ class TreeProbe:
             if union is not None and own is not None:
                 untouched = max(0, union - own * 1024)
         return own_peak_rss_bytes() + untouched + self.workers_peak
+
+
+def ray_workers_beside(probe: TreeProbe) -> list[int]:
+    """Ray's worker processes on this node (process title ``ray::...``) other than this
+    process, its peers and its own children; Ray's per-node agents are daemons, not
+    workers, and stay outside."""
+    known = {probe.proc.pid, *(p.pid for p in probe.peers), *(c.pid for c in probe.children())}
+    out = []
+    for p in psutil.process_iter(["name"]):
+        name = p.info.get("name") or ""
+        if p.pid not in known and name.startswith("ray::") and not name.startswith(("ray::Dashboard", "ray::RuntimeEnv")):
+            out.append(p.pid)
+    return out
 
 
 def _process(pid: int) -> psutil.Process | None:
@@ -442,6 +457,21 @@ def median_error(values: list[float]) -> float:
     return 1.2533 * 1.4826 * mad / math.sqrt(len(values)) / med
 
 
+# Windows a screening decision never reads: the first one after the warm-up is often
+# still start-up (workers filling their queues, the allocator growing, the first epoch):
+# a config screened on it was one a stock search picked at 1.9x its screening figure.
+SCREEN_SKIP = 1
+
+
+def screen_stop(rates: list[float], screen: dict | None, screen_windows: int) -> bool:
+    """Whether a config is out of the running after the windows ``rates`` so far: once
+    ``screen_windows`` windows past the start-up one are in, the best of them, raised by
+    the noise allowance ``screen["margin"]``, stays below ``screen["below"]``."""
+    if not screen or screen_windows <= 0 or len(rates) != SCREEN_SKIP + screen_windows:
+        return False
+    return max(rates[SCREEN_SKIP:]) * (1 + screen["margin"]) < screen["below"]
+
+
 def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
             startup_s: float = 0.0, progress: Callable[[str], None] | None = None,
             probe: TreeProbe | None = None, screen: dict | None = None,
@@ -451,8 +481,9 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
     ``startup_s`` is the one-time cost already spent building the trainer.
     A non-finite loss stops the measurement early with ``loss_finite: False``.
     ``screen``: ``{"below": samples/sec, "margin": fraction}`` from the search: after
-    ``settings.screen_windows`` windows, a config that cannot reach ``below`` even
-    with ``margin`` of noise in its favour stops (``screened: True``).
+    ``settings.screen_windows`` windows past the first, a config that cannot reach
+    ``below`` even with ``margin`` of noise in its favour stops (``screened: True``,
+    ``screen_stop``).
     With several data-parallel ranks (``trainer.world``), every rank calls this; the
     figures are global (all ranks' samples over the slowest rank's time) and each
     rank's own are under ``ranks`` (``rank_info`` is added to this rank's entry).
@@ -464,6 +495,10 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
         here = (rank_info or {}).get("node") or os.uname().nodename
         probe.add_peers([r["pid"] for r in agree.gather({"pid": os.getpid(), "node": here})
                          if r["node"] == here and r["pid"] != os.getpid()])
+        # Ray Train's controller, the trial's driver and its result box run beside the
+        # ranks as Ray workers: they are how a multi-rank trial runs, not load beside it
+        # (counted as outside load, a quiet 2-rank search here marked 2 of 4 disturbed).
+        probe.add_peers(ray_workers_beside(probe))
     step_samples = trainer.samples_per_step * trainer.world  # all ranks' samples per step
     device = trainer.device
     if device.type == "cuda":
@@ -632,10 +667,9 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
             say(f"window {len(rates)}: {rates[-1]:.1f} samples/s")
             if nonfinite:
                 return _nonfinite(trainer, warmup_s)
-            if screen and len(rates) == settings.screen_windows \
-                    and max(rates) * (1 + screen["margin"]) < screen["below"]:
+            if screen_stop(rates, screen, settings.screen_windows):
                 screened = True
-                say(f"screened out: {max(rates):.1f} samples/s cannot reach {screen['below']:.1f}")
+                say(f"screened out: {max(rates[SCREEN_SKIP:]):.1f} samples/s cannot reach {screen['below']:.1f}")
                 break
             enough = len(rates) >= settings.min_windows
             capped = len(rates) >= settings.max_windows or timed_s >= settings.max_timed_s
