@@ -75,3 +75,64 @@ def test_several_starting_points_come_first_in_order():
     study = optuna.create_study(direction="maximize", sampler=sampler)
     study.optimize(_objective, n_trials=3)
     assert study.trials[0].params == defaults and study.trials[1].params == START
+
+
+CORES_DOMAIN = {"precision": ["fp32", "bf16"], "num_workers": [0, 1, 2], "torch_threads": [1, 2],
+                "micro_batch_size": [32, 64]}
+
+
+def input_bound(c):
+    """2 cores shared by intra-op threads and workers: data comes from workers, compute from
+    threads, and both together beyond the cores thrash (the input-bound set seen here:
+    best 2 workers with 1 thread, 1 worker with 2 threads 0.69 of it)."""
+    workers, threads = c["num_workers"], c["torch_threads"]
+    data = {0: 60.0, 1: 110.0, 2: 220.0}[workers]
+    compute = 150.0 * threads * (1.3 if c["precision"] == "bf16" else 1.0) * (1.05 if c["micro_batch_size"] == 64 else 1)
+    rate = 1 / (1 / data + 1 / compute)
+    return rate * (0.55 if threads > 1 and threads + workers > 2 else 1.0)
+
+
+def test_the_model_sees_threads_and_workers_compete_for_the_cores():
+    import itertools
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    configs = [dict(zip(CORES_DOMAIN, v, strict=True)) for v in itertools.product(*CORES_DOMAIN.values())]
+    optimum = max(map(input_bound, configs))
+    defaults = {"precision": "fp32", "num_workers": 0, "torch_threads": 2, "micro_batch_size": 32}
+    guides = {"precision": "bf16", "num_workers": 1, "torch_threads": 1, "micro_batch_size": 32}
+    picks = []
+    for seed in range(3):
+        sampler = GuidedSampler(CORES_DOMAIN, [defaults, guides], key, seed=seed, cores=2)
+        study = optuna.create_study(direction="maximize", sampler=sampler)
+        study.optimize(lambda t: input_bound({k: t.suggest_categorical(k, v) for k, v in CORES_DOMAIN.items()}),
+                       n_trials=8)
+        picks.append(study.best_value / optimum)
+        # once the model has seen it cost, threads are not left without cores again
+        late = [t.params for t in study.trials[4:]]
+        assert sum(p["torch_threads"] > 1 and p["num_workers"] + p["torch_threads"] > 2 for p in late) <= 1
+    assert min(picks) == pytest.approx(1.0)
+
+
+def test_a_screened_contender_is_measured_again_in_full():
+    """The optimum, screened out on its first windows: the model of full measurements
+    still rates it near the incumbent, so it is proposed again (once), and wins."""
+    import itertools
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    sampler = GuidedSampler(DOMAIN, START, key, seed=0)
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    optimum = max((dict(zip(DOMAIN, v, strict=True)) for v in itertools.product(*DOMAIN.values())), key=speed)
+    seen = []
+
+    def objective(trial):
+        c = {k: trial.suggest_categorical(k, v) for k, v in DOMAIN.items()}
+        seen.append(key(c))
+        if c == optimum and seen.count(key(c)) == 1:
+            trial.set_user_attr("screened", True)
+            return speed(c) * 0.5  # its start-up windows
+        return speed(c)
+
+    study.optimize(objective, n_trials=16)
+    assert seen.count(key(optimum)) == 2
+    assert len(set(seen)) == len(seen) - 1
+    assert study.best_value == pytest.approx(speed(optimum))

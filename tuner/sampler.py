@@ -1,18 +1,25 @@
-"""GuidedSampler: an Optuna sampler that starts from the guides' advice and exploits
-that knob effects are largely separable.
+"""GuidedSampler: an Optuna sampler that starts from the guides' advice and moves from the
+best config so far, with a model that sees how knobs interact.
 
-Strategy (DESIGN.md, "Searching well with few trials"): the first trials are the
-given starting points (PyTorch's defaults, then the guides' recommended config).
-Each next trial is an untried one- or two-knob change of the best config so far:
-the one a separable model scores highest. The model is log-throughput as a sum of
-one effect per (knob, value), fitted by ridge regression on every trial so far,
-plus an exploration bonus for values never measured. Knob effects are largely
-separable, so a value that helped in one trial is combined with one that helped in
-another (a two-knob move) instead of being rediscovered; among equal scores, knobs
-of larger usual impact go first (the knob table's ``priority``). When no neighbour is left, any untried config is
-taken (Optuna's TPE only for spaces too large to enumerate); when every config has
-been measured, TPE's proposals re-measure configs.
-Noise is handled after the search, by re-measuring the top configs.
+Strategy (DESIGN.md, "Searching well with few trials"): the first trials are the given
+starting points (PyTorch's defaults, then the guides' recommended config). Each next
+trial is an untried one- or two-knob change of the best config so far: the one the model
+scores highest. The model is log-throughput as a sum of one effect per (knob, value),
+one per pair of knob values, and, on CPUs, a term for intra-op threads that DataLoader
+workers leave without cores (``oversubscription``: on 2 cores, 1 worker with 2 threads
+read 0.69 of 2 workers with 1 thread). It is fitted by ridge regression on
+every trial so far, pairs shrunk harder than single knobs, so that with few trials it
+stays near the additive model and departs from it where the data disagree; an
+exploration bonus goes to values never measured. Among equal scores, knobs of larger
+usual impact go first (the knob table's ``priority``).
+
+A screened trial (stopped after a few windows as out of the running) counts for less
+in the fit, and once the model, fitted on full measurements alone, still predicts it
+within reach of the incumbent, it is measured again in full (once): screening on a
+trial's first windows dropped contenders. When no neighbour is left, any untried config
+is taken (Optuna's TPE only for spaces too large to enumerate); when every config has
+been measured, TPE's proposals re-measure configs. Noise is handled after the search,
+by re-measuring the top configs.
 
 It is a plain ``optuna.samplers.BaseSampler``: Optuna stays the engine (study,
 storage, Ray's OptunaSearch), only the choice of the next point is ours.
@@ -22,6 +29,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -43,10 +51,12 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         canonical: maps a config to the hashable key of what actually runs (inactive
             knobs dropped), so that equivalent configs are not measured twice.
         direction: "maximize" or "minimize" the study's single objective.
+        cores: the CPU cores a trial has, on a CPU search (threads and workers share
+            them); None on GPUs.
     """
 
     def __init__(self, domain: dict[str, list], start: dict | list[dict], canonical: Callable[[dict], Any],
-                 direction: str = "maximize", seed: int | None = None):
+                 direction: str = "maximize", seed: int | None = None, cores: int | None = None):
         self.domain = dict(sorted(domain.items(), key=lambda kv: knobs.KNOBS[kv[0]].priority
                                   if kv[0] in knobs.KNOBS else 99))
         starts = start if isinstance(start, list) else [start]
@@ -55,6 +65,7 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         self.canonical = canonical
         self.sign = 1.0 if direction == "maximize" else -1.0
         self.seed = seed or 0
+        self.cores = cores
         self.fallback = optuna.samplers.TPESampler(seed=seed)
         self._plans: dict[int, dict | None] = {}
 
@@ -88,19 +99,23 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         """The config trial ``number`` should run, or None to let TPE choose."""
         trials = [t for t in study.get_trials(deepcopy=False) if t.number != number]
         seen = {self.canonical(p) for n, p in self._plans.items() if p is not None and n != number}
-        # A FAIL from an earlier session is a trial cut by a kill or a Ray crash: it may run again.
+        # A FAIL from before a resume is a trial cut by a kill or a Ray crash: it may run again.
         seen |= {self.canonical(self._complete(t.params)) for t in trials
                  if t.state in (TrialState.COMPLETE, TrialState.PRUNED)}
         for start in self.starts:
             if self.canonical(start) not in seen:
                 return dict(start)
-        done = [(self._complete(t.params), t.values[0]) for t in trials
+        done = [(self._complete(t.params), t.values[0], bool(t.user_attrs.get("screened"))) for t in trials
                 if t.state == TrialState.COMPLETE and t.values]
         if not done:
             return next((c for c in self._candidates(self.start) if self.canonical(c) not in seen),
                         self._untried(seen, number))
-        model = SeparableModel(self.domain, done, self.sign)
-        incumbent = max(done, key=lambda cv: self.sign * cv[1])[0]
+        full = [d for d in done if not d[2]]
+        retry = self._screened_contender(full, done, number)
+        if retry is not None:
+            return retry
+        incumbent = max(full or done, key=lambda d: self.sign * d[1])[0]
+        model = InteractionModel(self.domain, done, self.sign, self.cores)
         best, best_score = None, -math.inf
         for candidate in self._candidates(incumbent):  # in priority order: ties keep the first
             if self.canonical(candidate) in seen:
@@ -109,6 +124,23 @@ class GuidedSampler(optuna.samplers.BaseSampler):
             if score > best_score + 1e-12:
                 best, best_score = candidate, score
         return best if best is not None else self._untried(seen, number)
+
+    def _screened_contender(self, full: list, done: list, number: int) -> dict | None:
+        """A screened config to measure again in full: of those screened once and not
+        measured since (nor on their way to be), the one the model of full measurements
+        predicts best, if within ``RETRY_WITHIN`` of the best full figure."""
+        feasible = [self.sign * math.log(v) for _, v, _ in full if 0 < v < 1e17]
+        if len(full) < 3 or not feasible:
+            return None
+        measured = Counter(self.canonical(c) for c, _, _ in done)
+        planned = Counter(self.canonical(p) for n, p in self._plans.items() if p is not None and n != number)
+        candidates = [c for c, _, screened in done
+                      if screened and measured[k := self.canonical(c)] == 1 and planned[k] <= 1]
+        if not candidates:
+            return None
+        model = InteractionModel(self.domain, full, self.sign, self.cores)
+        best = max(candidates, key=model.predict)
+        return dict(best) if model.predict(best) >= max(feasible) - math.log(RETRY_WITHIN) else None
 
     def _untried(self, seen: set, number: int) -> dict | None:
         """Any config not measured yet (a seeded random order), for when the neighbourhood
@@ -145,41 +177,91 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         return [values[j] for j in (i + dist, i - dist) if 0 <= j < len(values)]
 
 
-class SeparableModel:
-    """log(objective) ~ intercept + sum of one effect per (knob, value); ridge-regularized.
+# A screened config predicted within 8% of the incumbent is measured in full: ridge
+# shrinks the predictions of the best configs towards the mean, a few % below their
+# figures, so a narrower band would never fire.
+RETRY_WITHIN = 1.08
 
+
+class InteractionModel:
+    """log(objective) ~ intercept + one effect per (knob, value) + one per pair of values of
+    two knobs + (CPU) an ``oversubscription`` term; ridge-regularized,
+    pairs shrunk ``pair_ridge / ridge`` times harder than single knobs.
+
+    ``done``: (config, value, screened) triples. A screened figure (a few windows) weighs
+    ``screened_weight``. Infeasible trials (objective 0 or the minimize penalty) count as
+    much worse than the worst feasible one, so their values are avoided.
     ``score`` adds ``bonus`` for each of a config's values that no trial has measured
     (optimism: an untried value may help as much as a typical good knob does).
-    Infeasible trials (objective 0 or the minimize penalty) count as much worse than
-    the worst feasible one, so their values are avoided.
     """
 
-    def __init__(self, domain: dict[str, list], done: list[tuple[dict, float]], sign: float,
-                 ridge: float = 0.3, bonus: float = math.log(1.15)):
-        self.columns = {(k, _hashable(v)): i for i, (k, v) in
-                        enumerate((k, v) for k, vs in domain.items() for v in vs)}
+    def __init__(self, domain: dict[str, list], done: list[tuple], sign: float, cores: int | None = None,
+                 ridge: float = 0.3, pair_ridge: float = 1.5, bonus: float = math.log(1.15),
+                 screened_weight: float = 0.3):
+        names = list(domain)
+        self.cores = cores
+        self.columns: dict[tuple, int] = {}
+        for k, vs in domain.items():
+            for v in vs:
+                self.columns[(k, _hashable(v))] = len(self.columns)
+        self.n_main = len(self.columns)
+        self.pairs = list(itertools.combinations(names, 2))
+        for a, b in self.pairs:
+            for va, vb in itertools.product(domain[a], domain[b]):
+                self.columns[(a, _hashable(va), b, _hashable(vb))] = len(self.columns)
+        self.over = len(self.columns) if cores else None
+        n = len(self.columns) + (1 if cores else 0)
         self.bonus = bonus
-        feasible = [sign * math.log(v) for _, v in done if 0 < v < 1e17]
+        feasible = [sign * math.log(d[1]) for d in done if 0 < d[1] < 1e17]
         floor = (min(feasible) if feasible else 0.0) - math.log(2.0)
-        y = np.array([sign * math.log(v) if 0 < v < 1e17 else floor for _, v in done])
-        x = np.array([self._row(c) for c, _ in done])
-        self.counts = x.sum(axis=0)
-        self.mean = float(y.mean())
-        a = x.T @ x + ridge * np.eye(x.shape[1])
-        self.w = np.linalg.solve(a, x.T @ (y - self.mean))
+        y = np.array([sign * math.log(d[1]) if 0 < d[1] < 1e17 else floor for d in done])
+        x = np.array([self._row(d[0], n) for d in done])
+        w = np.array([screened_weight if len(d) > 2 and d[2] else 1.0 for d in done])
+        self.counts = x[:, :self.n_main].sum(axis=0)
+        self.mean = float((w * y).sum() / w.sum())
+        penalty = np.full(n, pair_ridge)
+        penalty[:self.n_main] = ridge
+        if cores:
+            penalty[self.over] = ridge / 3  # a physical effect, not a guess: little shrinkage
+        a = x.T @ (w[:, None] * x) + np.diag(penalty)
+        self.w = np.linalg.solve(a, x.T @ (w * (y - self.mean)))
+        self.n = n
 
-    def _row(self, config: dict) -> np.ndarray:
-        row = np.zeros(len(self.columns))
+    def _row(self, config: dict, n: int | None = None) -> np.ndarray:
+        row = np.zeros(n or self.n)
         for k, v in config.items():
             i = self.columns.get((k, _hashable(v)))
             if i is not None:
                 row[i] = 1.0
+        for a, b in self.pairs:
+            i = self.columns.get((a, _hashable(config.get(a)), b, _hashable(config.get(b))))
+            if i is not None:
+                row[i] = 1.0
+        if self.over is not None:
+            row[self.over] = oversubscription(config, self.cores)
         return row
+
+    def predict(self, config: dict) -> float:
+        return self.mean + float(self._row(config) @ self.w)
 
     def score(self, config: dict) -> float:
         row = self._row(config)
-        unexplored = float(((row > 0) & (self.counts == 0)).sum())
+        unexplored = float(((row[:self.n_main] > 0) & (self.counts == 0)).sum())
         return self.mean + float(row @ self.w) + self.bonus * unexplored
+
+
+def oversubscription(config: dict, cores: int | None) -> float:
+    """Intra-op threads that DataLoader workers leave without a core of their own, as a
+    fraction of the cores (threads unset: PyTorch takes every core). Workers tolerate
+    sharing cores; a multi-threaded op stalls at its barriers while one of its threads
+    waits for a core (on 2 cores, 2 workers with 1 thread was best, 1 worker with 2
+    threads read 0.69 of it)."""
+    if not cores:
+        return 0.0
+    threads = config.get("torch_threads") or cores
+    if threads <= 1:
+        return 0.0
+    return max(0.0, threads + int(config.get("num_workers") or 0) - cores) / cores
 
 
 def _hashable(v: Any) -> Any:

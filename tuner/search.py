@@ -45,6 +45,7 @@ from tuner.records import (
     best_of,
     cold_compile_of,
     logged_metrics,
+    no_winner_reason,
     objective_values,
     pareto_front,
     rank,
@@ -234,9 +235,10 @@ class Board:
             self.screened_in_a_row = 0  # asked once: concurrent trials do not all re-measure it
         return out
 
-    def state(self) -> str:
-        """What a trial gets (``BOARD_KEY``): the screen, and the cold compile costs."""
-        return json.dumps({"screen": self.screen(), "cold": self.cold})
+    def state(self, screen: bool = True) -> str:
+        """What a trial gets (``BOARD_KEY``): the screen (none for a config measured in
+        full again after it was screened), and the cold compile costs."""
+        return json.dumps({"screen": self.screen() if screen else None, "cold": self.cold})
 
 
 def _with_compile_cost(record: dict, cold: dict[str, float]) -> dict:
@@ -341,18 +343,15 @@ def _start_ray(address: str | None) -> bool:
 
 # Ray's bookkeeping that a local search has no reader for (no dashboard, no logs sent to
 # the driver, no metrics scraped, no state API), which runs beside every trial on the
-# cores it measures. Beside a trial that only sleeps (2 cores, ``benchmarks/tuner_cpu.py``),
-# with Ray's defaults the log monitor used 0.0105 cores (it reads its files every 0.1 s),
-# the dashboard agent 0.0095 (it gathers metrics from every process, the raylet and GCS
-# report them on); in all, the tuner's processes used 0.061 cores before stop 30.
-# The raylet's own timers, from 0.1-0.2 s to 1 s: its check of the object store's memory
-# pressure (to ask workers for a GC), the object manager's tick (pulls and pushes between
-# nodes: a local Ray is one node), its disk-full check, and its culling of idle workers.
-# Beside a sleeping trial it woke 122 times a second (0.0087 cores), and 79 (0.0060 cores)
-# with these at 1 s (``benchmarks/tuner_cpu.py``, medians of 4). Its resource reports to
-# the GCS (0.1 s) are left: placement groups, one per trial, are scheduled from them. So
-# is its memory monitor (0.25 s): Ray's OOM killer, which a trial that runs away with
-# memory needs.
+# cores it measures: with Ray's defaults the log monitor reads its files every 0.1 s and
+# the dashboard agent gathers metrics from every process (``benchmarks/tuner_cpu.py``
+# measures what each costs beside a trial). The raylet's own timers, from 0.1-0.2 s to
+# 1 s: its check of the object store's memory pressure (to ask workers for a GC), the
+# object manager's tick (pulls and pushes between nodes: a local Ray is one node), its
+# disk-full check, and its culling of idle workers; they woke it about a hundred times a
+# second beside a sleeping trial. Its resource reports to the GCS (0.1 s) are left:
+# placement groups, one per trial, are scheduled from them. So is its memory monitor
+# (0.25 s): Ray's OOM killer, which a trial that runs away with memory needs.
 QUIET_RAY_CONFIG: dict[str, Any] = {
     "enable_metrics_collection": False,
     "metrics_report_interval_ms": 60_000,
@@ -554,7 +553,8 @@ def make_sampler(space: spec.Space, ctx: knobs.Context, start: list[dict]) -> An
         direction = "maximize" if spec.OBJECTIVE_METRICS[m.objective.metric] == "max" else "minimize"
         from tuner.sampler import GuidedSampler
 
-        return GuidedSampler(space.searched, start, Canonical(space, ctx), direction=direction, seed=seed)
+        return GuidedSampler(space.searched, start, Canonical(space, ctx), direction=direction, seed=seed,
+                             cores=ctx.cpu_count if ctx.device == "cpu" else None)
     if m.sampler == "tpe":
         return optuna.samplers.TPESampler(seed=seed)
     if m.sampler == "random":
@@ -672,7 +672,7 @@ def _search(space: spec.Space, out: Path, progress: Progress, ray_start_s: float
             progress.baseline = baseline_rec.get(m.objective.metric)
 
         # -- the search proper
-        remaining = max(0, m.search_trials() - len(previous))
+        remaining = max(0, m.search_trials() - len({r["key"] for r in previous}))
         storage = optuna.storages.JournalStorage(
             optuna.storages.journal.JournalFileBackend(str(out / "optuna.journal")))
         optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -691,7 +691,7 @@ def _search(space: spec.Space, out: Path, progress: Progress, ray_start_s: float
 
         summary = summarize(space, recorder.records, baseline_of(recorder.records, m.objective.metric) or baseline_rec,
                             describe_cluster=shape,
-                            search_wall_s=search_wall_s, ray_start_s=ray_start_s, device=device)
+                            search_wall_s=search_wall_s, ray_start_s=ray_start_s, device=device, out_folder=out)
         (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
         return summary
     finally:
@@ -925,11 +925,13 @@ def _fit(run: SearchRun, start: list[dict], storage: Any, remaining: int, previo
     sampler = make_sampler(space, ctx, start)
     search_space = SearchSpace(space, ctx)
     done = {r["key"] for r in previous}
+    canon = Canonical(space, ctx)
+    tried = set(done)  # distinct configs: ``remaining`` more, then the searcher is finished
+    screened = {r["key"] for r in previous if r.get("screened")}
     points = []
     if m.sampler == "grid":
         # Every distinct config once, in a fixed order (Optuna's GridSampler may repeat
         # points under Ray's ask/tell), skipping what a resumed search already measured.
-        canon = Canonical(space, ctx)
         seen = set(done)
         for values in itertools.product(*space.searched.values()):
             point = search_space.active(dict(zip(space.searched, values, strict=True)))
@@ -942,7 +944,6 @@ def _fit(run: SearchRun, start: list[dict], storage: Any, remaining: int, previo
             return
     elif m.sampler != "guided" and not previous:
         # The same first trials as the guided sampler's: defaults, then the guides' advice.
-        canon = Canonical(space, ctx)
         keys = []
         for point in start:
             if canon(point) not in keys:
@@ -960,14 +961,21 @@ def _fit(run: SearchRun, start: list[dict], storage: Any, remaining: int, previo
                 for k, v in logged_metrics(rec).items():
                     ot.set_user_attr(k, v)
                 ot.set_user_attr("status", rec.get("status"))
+                if rec.get("screened"):  # the sampler weighs a screening figure less
+                    ot.set_user_attr("screened", True)
+                    screened.add(rec.get("key") or canon(self._ot_trials[trial_id].params))
                 if rec.get("reason"):
                     ot.set_user_attr("reason", str(rec["reason"])[:500])
             super().on_trial_complete(trial_id, result=result, error=error)
 
-        def suggest(self, trial_id: str) -> dict | None:
+        def suggest(self, trial_id: str) -> dict | str | None:
+            if len(tried) >= remaining + len(done):
+                return Searcher.FINISHED  # N configs tried: Tune's extra samples are for retries
             config = super().suggest(trial_id)
             if isinstance(config, dict):  # the Board as it stands when this trial starts
-                config[BOARD_KEY] = run.board.state()
+                key = canon({k: v for k, v in config.items() if k != BOARD_KEY})
+                tried.add(key)
+                config[BOARD_KEY] = run.board.state(screen=key not in screened)
             return config
 
     searcher = Searcher(space=search_space, metric=metric_names, mode=modes,
@@ -1008,10 +1016,16 @@ def _fit(run: SearchRun, start: list[dict], storage: Any, remaining: int, previo
     logging.getLogger("ray.tune.utils.util").addFilter(_quiet_about_sleeping)
     time_left = None
     if m.budget.time_s is not None:
-        time_left = max(1.0, m.budget.time_s - (time.time() - run.t_search))
+        # the confirm round's measurements, each about as long as the baseline's, are
+        # left room: a winner picked on one figure is what the budget would otherwise buy
+        walls = [r["trial_wall_s"] for r in recorder.records if r.get("phase") == "baseline" and r.get("trial_wall_s")]
+        reserve = m.confirm_measurements() * statistics.median(walls) if walls else 0.0
+        time_left = max(1.0, m.budget.time_s - (time.time() - run.t_search) - reserve)
     tuner = tune.Tuner(
         tune.with_resources(tune.with_parameters(_trainable, job=job), resources=resources),
-        tune_config=tune.TuneConfig(search_alg=searcher, num_samples=remaining,
+        # room for the screened configs measured again in full (the searcher finishes
+        # once ``remaining`` distinct configs were tried)
+        tune_config=tune.TuneConfig(search_alg=searcher, num_samples=remaining + retry_room(remaining),
                                     max_concurrent_trials=run.concurrent, time_budget_s=time_left,
                                     reuse_actors=True, trial_dirname_creator=trial_dirname),
         run_config=tune.RunConfig(name=ray_name, storage_path=str(run.out), verbose=0,
@@ -1020,6 +1034,11 @@ def _fit(run: SearchRun, start: list[dict], storage: Any, remaining: int, previo
                                   failure_config=tune.FailureConfig(max_failures=1)),
     )
     tuner.fit()
+
+
+def retry_room(configs: int) -> int:
+    """Tune trials beyond ``configs`` for screened configs measured again in full."""
+    return max(2, configs // 4)
 
 
 def _quiet_about_sleeping(record: logging.LogRecord) -> bool:
@@ -1057,7 +1076,7 @@ def logger_callbacks(log_to: list[str], out: Path, name: str) -> list:
 
 
 def summarize(space: spec.Space, records: list[dict], baseline: dict, *, describe_cluster: dict,
-              search_wall_s: float, ray_start_s: float, device: str) -> dict:
+              search_wall_s: float, ray_start_s: float, device: str, out_folder: Path | str = "") -> dict:
     """summary.json: best (config + metrics), baseline, speedup, pareto, hardware, search figures."""
     m = space.model
     metric = m.objective.metric
@@ -1079,6 +1098,7 @@ def summarize(space: spec.Space, records: list[dict], baseline: dict, *, describ
         "disturbed_measurements": disturbed,
         "objective": m.objective.model_dump(),
         "best": _public(best) if ranked else None,
+        "no_winner": None if best is not None else no_winner_reason(records, metric, str(out_folder)),
         "baseline": {k: baseline.get(k) for k in ("config", "status", "reason", "samples_per_sec",
                                                      "samples_per_sec_spread", "projected_run_s",
                                                      "peak_host_memory_mb", "peak_device_memory_mb",

@@ -39,8 +39,10 @@ class MeasureSettings(Strict):
     """Stop adding windows once this much time was timed."""
     screen_windows: int = Field(2, ge=0)
     """Screening: when the search passes a threshold (its incumbent's figure), a config
-    whose best of its first ``screen_windows`` windows, raised by the noise allowance,
-    stays below it stops there, recorded as ``screened``; 0 never screens."""
+    whose best of its ``screen_windows`` windows after the first (start-up) one, raised
+    by the noise allowance, stays below it stops there, recorded as ``screened``; 0
+    never screens. The sampler may measure a screened config again in full when its
+    model still predicts it a contender."""
     recheck_after: int = Field(3, ge=0)
     """After this many screened trials in a row, the incumbent is measured again before
     the next trial, and its new figure becomes the threshold: a machine that slowed

@@ -55,10 +55,10 @@ class Constraints(_Strict):
 
 class Budget(_Strict):
     trials: int = Field(12, ge=1)
-    """Measurements the search makes: its trials and the confirm rounds' re-measurements
-    (at most half of them, ``SpaceModel.confirm_measurements``); the baseline's first
-    measurement, before the search, and the incumbent's rechecks come on top. Each costs
-    about the same, so the search's wall time follows this number."""
+    """Configs the search tries (as Tune's num_samples and Optuna's n_trials count them).
+    On top come the baseline, the confirm rounds' re-measurements of the top configs, the
+    incumbent's rechecks and the full re-measurement of a screened config the model still
+    rates (the summary and ``show`` count them); ``time_s`` caps the wall time."""
     time_s: float | None = Field(None, gt=0)
     """Wall-clock budget of the search; no new trial starts after it."""
     trial_timeout_s: float = Field(300.0, gt=0)
@@ -81,7 +81,7 @@ class Confirm(_Strict):
     at the end, interleaved with the baseline."""
     repeats: int = Field(1, ge=0)
     """Rounds of re-measurement at most; the winner is chosen on the median of all of a
-    config's measurements. The rounds' measurements count against budget.trials."""
+    config's measurements. The rounds come after the budget.trials configs."""
 
 
 class SpaceModel(_Strict):
@@ -107,16 +107,16 @@ class SpaceModel(_Strict):
     files under results/<name>/ray/, an MLflow SQLite store in results/<name>/mlflow.db."""
 
     def confirm_measurements(self) -> int:
-        """The confirm rounds' share of ``budget.trials``: ``confirm.repeats`` rounds of the
-        top ``confirm.top`` configs and the baseline, at most half of the trials (none
-        with a memory objective: a Pareto front has no single winner to confirm)."""
+        """The confirm rounds' measurements, after the search's ``budget.trials`` configs:
+        ``confirm.repeats`` rounds of the top ``confirm.top`` configs and the baseline
+        (none with a memory objective: a Pareto front has no single winner to confirm)."""
         if not (self.confirm.top and self.confirm.repeats) or self.objective.memory:
             return 0
-        return min(self.confirm.repeats * (self.confirm.top + 1), self.budget.trials // 2)
+        return self.confirm.repeats * (self.confirm.top + 1)
 
     def search_trials(self) -> int:
-        """Configs the search tries: ``budget.trials`` less the confirm rounds' share."""
-        return self.budget.trials - self.confirm_measurements()
+        """Configs the search tries: ``budget.trials``."""
+        return self.budget.trials
 
     @field_validator("objective", mode="before")
     @classmethod
@@ -178,6 +178,13 @@ class Space:
         for a space of [1, 2] whose guides' value is PyTorch's default)."""
         rec, default = knobs.recommended(ctx), self.default_point(ctx)
         config = {k: (rec[k] if rec[k] in values else default[k]) for k, values in self.domain.items()}
+        threads = self.domain.get("torch_threads")
+        if ctx.device == "cpu" and threads and len(threads) > 1:
+            # Threads and DataLoader workers share the cores: the threads the workers leave
+            # (1 worker and 2 threads on 2 cores read 0.69 of the best, 2 workers and 1 thread).
+            workers = int(config.get("num_workers", self.fixed.get("num_workers", 0)) or 0)
+            fits = [t for t in threads if t is not None and (t == 1 or t + workers <= ctx.cpu_count)]
+            config["torch_threads"] = max(fits) if fits else min(t for t in threads if t is not None)
         return self.derive(config)
 
     def default_point(self, ctx: knobs.Context) -> dict:
