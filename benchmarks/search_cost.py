@@ -1,7 +1,9 @@
-"""Time to a trustworthy answer: the tuner vs a stock Ray Tune + OptunaSearch search.
+"""The tuner vs a stock Ray Tune + OptunaSearch search, at equal wall time.
 
 For each built-in workload, on the same space (precision x micro-batch x workers x
-threads x channels_last) and the same trial count:
+threads x channels_last): the stock search of ``--trials`` trials takes W seconds; the
+tuner then runs with ``--time-budget W`` (its configs, baseline and confirm round all
+within W):
 
 - ``tuner``: ``tuner.search.run_search`` as ``tuner run`` runs it (guided sampler,
   screening, compile groups, confirm rounds within noise, baseline included);
@@ -12,14 +14,10 @@ threads x channels_last) and the same trial count:
 - pick quality: both picks re-measured side by side, interleaved (tuner's, stock's,
   stock's, tuner's, ...), ``--rounds`` rounds each, with ``tuner.trial.run_isolated``;
   the ratio of medians;
-- ``--equal-time``: a second stock search given as many trials as fit in the tuner's
-  wall time (trials x tuner wall / stock wall; the same seed, so its first trials are
-  the first search's), its pick re-measured in the same interleaved rounds: what the
-  stock search finds with the time the tuner spends on its baseline and confirm rounds.
 
 Prints a table and writes JSON (default benchmarks/out/search_cost.json).
 
-    python benchmarks/search_cost.py [--workloads conv,transformer,files] [--trials 12] [--rounds 3] [--equal-time]
+    python benchmarks/search_cost.py [--workloads conv,transformer,files] [--trials 12] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -28,6 +26,7 @@ import argparse
 import json
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -108,13 +107,14 @@ def run_stock(workload: str, trials: int, seed: int, storage: Path, tag: str = "
     return {k: best.config[k] for k in KNOBS}, wall
 
 
-def run_tuner(workload: str, trials: int, seed: int, results: Path) -> tuple[dict, float, dict]:
+def run_tuner(workload: str, trials: int, seed: int, results: Path, time_s: float) -> tuple[dict, float, dict]:
     from tuner import spec
     from tuner.search import run_search
 
     knobs = dict(KNOBS, persistent_workers=[True])
     space = spec.parse({"name": f"cost-{workload}", "workload": workload, "workload_args": ARGS[workload],
-                        "device": "cpu", "knobs": knobs, "budget": {"trials": trials}, "seed": seed})
+                        "device": "cpu", "knobs": knobs, "budget": {"trials": trials, "time_s": time_s},
+                        "seed": seed})
     shutil.rmtree(results / space.name, ignore_errors=True)
     t0 = time.time()
     summary = run_search(space, results_root=results, quiet=True)
@@ -138,8 +138,6 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=12)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--equal-time", action="store_true",
-                    help="also a stock search given the tuner's wall time, its pick re-measured too")
     ap.add_argument("--out", default="benchmarks/out/search_cost.json")
     a = ap.parse_args()
 
@@ -154,22 +152,18 @@ def main() -> None:
         for workload in a.workloads.split(","):
             stock_cfg, stock_wall = run_stock(workload, a.trials, a.seed, tmp / "stock")
             print(f"{workload}: stock search {stock_wall:.0f} s, pick {stock_cfg}", flush=True)
-            tuner_cfg, tuner_wall, summary = run_tuner(workload, a.trials, a.seed, tmp / "tuner")
+            # as many configs as fit: the time budget ends the search, with its confirm round
+            tuner_cfg, tuner_wall, summary = run_tuner(workload, 4 * a.trials, a.seed, tmp / "tuner", stock_wall)
             print(f"{workload}: tuner search {tuner_wall:.0f} s ({summary['measurements']} measurements), "
                   f"pick {({k: tuner_cfg[k] for k in KNOBS})}", flush=True)
             picks = {"tuner": tuner_cfg, "stock": stock_cfg}
-            if a.equal_time:
-                more = max(a.trials, round(a.trials * tuner_wall / stock_wall))
-                long_cfg, long_wall = run_stock(workload, more, a.seed, tmp / "stock", tag="-equal-time")
-                print(f"{workload}: stock search of {more} trials {long_wall:.0f} s, pick {long_cfg}", flush=True)
-                picks["equal_time"] = long_cfg
             runs: dict[str, list[float]] = {k: [] for k in picks}
             for r in range(a.rounds):
                 names = list(picks)
                 for which in names[r % len(names):] + names[: r % len(names)]:  # rotated each round
                     runs[which].append(remeasure(workload, picks[which]))
             med = {k: statistics.median(v) for k, v in runs.items()}
-            row = {"workload": workload, "trials": a.trials,
+            row = {"workload": workload, "trials": a.trials, "tuner_configs": summary["trials"],
                    "tuner_wall_s": tuner_wall, "stock_wall_s": stock_wall,
                    "wall_ratio": tuner_wall / stock_wall,
                    "tuner_measurements": summary["measurements"],
@@ -178,23 +172,18 @@ def main() -> None:
                    "stock_pick_samples_per_sec": med["stock"],
                    "pick_ratio": med["tuner"] / med["stock"],
                    "tuner_pick_runs": runs["tuner"], "stock_pick_runs": runs["stock"]}
-            if a.equal_time:
-                row.update({"equal_time_trials": more, "equal_time_wall_s": long_wall,
-                            "equal_time_pick": picks["equal_time"],
-                            "equal_time_pick_samples_per_sec": med["equal_time"],
-                            "equal_time_pick_runs": runs["equal_time"],
-                            "pick_ratio_equal_time": med["tuner"] / med["equal_time"]})
             records = [json.loads(x) for x in (tmp / "tuner" / f"cost-{workload}" / "trials.jsonl").read_text().splitlines()]
             row["tuner_screened"] = sum(1 for r in records if r.get("screened"))
             row["tuner_confirm_measurements"] = sum(1 for r in records if r.get("phase") == "confirm")
             rows.append(row)
             print(f"{workload}: wall tuner/stock {row['wall_ratio']:.2f}; pick tuner/stock {row['pick_ratio']:.3f} "
                   f"({row['tuner_pick_samples_per_sec']:.1f} vs {row['stock_pick_samples_per_sec']:.1f})"
-                  + (f"; tuner/stock at equal time {row['pick_ratio_equal_time']:.3f}" if a.equal_time else ""),
-                  flush=True)
+                  , flush=True)
             # after every workload: a long run stopped part-way keeps what it measured
             Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-            Path(a.out).write_text(json.dumps({"hardware": describe(), "rows": rows}, indent=2, default=str))
+            Path(a.out).write_text(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M"), "hardware": describe(),
+                                               "command": "python benchmarks/search_cost.py " + " ".join(sys.argv[1:]),
+                                               "rows": rows}, indent=2, default=str))
     finally:
         ray.shutdown()
     print(f"\n{'workload':<12} {'trials':>6} {'tuner s':>8} {'stock s':>8} {'wall ratio':>10} {'screened':>8} "
@@ -202,10 +191,7 @@ def main() -> None:
     for r in rows:
         print(f"{r['workload']:<12} {r['trials']:>6} {r['tuner_wall_s']:>8.0f} {r['stock_wall_s']:>8.0f} "
               f"{r['wall_ratio']:>10.2f} {r['tuner_screened']:>8} {r['tuner_pick_samples_per_sec']:>10.1f} "
-              f"{r['stock_pick_samples_per_sec']:>10.1f} {r['pick_ratio']:>10.3f}"
-              + (f"   equal time: {r['equal_time_trials']} stock trials {r['equal_time_wall_s']:.0f} s, pick "
-                 f"{r['equal_time_pick_samples_per_sec']:.1f}, tuner/it {r['pick_ratio_equal_time']:.3f}"
-                 if "equal_time_trials" in r else ""))
+              f"{r['stock_pick_samples_per_sec']:>10.1f} {r['pick_ratio']:>10.3f}")
     print(f"wrote {a.out}")
 
 
