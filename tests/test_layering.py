@@ -57,3 +57,30 @@ def test_show_export_report_run_without_ray(tmp_path):
         "print('ok')\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
+
+
+def test_no_import_cycle_in_the_package():
+    """Module-level and function-level imports alike: a lazy import is still a cycle."""
+    modules = {p: "tuner." + ".".join(p.relative_to(PACKAGE).with_suffix("").parts) for p in PACKAGE.rglob("*.py")}
+    modules = {p: m.removesuffix(".__init__") for p, m in modules.items()}
+    known = set(modules.values())
+    graph = {}
+    for path, name in modules.items():
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                deps |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+            elif isinstance(node, ast.Import):
+                deps |= {a.name for a in node.names}
+        graph[name] = (deps & known) - {name, "tuner"}
+
+    def reaches(start: str) -> set:
+        seen, stack = set(), [start]
+        while stack:
+            for d in graph.get(stack.pop(), ()):
+                if d not in seen:
+                    seen.add(d)
+                    stack.append(d)
+        return seen
+
+    assert not [m for m in graph if m in reaches(m)]

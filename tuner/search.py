@@ -37,6 +37,7 @@ from typing import Any
 import yaml
 
 from tuner import knobs, spec
+from tuner.distributed import cluster_shape
 from tuner.errors import UserError
 from tuner.records import (
     aggregate,
@@ -450,16 +451,6 @@ def _attached() -> bool:
         return ray._private.worker._global_node is None or not ray._private.worker._global_node.head
     except Exception:
         return True
-
-
-def cluster_shape(ray: Any) -> dict:
-    """Nodes; CPUs and GPUs of the largest node and in all."""
-    nodes = [n for n in ray.nodes() if n.get("Alive")]
-    cpus = max((n["Resources"].get("CPU", 0) for n in nodes), default=1)
-    gpus = sum(n["Resources"].get("GPU", 0) for n in nodes)
-    return {"nodes": len(nodes), "max_node_cpus": int(cpus), "gpus": int(gpus),
-            "cpus": int(sum(n["Resources"].get("CPU", 0) for n in nodes)),
-            "max_node_gpus": int(max((n["Resources"].get("GPU", 0) for n in nodes), default=0))}
 
 
 def plan_resources(space: spec.Space, shape: dict) -> tuple[str, Callable[[dict], float], int, int]:
