@@ -49,7 +49,7 @@ def test_show_sorts_by_objective_with_baseline_and_reasons(folder, capsys):
     assert main(["show", str(folder)]) == 0
     out = capsys.readouterr().out
     lines = out.splitlines()
-    assert "4/8 trials (running or interrupted)" in lines[0]
+    assert "4/12 trials (running or interrupted)" in lines[0]  # 12 configs: the default budget
     body = [ln for ln in lines[2:]]
     assert "micro_batch_size=64" in body[0] and "2.30x" in body[0]
     assert "micro_batch_size=16" in body[1] and "1.95x" in body[1]  # median of 200 and 190
