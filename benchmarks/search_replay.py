@@ -213,7 +213,6 @@ def replay(landscape: dict, space: spec.Space, ctx: knobs.Context, strategy: str
     tried: list[str] = []  # distinct configs, in the order first tried
     screened: set[str] = set()
     prefix: dict[int, int] = {}  # budget -> number of records when that many configs were tried
-    distributions = {k: optuna.distributions.CategoricalDistribution(v) for k, v in space.searched.items()}
     guard = 0
     while len(tried) < max(budgets) and guard < 4 * max(budgets):
         guard += 1
@@ -224,7 +223,8 @@ def replay(landscape: dict, space: spec.Space, ctx: knobs.Context, strategy: str
         if key not in tried and len(tried) == len(machine.truth):
             study.tell(trial, state=optuna.trial.TrialState.PRUNED)
             break
-        screen = board.state() and json.loads(board.state())["screen"]
+        retry = key in screened  # measured in full this time (``Board.state(screen=False)``)
+        screen = json.loads(board.state(screen=not retry))["screen"]  # once: it may ask a recheck
         if screen and screen.get("recheck"):
             rk = canon(ss.active({k: screen["recheck"].get(k) for k in space.searched}))
             rec = {**machine.measure(rk, screen["recheck"]), "phase": "recheck"}
@@ -232,8 +232,7 @@ def replay(landscape: dict, space: spec.Space, ctx: knobs.Context, strategy: str
             board.update(rec)
             if rec["samples_per_sec"]:
                 screen = {**screen, "below": rec["samples_per_sec"]}
-        retry = key in screened  # measured in full this time (``Board.state(screen=False)``)
-        rec = {**machine.measure(key, config, screen=screen if flow and not retry else None), "phase": "search"}
+        rec = {**machine.measure(key, config, screen=screen if flow else None), "phase": "search"}
         if rec.get("screened"):
             screened.add(key)
         records.append(rec)
@@ -245,7 +244,6 @@ def replay(landscape: dict, space: spec.Space, ctx: knobs.Context, strategy: str
             tried.append(key)
             if len(tried) in budgets:
                 prefix[len(tried)] = len(records)
-    del distributions
     out = {}
     for b in budgets:
         upto = records[:prefix.get(b, len(records))]
