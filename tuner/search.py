@@ -954,7 +954,7 @@ def _fit(run: SearchRun, start: list[dict], storage: Any, remaining: int, previo
                 ot.set_user_attr("status", rec.get("status"))
                 if rec.get("screened"):  # the sampler weighs a screening figure less
                     ot.set_user_attr("screened", True)
-                    screened.add(rec.get("key") or canon(self._ot_trials[trial_id].params))
+                    screened.add(canon(ot.params))  # the result carries no key: the Recorder adds it
                 if rec.get("reason"):
                     ot.set_user_attr("reason", str(rec["reason"])[:500])
             super().on_trial_complete(trial_id, result=result, error=error)
