@@ -388,6 +388,12 @@ def ddp_spy(out: str, size: int = 256, step_s: float = 0.0, unused_layer: bool =
                 "x0": float(batch[0][0, 0]),
                 "params": [float(v) for p in model.parameters() for v in p.detach().flatten()]}) + "\n")
         if rank == fail_rank:
+            # wait (a while) until every rank has written a line, so a test can name
+            # each rank's process: failing at once can end the others before they write
+            world = dist.get_world_size() if dist.is_initialized() else 1
+            deadline = time.time() + 60
+            while time.time() < deadline and len({json.loads(line)["pid"] for line in open(out)}) < world:
+                time.sleep(0.1)
             raise ValueError(f"rank {rank} was told to fail")
         if rank == hang_rank and type(ddp).__name__ == "DistributedDataParallel":
             time.sleep(3600)
