@@ -11,7 +11,8 @@ one (a quiet machine: nothing else running):
 
 A replayed measurement of a config is its recorded windows, the first ones in their
 recorded order and the rest drawn from its later windows, all times a factor
-N(1, repeat CV) for the drift between trials. The strategies:
+N(1, repeat CV) for the drift between trials; as many windows as the measurement's
+stopping rules take (screening, the target error, clearly below the incumbent). The strategies:
 
 - ``tuner``: the real search logic: ``GuidedSampler`` with the starts, the ``Board``'s
   screening and rechecks, the screening rule of ``tuner.measure``, the confirm round
@@ -159,16 +160,21 @@ class Machine:
             return {"key": key, "config": config, "status": "infeasible", "reason": g.get("reason"),
                     "samples_per_sec": None}
         recorded = g["windows"] or [g["samples_per_sec"]]
-        n = windows or self.settings.get("min_windows", 5)
+        least = windows or self.settings.get("min_windows", 5)
+        most = windows or self.settings.get("max_windows", 12)
         steady = recorded[self.TRANSIENT:] or recorded
         factor = max(0.5, self.rng.gauss(1.0, self.cv))
-        drawn = [(recorded[i] if i < min(self.TRANSIENT, len(recorded)) else self.rng.choice(steady)) * factor
-                 for i in range(n)]
         rates, screened = [], False
-        for w in drawn:
-            rates.append(w)
+        while len(rates) < most:  # the stopping rules of ``tuner.measure.measure``
+            i = len(rates)
+            rates.append((recorded[i] if i < min(self.TRANSIENT, len(recorded)) else self.rng.choice(steady)) * factor)
             if screen and screen_stop(rates, screen, self.settings.get("screen_windows", 2)):
                 screened = True
+                break
+            if len(rates) >= least and median_error(rates) <= self.settings.get("target_error", 0.01):
+                break
+            if len(rates) >= least and screen and \
+                    statistics.median(rates) * (1 + 2 * median_error(rates)) < screen["below"]:
                 break
         # the figure: the recorded one, with this draw's drift and window noise (a screened
         # measurement reports its windows' median, as the trial does)
@@ -185,14 +191,14 @@ class Machine:
 
 def make_sampler(strategy: str, space: spec.Space, ctx: knobs.Context, canon: Canonical, seed: int) -> optuna.samplers.BaseSampler:
     if strategy == "tuner":
-        return GuidedSampler(space.searched, [space.default_point(ctx), space.recommended_config(ctx)], canon,
+        return GuidedSampler(space.searched, space.start_points(ctx), canon,
                              seed=seed, cores=ctx.cpu_count if ctx.device == "cpu" else None)
     if strategy == "stock-tpe":
         return optuna.samplers.TPESampler(seed=seed)
     if strategy == "tpe-mv":
         return optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=4)
     if strategy == "gp":
-        return optuna.samplers.GPSampler(seed=seed, n_startup_trials=4)
+        return optuna.samplers.GPSampler(seed=seed, n_startup_trials=4, warn_independent_sampling=False)
     return optuna.samplers.RandomSampler(seed=seed)
 
 
@@ -206,7 +212,7 @@ def replay(landscape: dict, space: spec.Space, ctx: knobs.Context, strategy: str
     sampler = make_sampler(strategy, space, ctx, canon, seed)
     study = optuna.create_study(direction="maximize", sampler=sampler)
     if flow and strategy != "tuner":  # the guided sampler starts there itself
-        for point in (space.default_point(ctx), space.recommended_config(ctx)):
+        for point in space.start_points(ctx):
             study.enqueue_trial(ss.active(point), skip_if_exists=True)
     board = Board(screening=flow, recheck_after=space.model.measure.recheck_after)
     records: list[dict] = []

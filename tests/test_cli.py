@@ -9,6 +9,7 @@ import time
 import pytest
 
 from tests.helpers import FIXTURES
+from tests.test_spec import BAD_SPACES
 
 FAST = "measure: {warmup_steps: 2, window_s: 0.2, min_windows: 3, max_windows: 4}\n"
 
@@ -112,6 +113,13 @@ def _results_folder(tmp_path):
     (["export", "{results}", "--pick", "fastest-under-memory", "nan"], "must be a number of MB > 0"),
     (["export", "{results}", "-o", "{tmp}/missing-dir/x.yaml"], "does not exist"),
     (["bench", "{tmp}"], "a folder, not a space file"),
+    # argparse's own refusals: one line naming the flag, not the whole usage
+    (["run", "{space}", "--time-budget", "abc"], "--time-budget: invalid float value: 'abc'"),
+    (["run", "{space}", "--trials", "many"], "--trials: invalid int value"),
+    (["run", "{space}", "--trails", "3"], "unrecognized arguments: --trails 3"),
+    (["export", "{results}", "--format", "toml"], "--format: invalid choice: 'toml'"),
+    (["frobnicate"], "invalid choice: 'frobnicate'"),
+    ([], "required: command"),
 ])
 def test_flags_are_checked_in_one_place(tmp_path, args, says):
     space = _space(tmp_path, "conv")
@@ -122,6 +130,20 @@ def test_flags_are_checked_in_one_place(tmp_path, args, says):
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and says in lines[0], r.stderr
     assert not (tmp_path / "results" / "t").exists() and not (tmp_path.parent / "x").exists()
+
+
+@pytest.mark.parametrize("text,match", BAD_SPACES)
+def test_every_bad_space_through_the_command_line(tmp_path, text, match):
+    """What a user sees for each broken space: exit 2, at most 3 lines, no traceback,
+    nothing written."""
+    import re
+
+    (tmp_path / "space.yaml").write_text(text)
+    r = tuner("run", str(tmp_path / "space.yaml"), "--results-dir", str(tmp_path / "results"), cwd=tmp_path)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert 1 <= len(lines) <= 3 and "Traceback" not in r.stderr and re.search(match, r.stderr), r.stderr
+    assert not (tmp_path / "results").exists()
 
 
 def test_debug_is_accepted_anywhere_and_shows_the_traceback(tmp_path):

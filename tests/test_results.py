@@ -203,3 +203,76 @@ def test_run_on_an_existing_name_says_resume(tmp_path, folder):
 def test_results_folder_path_reading(folder):
     res = open_results(Path(folder))
     assert len(res.records) == 6  # the cut last line is skipped
+
+
+def _wait_for(predicate, timeout, what):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if predicate():
+            return
+        time.sleep(0.2)
+    pytest.fail(f"timed out waiting for {what}")
+
+
+def _searched(out):
+    path = out / "trials.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [json.loads(x) for x in lines if x.strip()]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("when, signum", [
+    ("ray_start", signal.SIGTERM),
+    ("trial", signal.SIGTERM),
+    ("trial", signal.SIGINT),  # Ctrl-C
+    ("confirm", signal.SIGINT),
+])
+def test_a_stopped_search_ends_its_processes_and_resumes(tmp_path, when, signum):
+    import psutil
+
+    space = _space_file(tmp_path, "stopme", 4, "confirm: {top: 1}\n")
+    out = tmp_path / "r" / "stopme"
+    proc = subprocess.Popen([sys.executable, "-m", "tuner", "run", str(space), "--results-dir", str(tmp_path / "r"),
+                             "--quiet"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    tree: list = []
+    try:
+        if when == "ray_start":  # the folder is written just before Ray starts
+            _wait_for(lambda: (out / "space.yaml").exists(), 120, "the results folder")
+        elif when == "trial":
+            _wait_for(lambda: sum(r.get("phase") == "search" for r in _searched(out)) >= 1, 240, "a trial")
+            time.sleep(1.0)  # the next trial is running
+        else:
+            _wait_for(lambda: sum(r.get("phase") == "search" for r in _searched(out)) >= 4, 300, "the search")
+            time.sleep(0.5)  # the confirm round is running
+        tree = _descendants(proc.pid)
+        before = (out / "trials.jsonl").read_text() if (out / "trials.jsonl").exists() else ""
+        t0 = time.time()
+        os.kill(proc.pid, signum)
+        _, err = proc.communicate(timeout=60)
+        stop_s = time.time() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    # every process of the search (Ray, the trials, their DataLoader workers) is gone
+    alive = [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    deadline = time.time() + 20
+    while alive and time.time() < deadline:
+        time.sleep(0.5)
+        alive = [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    for p in alive:
+        p.kill()
+    assert not alive, [p.pid for p in alive]
+    assert proc.returncode == 128 + signum, err
+    assert stop_s < 30
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and f"resume {out}" in lines[0] and signal.Signals(signum).name in lines[0], err
+    after = (out / "trials.jsonl").read_text() if (out / "trials.jsonl").exists() else ""
+    assert after.startswith(before) and all(json.loads(x) for x in after.splitlines())  # intact, whole lines
+    # the lock is free: resume runs, and completes the budget with nothing measured twice
+    r = subprocess.run([sys.executable, "-m", "tuner", "resume", str(out), "--quiet"],
+                       capture_output=True, text=True, timeout=400)
+    assert r.returncode == 0, r.stderr
+    records = _searched(out)
+    searched = [x["key"] for x in records if x.get("phase") == "search"]
+    assert len(searched) == 4 and len(set(searched)) == 4
+    assert [x["phase"] for x in records if x.get("confirm_round")] == ["confirm", "baseline"]

@@ -31,7 +31,7 @@ def test_valid_space_expands_ranges_and_fixed_values(tmp_path):
     assert s.model.sampler == "guided" and s.model.budget.trials == 12
 
 
-@pytest.mark.parametrize("text,match", [
+BAD_SPACES = [
     ("name: t\nworkload: conv\nknobz: {}\n", r"space.yaml:3: knobz: unknown field 'knobz'"),
     ("name: t\nworkload: conv\nbudget:\n  trails: 3\n", r"space.yaml:4: budget.trails: unknown field 'trails'"),
     ("name: t\nworkload: conv\nbudget:\n  trials: many\n", r"space.yaml:4: budget.trials: .*integer"),
@@ -43,7 +43,14 @@ def test_valid_space_expands_ranges_and_fixed_values(tmp_path):
      "  effective_batch_size: 64\n", r"space.yaml:6: constraints.effective_batch_size: 64 is not a multiple"),
     ("name: t\nworkload: conv\nobjective: {metric: loss}\n", r"objective.metric"),
     ("name: t\nworkload: conv\nknobs: [a\n", r"space.yaml:\d+: not valid YAML: expected"),
-])
+    ("name: t\nworkload: conv\nknobs:\n  micro_batch_size: {min: 0, max: 8, log: true}\n",
+     r"space.yaml:4: knobs.micro_batch_size.min: .*0 is below the minimum 1"),
+    ("name: t\nworkload: conv\nknobs:\n  num_workers: {min: 0, max: 4, step: 0.5}\n",
+     r"space.yaml:4: knobs.num_workers: step must be an integer >= 1"),
+]
+
+
+@pytest.mark.parametrize("text,match", BAD_SPACES)
 def test_bad_space_names_field_and_line(tmp_path, text, match):
     with pytest.raises(UserError, match=match):
         _load(tmp_path, text)

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
+import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
-from tuner.errors import NoWinner, UserError, WorkloadError
+from tuner.errors import NoWinner, Stopped, UserError, WorkloadError
 
 
 def _parse_sets(items: list[str]) -> dict[str, Any]:
@@ -399,8 +402,16 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return doctor(args.address)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with a bad flag in one line naming it, as every other input error is (not
+    the whole usage)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"error: {self.prog}: {message} (see: {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m tuner", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="python -m tuner", description=__doc__.splitlines()[0])
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -536,15 +547,45 @@ def check_flags(args: argparse.Namespace) -> None:
         raise UserError(f"-o {out}: a folder; give a file name")
 
 
+def _stop_on_signals() -> Callable[[], None]:
+    """SIGTERM (a scheduler, ``kill``, a CI timeout) stops the command as Ctrl-C does, so
+    that cleanup runs: trials ended, the results folder's lock released. Ray Tune's own
+    Ctrl-C handler is turned off: it would end the Tune loop quietly and let the search
+    go on to its confirm rounds."""
+    import os
+
+    os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
+
+    def stop(signum: int, frame: Any) -> None:
+        raise Stopped(signum)
+
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    before = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
+
+    def restore() -> None:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
+
+    return restore
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv  # accepted anywhere on the line
     args = parser.parse_args([a for a in argv if a != "--debug"])
     args.debug = debug
+    restore = _stop_on_signals()
     try:
         check_flags(args)
         return args.func(args)
+    except Stopped as exc:
+        name = signal.Signals(exc.signum).name
+        where = f"; what was measured is kept in {exc.folder}; continue with: python -m tuner resume " \
+                f"{exc.folder}" if exc.folder else ""
+        print(f"stopped ({name}){where}", file=sys.stderr)
+        return 128 + exc.signum
     except (UserError, WorkloadError) as exc:
         if args.debug:
             raise
@@ -570,3 +611,5 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: internal error in tuner ({type(exc).__name__}: {exc}); please report it, "
               f"with the traceback in {path}", file=sys.stderr)
         return 1
+    finally:
+        restore()

@@ -1,4 +1,5 @@
-"""Errors the CLI turns into one clear line: exit status 2 (bad input) or 4 (no winner)."""
+"""Errors the CLI turns into one clear line: exit status 2 (bad input), 4 (no winner),
+130 or 143 (a search stopped by Ctrl-C or SIGTERM)."""
 
 
 class UserError(ValueError):
@@ -15,3 +16,13 @@ class WorkloadError(RuntimeError):
 class NoWinner(RuntimeError):
     """A results folder with no config to pick: no trial yet, or every measurement
     infeasible, screened or disturbed. The message says why and what to do."""
+
+
+class Stopped(KeyboardInterrupt):
+    """A stop asked for from outside (Ctrl-C: SIGINT, or SIGTERM from a scheduler or
+    ``kill``). A KeyboardInterrupt, so that it unwinds through Ray Tune's loop and every
+    ``finally`` like Ctrl-C does. ``folder``: the results folder, once known."""
+
+    def __init__(self, signum: int, folder: str | None = None):
+        super().__init__(signum, folder)
+        self.signum, self.folder = signum, folder

@@ -1,25 +1,26 @@
-"""GuidedSampler: an Optuna sampler that starts from the guides' advice and moves from the
-best config so far, with a model that sees how knobs interact.
+"""GuidedSampler: an Optuna sampler that starts from the guides' advice and then measures
+the config a model of the measurements so far expects to improve on the best one most.
 
 Strategy (DESIGN.md, "Searching well with few trials"): the first trials are the given
-starting points (PyTorch's defaults, then the guides' recommended config). Each next
-trial is an untried one- or two-knob change of the best config so far: the one the model
-scores highest. The model is log-throughput as a sum of one effect per (knob, value),
-one per pair of knob values, and, on CPUs, a term for intra-op threads that DataLoader
-workers leave without cores (``oversubscription``: on 2 cores, 1 worker with 2 threads
-read 0.69 of 2 workers with 1 thread). It is fitted by ridge regression on
-every trial so far, pairs shrunk harder than single knobs, so that with few trials it
-stays near the additive model and departs from it where the data disagree; an
-exploration bonus goes to values never measured. Among equal scores, knobs of larger
-usual impact go first (the knob table's ``priority``).
+starting points (PyTorch's defaults, the guides' recommended config, and on CPUs the
+same advice with the other split of the cores between intra-op threads and DataLoader
+workers). Each next trial is the untried config of highest expected improvement under
+a Bayesian ridge model of log-throughput: one effect per (knob, value), one per pair of
+knob values, and, on CPUs, a term for intra-op threads that DataLoader workers leave
+without cores (``oversubscription``). Pairs are shrunk harder than single knobs, so that
+with few trials the model stays near the additive one and departs from it where the
+data disagree; the posterior's spread is what makes an unmeasured value worth a trial.
+Every config of the space is scored (spaces of more than ``SCORE_ALL`` configs: the one-
+and two-knob moves from the best so far). Judged by ``benchmarks/search_replay.py`` on
+recorded landscapes: a local search from the incumbent with an exploration bonus stayed
+on the side of the cores split that its start had (0.62-0.77 of the best after 6 configs
+on 4 of 8 landscapes).
 
 A screened trial (stopped after a few windows as out of the running) counts for less
 in the fit, and once the model, fitted on full measurements alone, still predicts it
-within reach of the incumbent, it is measured again in full (once): screening on a
-trial's first windows dropped contenders. When no neighbour is left, any untried config
-is taken (Optuna's TPE only for spaces too large to enumerate); when every config has
-been measured, TPE's proposals re-measure configs. Noise is handled after the search,
-by re-measuring the top configs.
+within reach of the incumbent, it is measured again in full (once). When every config
+has been measured, TPE's proposals re-measure configs. Noise is handled after the
+search, by re-measuring the top configs.
 
 It is a plain ``optuna.samplers.BaseSampler``: Optuna stays the engine (study,
 storage, Ray's OptunaSearch), only the choice of the next point is ours.
@@ -42,8 +43,8 @@ from tuner import knobs
 
 
 class GuidedSampler(optuna.samplers.BaseSampler):
-    """Starting points first, then the one- or two-knob move from the incumbent that the
-    separable model scores highest; any untried config when no move is left.
+    """Starting points first, then the untried config of highest expected improvement
+    under ``InteractionModel``; any untried config when none is left to score.
 
     Args:
         domain: the searched knobs and their values (every list has 2+ values).
@@ -114,16 +115,30 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         retry = self._screened_contender(full, done, number)
         if retry is not None:
             return retry
-        incumbent = max(full or done, key=lambda d: self.sign * d[1])[0]
         model = InteractionModel(self.domain, done, self.sign, self.cores)
+        # Expected improvement over the model's own figure for the best config measured
+        # so far: the best single figure is the luckiest draw of several, and chasing it
+        # under-explores (the plug-in incumbent of noisy EI).
+        measured = [c for c, v, _ in (full or done) if 0 < v < 1e17]
+        top = max(map(model.predict, measured)) if measured else model.mean
+        pool = self._every_config()
+        if pool is None:  # too many to score all: the one- and two-knob moves from the best
+            incumbent = max(full or done, key=lambda d: self.sign * d[1])[0]
+            pool = self._candidates(incumbent)
         best, best_score = None, -math.inf
-        for candidate in self._candidates(incumbent):  # in priority order: ties keep the first
+        for candidate in pool:  # in priority order: ties keep the first
             if self.canonical(candidate) in seen:
                 continue
-            score = model.score(candidate)
+            score = model.expected_improvement(candidate, top)
             if score > best_score + 1e-12:
                 best, best_score = candidate, score
         return best if best is not None else self._untried(seen, number)
+
+    def _every_config(self) -> list[dict] | None:
+        """Every config of the domain, or None for a domain of more than ``SCORE_ALL``."""
+        if math.prod(len(v) for v in self.domain.values()) > SCORE_ALL:
+            return None
+        return [dict(zip(self.domain, values, strict=True)) for values in itertools.product(*self.domain.values())]
 
     def _screened_contender(self, full: list, done: list, number: int) -> dict | None:
         """A screened config to measure again in full: of those screened once and not
@@ -177,6 +192,9 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         return [values[j] for j in (i + dist, i - dist) if 0 <= j < len(values)]
 
 
+# Spaces up to this many configs have every config scored for the next trial.
+SCORE_ALL = 5000
+
 # A screened config predicted within 8% of the incumbent is measured in full: ridge
 # shrinks the predictions of the best configs towards the mean, a few % below their
 # figures, so a narrower band would never fire.
@@ -185,19 +203,17 @@ RETRY_WITHIN = 1.08
 
 class InteractionModel:
     """log(objective) ~ intercept + one effect per (knob, value) + one per pair of values of
-    two knobs + (CPU) an ``oversubscription`` term; ridge-regularized,
-    pairs shrunk ``pair_ridge / ridge`` times harder than single knobs.
+    two knobs + (CPU) an ``oversubscription`` term; Bayesian ridge regression: the
+    penalties are noise² / prior variance, pairs shrunk ``pair_ridge / ridge`` times
+    harder than single knobs, ``noise`` the scale of the posterior's spread (log units).
 
     ``done``: (config, value, screened) triples. A screened figure (a few windows) weighs
     ``screened_weight``. Infeasible trials (objective 0 or the minimize penalty) count as
     much worse than the worst feasible one, so their values are avoided.
-    ``score`` adds ``bonus`` for each of a config's values that no trial has measured
-    (optimism: an untried value may help as much as a typical good knob does).
     """
 
     def __init__(self, domain: dict[str, list], done: list[tuple], sign: float, cores: int | None = None,
-                 ridge: float = 0.3, pair_ridge: float = 1.5, bonus: float = math.log(1.15),
-                 screened_weight: float = 0.3):
+                 ridge: float = 0.3, pair_ridge: float = 1.5, screened_weight: float = 0.3, noise: float = 0.1):
         names = list(domain)
         self.cores = cores
         self.columns: dict[tuple, int] = {}
@@ -211,13 +227,11 @@ class InteractionModel:
                 self.columns[(a, _hashable(va), b, _hashable(vb))] = len(self.columns)
         self.over = len(self.columns) if cores else None
         n = len(self.columns) + (1 if cores else 0)
-        self.bonus = bonus
         feasible = [sign * math.log(d[1]) for d in done if 0 < d[1] < 1e17]
         floor = (min(feasible) if feasible else 0.0) - math.log(2.0)
         y = np.array([sign * math.log(d[1]) if 0 < d[1] < 1e17 else floor for d in done])
         x = np.array([self._row(d[0], n) for d in done])
         w = np.array([screened_weight if len(d) > 2 and d[2] else 1.0 for d in done])
-        self.counts = x[:, :self.n_main].sum(axis=0)
         self.mean = float((w * y).sum() / w.sum())
         penalty = np.full(n, pair_ridge)
         penalty[:self.n_main] = ridge
@@ -225,7 +239,13 @@ class InteractionModel:
             penalty[self.over] = ridge / 3  # a physical effect, not a guess: little shrinkage
         a = x.T @ (w[:, None] * x) + np.diag(penalty)
         self.w = np.linalg.solve(a, x.T @ (w * (y - self.mean)))
+        self.a_inv = np.linalg.inv(a)
+        self.noise = noise
         self.n = n
+
+    def posterior(self, config: dict) -> tuple[float, float]:
+        row = self._row(config)
+        return self.mean + float(row @ self.w), self.noise * math.sqrt(max(1e-12, float(row @ self.a_inv @ row)))
 
     def _row(self, config: dict, n: int | None = None) -> np.ndarray:
         row = np.zeros(n or self.n)
@@ -244,10 +264,13 @@ class InteractionModel:
     def predict(self, config: dict) -> float:
         return self.mean + float(self._row(config) @ self.w)
 
-    def score(self, config: dict) -> float:
-        row = self._row(config)
-        unexplored = float(((row[:self.n_main] > 0) & (self.counts == 0)).sum())
-        return self.mean + float(row @ self.w) + self.bonus * unexplored
+    def expected_improvement(self, config: dict, top: float) -> float:
+        """log E[max(0, f(config) - top)] under the posterior (a log, so that the far
+        tails still rank)."""
+        mu, sd = self.posterior(config)
+        z = (mu - top) / sd
+        ei = (mu - top) * _phi_cdf(z) + sd * _phi_pdf(z)
+        return math.log(ei) if ei > 1e-300 else -700.0 + z  # ordered by z past underflow
 
 
 def oversubscription(config: dict, cores: int | None) -> float:
@@ -262,6 +285,14 @@ def oversubscription(config: dict, cores: int | None) -> float:
     if threads <= 1:
         return 0.0
     return max(0.0, threads + int(config.get("num_workers") or 0) - cores) / cores
+
+
+def _phi_pdf(z: float) -> float:
+    return math.exp(-0.5 * z * z) / math.sqrt(2 * math.pi)
+
+
+def _phi_cdf(z: float) -> float:
+    return 0.5 * (1 + math.erf(z / math.sqrt(2)))
 
 
 def _hashable(v: Any) -> Any:

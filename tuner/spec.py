@@ -187,6 +187,25 @@ class Space:
             config["torch_threads"] = max(fits) if fits else min(t for t in threads if t is not None)
         return self.derive(config)
 
+    def start_points(self, ctx: knobs.Context) -> list[dict]:
+        """The guided search's first configs: PyTorch's defaults, the guides' advice, and on
+        CPUs where both threads and workers are searched, the advice with the other split
+        of the cores (threads and workers share them, and which side wins depends on the
+        workload: of 8 landscapes recorded on 2 cores, 3 were best with 1 thread and
+        workers, 3 with 2 threads and no worker, 2 with 2 threads and 1 worker)."""
+        default, rec = self.default_point(ctx), self.recommended_config(ctx)
+        starts = [default, rec]
+        threads, workers = self.domain.get("torch_threads"), self.domain.get("num_workers")
+        if ctx.device == "cpu" and threads and workers and len(threads) > 1 and len(workers) > 1 \
+                and None not in threads:
+            other = dict(rec)
+            if rec["torch_threads"] == min(threads):
+                other.update(torch_threads=max(threads), num_workers=min(workers))
+            else:
+                other.update(torch_threads=min(threads), num_workers=max(workers))
+            starts.append(self.derive(other))
+        return starts
+
     def default_point(self, ctx: knobs.Context) -> dict:
         """PyTorch's defaults projected onto the space: where the search's first trial goes,
         so that the optimized loop at default settings is always among the candidates.
@@ -263,6 +282,11 @@ def _expand_knob(name: str, raw: Any, where: _Where) -> list:
             raise _fail(where, path, "a range is {min: A, max: B} with optional step or log: true")
         if knobs.KNOBS[name].type is not int:
             raise _fail(where, path, "a range needs an integer knob")
+        for end in ("min", "max"):
+            try:
+                knobs.check_value(name, raw[end])
+            except UserError as exc:
+                raise _fail(where, path + (end,), str(exc)) from None
         lo, hi = knobs.check_value(name, raw["min"]), knobs.check_value(name, raw["max"])
         if lo > hi:
             raise _fail(where, path, f"min {lo} is above max {hi}")
@@ -274,9 +298,9 @@ def _expand_knob(name: str, raw: Any, where: _Where) -> list:
             if values[-1] != hi:
                 values.append(hi)
         else:
-            step = int(raw.get("step", 1))
-            if step < 1:
-                raise _fail(where, path, "step must be >= 1")
+            step = raw.get("step", 1)
+            if not isinstance(step, int) or isinstance(step, bool) or step < 1:
+                raise _fail(where, path, "step must be an integer >= 1")
             values = list(range(lo, hi + 1, step))
         return values
     values = raw if isinstance(raw, list) else [raw]
