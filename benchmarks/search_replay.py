@@ -31,6 +31,7 @@ within 3% of the final pick's.
 
     python benchmarks/search_replay.py [--seeds 200] [--landscapes files gpt2] [--strategies tuner stock-tpe]
     python benchmarks/search_replay.py --real-run   # also: the quickstart's first recommendation, timed
+    python benchmarks/search_replay.py --real-run-only   # that alone, into the existing JSON
 
 Writes ``benchmarks/out/search_replay.json``.
 """
@@ -340,11 +341,19 @@ def main() -> None:
     ap.add_argument("--strategies", nargs="*", default=list(STRATEGIES))
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--real-run", action="store_true", help="also time the real quickstart search")
+    ap.add_argument("--real-run-only", action="store_true",
+                    help="time the real quickstart search into the existing JSON, no replay")
     ap.add_argument("--out", default=str(HERE / "out" / "search_replay.json"))
     a = ap.parse_args()
     if a.cmd == "record":
         for s in a.space:
             record(Path(s))
+        return
+    if a.real_run_only:
+        data = json.loads(Path(a.out).read_text())
+        data["real_run"] = real = real_run()
+        Path(a.out).write_text(json.dumps(data, indent=1, default=str))
+        print(f"quickstart, the real tuner: {real['command_wall_s']:.0f} s to its recommendation; wrote {a.out}")
         return
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     names = a.landscapes or sorted(p.stem for p in LANDSCAPES.glob("*.json"))

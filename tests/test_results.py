@@ -1,5 +1,6 @@
 """show / export / report / resume on results folders: hand-made ones (fast) and real searches (slow)."""
 
+import contextlib
 import json
 import os
 import signal
@@ -276,3 +277,87 @@ def test_a_stopped_search_ends_its_processes_and_resumes(tmp_path, when, signum)
     searched = [x["key"] for x in records if x.get("phase") == "search"]
     assert len(searched) == 4 and len(set(searched)) == 4
     assert [x["phase"] for x in records if x.get("confirm_round")] == ["confirm", "baseline"]
+
+
+@pytest.mark.slow
+def test_a_corrupt_journal_is_rebuilt_from_the_records_on_resume(tmp_path):
+    space = _space_file(tmp_path, "journal", 2, "confirm: {top: 0}\n")
+    out = tmp_path / "r" / "journal"
+    r = subprocess.run([sys.executable, "-m", "tuner", "run", str(space), "--results-dir", str(tmp_path / "r"),
+                        "--quiet"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    journal = out / "optuna.journal"
+    lines = journal.read_text().splitlines()
+    assert len(lines) > 3
+    lines[len(lines) // 2] = '{"op_code": 5, "worker_id": "torn'  # a torn line in the middle
+    journal.write_text("\n".join(lines) + "\n")
+    r = subprocess.run([sys.executable, "-m", "tuner", "resume", str(out), "--trials", "4", "--quiet"],
+                       capture_output=True, text=True, timeout=400)
+    assert r.returncode == 0, r.stderr
+    notes = [x for x in r.stderr.splitlines() if "optuna.journal" in x]
+    assert len(notes) == 1 and "rebuilt from trials.jsonl" in notes[0], r.stderr
+    assert list(out.glob("optuna.journal.unreadable-*"))
+    searched = [x["key"] for x in _searched(out) if x.get("phase") == "search"]
+    assert len(searched) == 4 and len(set(searched)) == 4  # the first two kept, none measured twice
+    import optuna
+
+    study = optuna.load_study(study_name="journal", storage=optuna.storages.JournalStorage(
+        optuna.storages.journal.JournalFileBackend(str(journal))))
+    assert len(study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))) == 4
+
+
+def test_a_record_that_cannot_be_written_leaves_no_torn_line_and_says_what_is_kept(tmp_path):
+    """The Recorder on a disk that fills: /dev/full answers every write with ENOSPC,
+    as a full filesystem does."""
+    from tuner.errors import ResultsUnwritable
+    from tuner.knobs import Context
+    from tuner.search import Recorder
+
+    path = tmp_path / "trials.jsonl"
+    rec = Recorder(path, Context(device="cpu", cpu_count=2))
+    for n in range(3):
+        rec.add({"phase": "search", "config": {"micro_batch_size": 2 * (n + 1)}, "status": "ok"})
+    kept = path.read_text()
+    full = tmp_path / "full.jsonl"
+    full.symlink_to("/dev/full")
+    rec.path = full
+    with pytest.raises(ResultsUnwritable, match=r"full.jsonl: cannot write \(No space left on device\); "
+                                                r"the 3 measurements before it are kept"):
+        rec.add({"phase": "search", "config": {"micro_batch_size": 8}, "status": "ok"})
+    assert len(rec.records) == 3 and path.read_text() == kept
+
+
+def _mount_tmpfs(where: Path, size: str) -> bool:
+    where.mkdir(parents=True, exist_ok=True)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], capture_output=True)
+    return r.returncode == 0
+
+
+@pytest.mark.slow
+def test_a_results_disk_that_fills_mid_search_is_one_line_and_keeps_what_was_measured(tmp_path):
+    disk = tmp_path / "disk"
+    if not _mount_tmpfs(disk, "4m"):
+        pytest.skip("cannot mount a small tmpfs here (needs root); the Recorder test covers ENOSPC")
+    try:
+        space = _space_file(tmp_path, "full", 6, "confirm: {top: 0}\n")
+        out = disk / "full"
+        proc = subprocess.Popen([sys.executable, "-m", "tuner", "run", str(space), "--results-dir", str(disk),
+                                 "--quiet"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        try:
+            _wait_for(lambda: sum(r.get("phase") == "search" for r in _searched(out)) >= 2, 240, "two trials")
+            with open(disk / "filler", "wb") as f:  # the disk fills up
+                with contextlib.suppress(OSError):
+                    while True:
+                        f.write(b"\0" * 65536)
+            kept = (out / "trials.jsonl").read_text()
+            _, err = proc.communicate(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        assert proc.returncode == 2, err
+        lines = [x for x in err.strip().splitlines() if x.strip()]
+        assert len(lines) == 1 and "cannot write" in lines[0] and "No space left on device" in lines[0], err
+        after = (out / "trials.jsonl").read_text()
+        assert after.startswith(kept) and all(json.loads(x) for x in after.splitlines())  # no torn line
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], capture_output=True)

@@ -1,4 +1,5 @@
-"""Errors the CLI turns into one clear line: exit status 2 (bad input), 4 (no winner),
+"""Errors the CLI turns into one clear line: exit status 2 (bad input, or a results
+folder that cannot be written), 4 (no winner),
 130 or 143 (a search stopped by Ctrl-C or SIGTERM)."""
 
 
@@ -26,3 +27,8 @@ class Stopped(KeyboardInterrupt):
     def __init__(self, signum: int, folder: str | None = None):
         super().__init__(signum, folder)
         self.signum, self.folder = signum, folder
+
+
+class ResultsUnwritable(UserError):
+    """The results folder cannot be written (read-only, full disk, quota). The message
+    names the file and says what is kept."""

@@ -20,6 +20,7 @@ Order of a search:
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import itertools
 import json
@@ -28,6 +29,7 @@ import os
 import shutil
 import signal
 import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -40,7 +42,7 @@ import yaml
 
 from tuner import knobs, spec
 from tuner.distributed import cluster_shape
-from tuner.errors import Stopped, UserError
+from tuner.errors import ResultsUnwritable, Stopped, UserError
 from tuner.records import (
     aggregate,
     apply_constraints,
@@ -303,6 +305,7 @@ class Recorder:
     def __init__(self, path: Path, ctx: knobs.Context):
         self.path, self.ctx = path, ctx
         self.records: list[dict] = []
+        self.failure: ResultsUnwritable | None = None  # raised where Tune would wrap it
         if path.exists():
             self.records = read_trials(path)
             text = path.read_bytes()
@@ -317,12 +320,35 @@ class Recorder:
             except UserError:  # a config that cannot run here (its record says why)
                 record["key"] = json.dumps(record["config"], sort_keys=True, default=str)
         record["time"] = time.time()
-        with self.path.open("a") as f:
-            f.write(json.dumps(record, default=str) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        line = (json.dumps(record, default=str) + "\n").encode()
+        size = self.path.stat().st_size if self.path.exists() else 0
+        try:
+            with self.path.open("ab") as f:
+                f.write(line)
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as exc:
+            with contextlib.suppress(OSError):  # no torn line left behind
+                os.truncate(self.path, size)
+            self.failure = ResultsUnwritable(
+                f"{self.path}: cannot write ({exc.strerror or exc}); the {len(self.records)} measurements before "
+                f"it are kept; make room, then `python -m tuner resume {self.path.parent}`")
+            raise self.failure from None
         self.records.append(record)
         return record
+
+
+@contextlib.contextmanager
+def _writable(out: Path) -> Iterator[None]:
+    """A results folder that cannot be created or written (read-only, full) is one line."""
+    try:
+        yield
+    except OSError as exc:
+        about_out = exc.filename is not None and str(exc.filename).startswith(str(out))
+        if not (about_out or exc.errno in (errno.ENOSPC, errno.EROFS, errno.EDQUOT)):
+            raise
+        raise ResultsUnwritable(f"{exc.filename or out}: cannot write the results folder "
+                                f"({exc.strerror or exc})") from None
 
 
 @contextlib.contextmanager
@@ -595,7 +621,7 @@ def run_search(space: spec.Space, *, results_root: Path, address: str | None = N
     m = space.model
     spec.check_name(m.name)
     out = (results_root / m.name).resolve()
-    with writer_lock(out):  # one writer per results folder: a second run/resume is refused
+    with _writable(out), writer_lock(out):  # one writer per results folder: a second run/resume is refused
         trials_path = out / "trials.jsonl"
         if trials_path.exists() and not resume:
             raise UserError(f"name: results for '{m.name}' already exist in {out}; continue them with "
@@ -702,9 +728,8 @@ def _search(space: spec.Space, out: Path, progress: Progress, ray_start_s: float
 
         # -- the search proper
         remaining = max(0, m.search_trials() - len({r["key"] for r in previous}))
-        storage = optuna.storages.JournalStorage(
-            optuna.storages.journal.JournalFileBackend(str(out / "optuna.journal")))
         optuna.logging.set_verbosity(optuna.logging.WARNING)
+        storage = _open_journal(space, out, progress)
         if previous:
             _repair_study(space, ctx, storage, previous)
         if remaining > 0:
@@ -915,6 +940,34 @@ def _cpu_facts() -> bool:
     return cpu_has_bf16()
 
 
+def _open_journal(space: spec.Space, out: Path, progress: Progress) -> Any:
+    """The Optuna study's journal storage. ``trials.jsonl`` is the record of truth: a
+    journal that cannot be read (a torn or edited line) is moved aside and the study
+    rebuilt from the records (``_repair_study``), with one line to say so."""
+    import optuna
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+
+    path = out / "optuna.journal"
+    try:
+        storage = JournalStorage(JournalFileBackend(str(path)))
+        storage.get_all_studies()  # replays the whole log: a bad line raises here
+        return storage
+    except Exception as exc:  # noqa: BLE001 - whatever Optuna raises, the records rebuild it
+        aside = path.with_name(f"optuna.journal.unreadable-{time.strftime('%Y%m%d-%H%M%S')}")
+        path.rename(aside)
+        progress.close()  # a line of its own, also with --quiet
+        print(f"note: {path}: unreadable ({type(exc).__name__}: {str(exc)[:80]}); moved to "
+              f"{aside.name}, the study is rebuilt from trials.jsonl", file=sys.stderr, flush=True)
+    storage = JournalStorage(JournalFileBackend(str(path)))
+    m = space.model
+    directions = [("maximize" if spec.OBJECTIVE_METRICS[m.objective.metric] == "max" else "minimize")]
+    if m.objective.memory:
+        directions.append("minimize")
+    optuna.create_study(storage=storage, study_name=m.name, directions=directions)
+    return storage
+
+
 def _repair_study(space: spec.Space, ctx: knobs.Context, storage: Any, previous: list[dict]) -> None:
     """After a kill: close the trials the kill cut, and tell Optuna every measured trial it
     missed (a record is written before Optuna is told), so none is run twice."""
@@ -1062,7 +1115,14 @@ def _fit(run: SearchRun, start: list[dict], storage: Any, remaining: int, previo
                                   log_to_file=True,
                                   failure_config=tune.FailureConfig(max_failures=1)),
     )
-    tuner.fit()
+    try:
+        tuner.fit()
+    except Exception:
+        if recorder.failure is not None:  # raised in a Tune callback, and wrapped by Tune
+            raise recorder.failure from None
+        raise
+    if recorder.failure is not None:
+        raise recorder.failure
 
 
 def retry_room(configs: int) -> int:

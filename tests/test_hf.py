@@ -1,0 +1,68 @@
+"""tuner.hf: a Workload from a transformers model built from a config, and a dataset of
+dicts, through the real command line (no download: the model comes from a config)."""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytest.importorskip("transformers")
+
+WORKLOAD = '''\
+import torch
+from transformers import GPT2Config
+
+from tuner.hf import hf_workload
+
+
+def tokens(n=64, seq=16, vocab=256):
+    g = torch.Generator().manual_seed(0)
+    return [{"input_ids": torch.randint(0, vocab, (seq,), generator=g),
+             "attention_mask": torch.ones(seq, dtype=torch.long)} for _ in range(n)]
+
+
+def make(labels_from="input_ids", as_module=False):
+    config = GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=256, n_positions=16,
+                        bos_token_id=0, eos_token_id=0)
+    if as_module:
+        from transformers import GPT2LMHeadModel
+
+        return hf_workload(GPT2LMHeadModel(config), dataset=tokens, labels_from=labels_from)
+    return hf_workload(config, dataset=tokens(), labels_from=labels_from)
+'''
+
+
+def _bench(tmp_path, args="", *flags):
+    (tmp_path / "my_workload.py").write_text(WORKLOAD)
+    space = tmp_path / "space.yaml"
+    space.write_text(textwrap.dedent(f"""\
+        name: hf
+        workload: my_workload.py:make
+        workload_args: {{{args}}}
+        knobs:
+          micro_batch_size: [8]
+        measure: {{warmup_steps: 2, window_s: 0.2, min_windows: 3, max_windows: 4}}
+        """))
+    return subprocess.run([sys.executable, "-m", "tuner", "bench", str(space), "--json", *flags],
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("args, flags", [
+    ("", ()),  # a config and a list of dicts, in the trial's process
+    ("as_module: true", ("--set", "num_workers=1")),  # a module copied per trial; a DataLoader worker
+])
+def test_a_model_from_a_config_trains_with_its_own_loss(tmp_path, args, flags):
+    r = _bench(tmp_path, args, *flags)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["samples_per_sec"] > 0 and out["loss_finite"] is True
+    assert out["config"]["micro_batch_size"] == 8
+
+
+def test_a_model_that_returns_no_loss_is_one_line_naming_the_fix(tmp_path):
+    r = _bench(tmp_path, "labels_from: null")
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "returned no loss" in lines[0] and "labels_from" in lines[0], r.stderr

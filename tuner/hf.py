@@ -1,0 +1,112 @@
+"""A Workload from a Hugging Face ``transformers`` model and a dataset of dicts, in a few
+lines: the model's own loss, batches passed to the model as keyword arguments.
+
+    # my_workload.py, named in the space file as `my_workload.py:make`
+    from transformers import GPT2Config
+    from tuner.hf import hf_workload
+
+    def make():
+        return hf_workload(GPT2Config(n_layer=4), dataset=my_token_dataset(),
+                           labels_from="input_ids")
+
+``transformers`` is imported only when a model is built from a config.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from tuner.errors import UserError, WorkloadError
+from tuner.workloads import Workload
+
+
+def hf_workload(model: Any, dataset: Any, *, model_class: Any = None, labels_from: str | None = None,
+                collate: Callable[[list], Any] | None = None,
+                optimizer: Callable[[Any], Any] | None = None,
+                flops_per_sample: float | None = None) -> Workload:
+    """A Workload whose loss is the model's own (``model(**batch).loss``).
+
+    Args:
+        model: a ``transformers.PretrainedConfig`` (the model is built from it, no
+            download: ``model_class.from_config``-style, by default the causal-LM head
+            for the config's architecture), a ``torch.nn.Module`` (each trial trains a
+            fresh copy of it), or a function that returns a new model.
+        dataset: a map-style dataset of dicts of tensors (a list of dicts, a
+            ``datasets.Dataset`` with ``set_format("torch")``, your own ``Dataset``), or a
+            function that returns one.
+        model_class: the class to build from a config (``GPT2LMHeadModel``,
+            ``AutoModelForSequenceClassification``...): anything with ``from_config`` or a
+            constructor taking the config.
+        labels_from: the batch key passed as ``labels`` where the batch has none
+            (``"input_ids"`` for a causal LM: the model shifts them itself).
+        collate, optimizer, flops_per_sample: as in ``tuner.Workload`` (a
+            ``DataCollatorWithPadding`` for token lists of unequal length).
+    """
+    return Workload(model=_model_factory(model, model_class), dataset=_dataset_factory(dataset),
+                    loss=ModelLoss(labels_from), collate=collate, optimizer=optimizer,
+                    flops_per_sample=flops_per_sample)
+
+
+class ModelLoss:
+    """``loss(model, batch)``: the model's output ``loss`` for a dict batch."""
+
+    def __init__(self, labels_from: str | None = None):
+        self.labels_from = labels_from
+
+    def __call__(self, model: Any, batch: Any) -> Any:
+        if not isinstance(batch, Mapping):
+            raise WorkloadError(f"hf_workload: a batch is a dict of tensors (model(**batch)); got "
+                                f"{type(batch).__name__}: the dataset's items should be dicts")
+        kwargs = dict(batch)
+        if self.labels_from is not None and "labels" not in kwargs:
+            if self.labels_from not in kwargs:
+                raise WorkloadError(f"hf_workload: labels_from={self.labels_from!r}, but the batch has only "
+                                    f"{', '.join(map(str, kwargs))}")
+            kwargs["labels"] = kwargs[self.labels_from]
+        out = model(**kwargs)
+        loss = out.get("loss") if isinstance(out, Mapping) else getattr(out, "loss", None)
+        if loss is None:
+            raise WorkloadError("hf_workload: the model returned no loss: give the dataset's items a 'labels' "
+                                "key, or set labels_from (\"input_ids\" for a causal LM)")
+        return loss
+
+
+def _model_factory(model: Any, model_class: Any) -> Callable[[], Any]:
+    import torch
+
+    if isinstance(model, torch.nn.Module):
+        template = model
+        return lambda: copy.deepcopy(template)
+    if _is_config(model):
+        return lambda: _from_config(model, model_class)
+    if callable(model):
+        return model
+    raise UserError(f"hf_workload: model is a transformers config, a torch.nn.Module or a function that "
+                    f"returns one; got {type(model).__name__}")
+
+
+def _is_config(obj: Any) -> bool:
+    # PretrainedConfig, renamed PreTrainedConfig in transformers 5
+    return any(c.__name__.lower() == "pretrainedconfig" for c in type(obj).__mro__)
+
+
+def _from_config(config: Any, model_class: Any) -> Any:
+    if model_class is None:
+        from transformers import AutoModelForCausalLM
+
+        try:
+            return AutoModelForCausalLM.from_config(config)
+        except ValueError:
+            raise UserError(f"hf_workload: {type(config).__name__} has no causal-LM head; pass model_class "
+                            f"(for example AutoModelForSequenceClassification)") from None
+    if hasattr(model_class, "from_config"):
+        return model_class.from_config(config)
+    return model_class(config)
+
+
+def _dataset_factory(dataset: Any) -> Callable[[], Any]:
+    if callable(dataset) and not hasattr(dataset, "__getitem__") and not hasattr(dataset, "__iter__"):
+        return dataset
+    return lambda: dataset
