@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -179,7 +180,9 @@ def main() -> None:
     a = ap.parse_args()
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     results = [run(w, ARGS.get(w, {}), a.repeats, Path(a.out).parent / "results") for w in a.workloads.split(",")]
-    Path(a.out).write_text(json.dumps({"hardware": describe(), "measure": MEASURE, "results": results},
+    Path(a.out).write_text(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M"),
+                                       "command": "python benchmarks/loop_vs_naive.py " + " ".join(sys.argv[1:]),
+                                       "hardware": describe(), "measure": MEASURE, "results": results},
                                       indent=2, default=str))
     print(f"\n{'workload':<12} {'naive':>8} {'good':>8} {'limit':>8} {'good/naive':>10} {'good/limit':>10} "
           f"{'steady/limit':>12} {'cv':>6}")

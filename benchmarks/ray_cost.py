@@ -1,13 +1,13 @@
 """What do the tuner's own Ray processes cost the training loop beside them?
 
-A local Ray as a search starts it (``tuner.search.start_local_ray``: its daemons, an
+A local Ray as a search starts it (``tuner.localray.start_local_ray``: its daemons, an
 idle worker; before stop 30 also an actor and Ray's log monitor and metrics), and in the
 same process a plain training loop on every core (2 threads on 2 cores: the case where
 a process that takes a core for a moment stalls both threads). The loop's windows are
 timed with Ray's processes in each of three states, in a random order within every
 cycle, so that the VM's drift hits every state alike (the ratios are paired per cycle):
 
-- ``tuner``: as a search leaves them (``tuner.search.tuner_processes``): the daemons
+- ``tuner``: as a search leaves them (``tuner.localray.tuner_processes``): the daemons
   (GCS, dashboard, agents) at SCHED_IDLE (they run on a core nothing else wants, and do
   not preempt the loop when they wake), the raylet and the workers as Ray starts them;
 - ``nice10``: the daemons at nice 10 instead, as searches left them
@@ -52,7 +52,7 @@ def main() -> None:
     from torch.utils.data import DataLoader
 
     from tuner.hardware import describe
-    from tuner.search import _is_ray_worker, start_local_ray, tuner_processes
+    from tuner.localray import _is_ray_worker, start_local_ray, tuner_processes
     from tuner.workloads import load_workload
 
     cores = os.cpu_count() or 1

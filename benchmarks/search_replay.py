@@ -58,7 +58,8 @@ from tuner import knobs, spec  # noqa: E402
 from tuner.measure import median_error, screen_stop  # noqa: E402
 from tuner.records import aggregate, best_of, rank, within_noise  # noqa: E402
 from tuner.sampler import GuidedSampler  # noqa: E402
-from tuner.search import Board, Canonical, SearchSpace  # noqa: E402
+from tuner.screening import Board  # noqa: E402
+from tuner.study import Canonical, SearchSpace  # noqa: E402
 
 HERE = Path(__file__).parent
 LANDSCAPES = HERE / "landscapes"

@@ -706,7 +706,7 @@ def main() -> None:
         if not a.no_search and not a.twins:
             import ray
 
-            from tuner.search import start_local_ray
+            from tuner.localray import start_local_ray
 
             start_local_ray(log_to_driver=False, logging_level="ERROR")  # as `tuner run` starts it
             try:
@@ -737,7 +737,7 @@ def main() -> None:
     if not a.no_search:
         import ray
 
-        from tuner.search import start_local_ray
+        from tuner.localray import start_local_ray
 
         start_local_ray(log_to_driver=False, logging_level="ERROR")  # as `tuner run` starts it
         try:

@@ -117,8 +117,8 @@ def one(state: str, window_s: float) -> dict:
     import ray
     from ray import tune
 
+    from tuner.localray import start_local_ray, tuner_processes
     from tuner.measure import wait_while_timed
-    from tuner.search import start_local_ray, tuner_processes
 
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
@@ -136,9 +136,9 @@ def one(state: str, window_s: float) -> dict:
         ray.get(actor.pid.remote())
     else:
         if state == "stop30":  # Ray's timers, and its autoscaler monitor, as stop 30 left them
-            import tuner.search
+            import tuner.localray
 
-            tuner.search.QUIET_RAY_PARAMS = {"include_log_monitor": False}
+            tuner.localray.QUIET_RAY_PARAMS = {"include_log_monitor": False}
         start_local_ray(**kwargs, **({"_system_config": RAYLET_TIMER_DEFAULTS} if state == "stop30" else {}))
         import tempfile
 

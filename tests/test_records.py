@@ -48,7 +48,7 @@ def test_truncated_or_foreign_json_is_one_line(tmp_path):
 
 def test_the_recorder_cuts_a_torn_tail_before_appending(tmp_path):
     from tuner import knobs
-    from tuner.search import Recorder
+    from tuner.study import Recorder
 
     p = tmp_path / "trials.jsonl"
     p.write_text(_rec(0) + "\n" + _rec(1)[:15])

@@ -269,7 +269,13 @@ def test_a_stopped_search_ends_its_processes_and_resumes(tmp_path, when, signum)
     assert len(lines) == 1 and f"resume {out}" in lines[0] and signal.Signals(signum).name in lines[0], err
     after = (out / "trials.jsonl").read_text() if (out / "trials.jsonl").exists() else ""
     assert after.startswith(before) and all(json.loads(x) for x in after.splitlines())  # intact, whole lines
-    # the lock is free: resume runs, and completes the budget with nothing measured twice
+    from tuner.records import writer_lock
+
+    with writer_lock(out):  # the lock was released
+        pass
+    if (when, signum) not in (("ray_start", signal.SIGTERM), ("trial", signal.SIGTERM)):
+        return  # resumed after a stop before the first trial, and after one during a trial
+    # resume completes the budget with nothing measured twice
     r = subprocess.run([sys.executable, "-m", "tuner", "resume", str(out), "--quiet"],
                        capture_output=True, text=True, timeout=400)
     assert r.returncode == 0, r.stderr
@@ -311,7 +317,7 @@ def test_a_record_that_cannot_be_written_leaves_no_torn_line_and_says_what_is_ke
     as a full filesystem does."""
     from tuner.errors import ResultsUnwritable
     from tuner.knobs import Context
-    from tuner.search import Recorder
+    from tuner.study import Recorder
 
     path = tmp_path / "trials.jsonl"
     rec = Recorder(path, Context(device="cpu", cpu_count=2))
@@ -361,3 +367,52 @@ def test_a_results_disk_that_fills_mid_search_is_one_line_and_keeps_what_was_mea
         assert after.startswith(kept) and all(json.loads(x) for x in after.splitlines())  # no torn line
     finally:
         subprocess.run(["umount", "-l", str(disk)], capture_output=True)
+
+
+def test_a_read_only_results_disk_is_one_line_before_anything_runs(tmp_path):
+    disk = tmp_path / "ro"
+    if not _mount_tmpfs(disk, "1m"):
+        pytest.skip("cannot mount a small tmpfs here (needs root)")
+    try:
+        assert subprocess.run(["mount", "-o", "remount,ro", str(disk)], capture_output=True).returncode == 0
+        space = _space_file(tmp_path, "ro", 2)
+        r = subprocess.run([sys.executable, "-m", "tuner", "run", str(space), "--results-dir", str(disk), "--quiet"],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2, r.stderr
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and "cannot write the results folder (Read-only file system)" in lines[0], r.stderr
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], capture_output=True)
+
+
+def test_a_lost_trial_is_shown_and_is_never_a_result(tmp_path):
+    """What the Tune callback records when Ray loses a trial with its node or worker and
+    runs it again (``tuner.tune_run.ray_failure``): a ``lost`` line, never a result."""
+    from types import SimpleNamespace
+
+    from tuner.records import aggregate
+    from tuner.tables import print_show
+    from tuner.tune_run import ray_failure
+
+    error = tmp_path / "error.txt"
+    error.write_text("Traceback ...\nray.exceptions.ActorDiedError: The actor died unexpectedly\n"
+                     "the actor's node was terminated expectedly: received SIGTERM\n")
+    reason = ray_failure(SimpleNamespace(error_file=str(error)))
+    assert reason.startswith("lost: Ray's node or worker running the trial died") and "SIGTERM" in reason
+    other = tmp_path / "other.txt"
+    other.write_text("RuntimeError: something else\n")
+    assert ray_failure(SimpleNamespace(error_file=str(other))).startswith("trial crashed in Ray")
+    records = [_rec("baseline", {"micro_batch_size": 2}, 100.0, 10.0),
+               {**_rec("lost", {"micro_batch_size": 4}, None, None, status="lost", reason=reason + "; tried again")},
+               _rec("search", {"micro_batch_size": 4}, 150.0, 10.0, n=1)]
+    rows = aggregate(records, "samples_per_sec")
+    assert len(rows) == 1 and rows[0]["feasible"] and rows[0]["measurements"] == 1
+    folder = tmp_path / "r" / "lost"
+    folder.mkdir(parents=True)
+    (folder / "space.yaml").write_text("name: lost\nworkload: conv\n")
+    (folder / "trials.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    import io
+
+    shown = io.StringIO()
+    print_show(open_results(folder), out=shown)
+    assert "lost: micro_batch_size=4" in shown.getvalue() and "tried again" in shown.getvalue()

@@ -190,7 +190,7 @@ def test_a_local_ray_starts_without_the_parts_a_search_never_reads():
     import psutil
     import ray
 
-    from tuner.search import QUIET_RAY_CONFIG, QUIET_RAY_ENV, start_local_ray
+    from tuner.localray import QUIET_RAY_CONFIG, QUIET_RAY_ENV, start_local_ray
 
     unset = [k for k in QUIET_RAY_ENV if k not in os.environ]
     start_local_ray(num_cpus=1, log_to_driver=False)
@@ -299,7 +299,7 @@ def test_the_tuner_s_own_processes_are_ray_s_daemons_and_agents_and_not_its_work
 
     import psutil
 
-    from tuner.search import tuner_processes
+    from tuner.localray import tuner_processes
 
     @ray_local.remote
     class Worker:
@@ -373,4 +373,3 @@ def test_two_rank_trials_run_at_once_and_never_share_a_logical_gpu(tmp_path, log
         assert len(slots[-1]) == 2
     assert a["started_at"] < b["ended_at"] and b["started_at"] < a["ended_at"]  # at once
     assert not slots[0] & slots[1]  # no GPU given to both
-

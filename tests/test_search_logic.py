@@ -5,7 +5,8 @@ import json
 import pytest
 
 from tuner import spec
-from tuner.search import aggregate, pareto_front, plan_resources, rank
+from tuner.records import aggregate, pareto_front, rank
+from tuner.search import plan_resources
 
 
 def _space(tmp_path, text):
@@ -39,7 +40,7 @@ def test_plan_resources_and_aggregation(tmp_path):
 
 
 def test_disturbed_measurements_never_pick_the_winner():
-    from tuner.search import baseline_of, best_of
+    from tuner.records import baseline_of, best_of
 
     recs = [
         # the fastest figure, but measured only while the machine was disturbed
@@ -69,7 +70,7 @@ def test_disturbed_measurements_never_pick_the_winner():
 
 
 def test_screened_rows_never_win_and_confirm_takes_only_rows_within_noise():
-    from tuner.search import best_of, with_cold_compile, within_noise
+    from tuner.records import best_of, with_cold_compile, within_noise
 
     recs = [
         {"phase": "search", "key": "a", "config": {"x": 1}, "status": "ok", "samples_per_sec": 100.0,
@@ -100,7 +101,8 @@ def _full(value, config, error=0.01):
 
 
 def test_after_screened_trials_in_a_row_the_incumbent_is_measured_again():
-    from tuner.search import BOARD_KEY, Board, TrialJob, rescreen
+    from tuner.screening import BOARD_KEY, Board, rescreen
+    from tuner.tune_run import TrialJob
 
     board = Board(recheck_after=2)
     assert board.screen() is None  # nothing measured yet
@@ -151,7 +153,7 @@ def test_after_screened_trials_in_a_row_the_incumbent_is_measured_again():
 
 
 def test_a_leader_whose_repeats_disagree_has_not_beaten_the_rows_behind_it():
-    from tuner.search import within_noise
+    from tuner.records import within_noise
 
     recs = [
         # measured fast, then 30% slower once the machine drifted

@@ -78,7 +78,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         import ray
 
         from tuner.distributed import run_ranks
-        from tuner.search import start_local_ray
+        from tuner.localray import start_local_ray
 
         start_local_ray(configure_logging=False, log_to_driver=False)
         try:

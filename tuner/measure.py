@@ -32,7 +32,7 @@ import statistics
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import psutil
@@ -487,6 +487,10 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
     With several data-parallel ranks (``trainer.world``), every rank calls this; the
     figures are global (all ranks' samples over the slowest rank's time) and each
     rank's own are under ``ranks`` (``rank_info`` is added to this rank's entry).
+
+    The phases: the warm-up (``_warm_up``), the windows' size (``WindowPlan``), the timed
+    windows (``_timed_windows``), the disturbed ones left out (``_leave_out_disturbed``),
+    the figures with epoch boundaries (``_figures``) and the record (``_record``).
     """
     say = progress or (lambda msg: None)
     probe = probe or TreeProbe()
@@ -499,210 +503,286 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
         # ranks as Ray workers: they are how a multi-rank trial runs, not load beside it
         # (counted as outside load, a quiet 2-rank search here marked 2 of 4 disturbed).
         probe.add_peers(ray_workers_beside(probe))
-    step_samples = trainer.samples_per_step * trainer.world  # all ranks' samples per step
-    device = trainer.device
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
+    if trainer.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(trainer.device)
+    warm = _warm_up(trainer, settings, say)
+    if agree.any(not trainer.loss_finite()):
+        return _nonfinite(trainer, warm.seconds)
+    windows = WindowPlan.size(trainer, settings, agree, warm)
+    nvml = NvmlSampler(trainer.device)
+    with nvml, hushed() as driver_asleep:
+        timed = _timed_windows(trainer, settings, windows, agree, LoadMeter(probe, nvml), probe, screen, say)
+    if timed.nonfinite:
+        return _nonfinite(trainer, warm.seconds)
+    probe.sample_memory()
+    left_out = _leave_out_disturbed(timed, settings)
+    figures = _figures(trainer, plan, timed, warm, startup_s, settings)
+    result = _record(trainer, timed, figures, probe, windows, warm, startup_s, screen, left_out)
+    result["driver_asleep"] = driver_asleep  # the search's driver slept through the windows (hushed)
+    result.update(nvml.summary())
+    result["world_size"] = agree.world
+    result["samples_per_sec_per_rank"] = result["samples_per_sec"] / agree.world
+    if agree.world > 1:
+        own = {"rank": trainer.rank, **(rank_info or {}),
+               "step_time_ms": timed.own_s / max(1, timed.own_steps) * 1e3,
+               "data_wait_fraction": min(1.0, timed.own_wait_s / timed.own_s) if timed.own_s > 0 else None,
+               "peak_host_memory_mb": result["peak_host_memory_mb"],
+               "peak_device_memory_mb": result["peak_device_memory_mb"]}
+        result.update(across_ranks(agree.gather(own)))
+    return result
 
-    # -- warm-up: worker start, compile, autotune. Each step timed (syncs are fine here).
+
+@dataclass
+class WarmUp:
+    steps: list[float]  # each warm-up step's seconds
+    seconds: float  # the whole warm-up
+    start_s: float  # DataLoader workers spawned
+    first_wait: float  # the first batch's wait: workers started, dataset opened
+
+
+def _warm_up(trainer: Trainer, settings: MeasureSettings, say: Callable[[str], None]) -> WarmUp:
+    """Worker start, compile, autotune; each step timed (syncs are fine here). The first
+    epoch ends with the warm-up, so the timed phase starts on an epoch start."""
     t0 = perf_counter()
-    # The first epoch ends with the warm-up, so the timed phase starts on an epoch start.
     trainer.set_epoch_limit(settings.warmup_steps * trainer.samples_per_step)
     s0 = perf_counter()
     trainer.start()
-    start_s = perf_counter() - s0  # DataLoader workers spawned
-    warm_steps: list[float] = []
+    start_s = perf_counter() - s0
+    steps: list[float] = []
     first_wait = 0.0
     for i in range(settings.warmup_steps):
         say(f"warm-up step {i + 1}/{settings.warmup_steps}")
         s0 = perf_counter()
         trainer.step()
-        synchronize(device)
-        warm_steps.append(perf_counter() - s0)
+        synchronize(trainer.device)
+        steps.append(perf_counter() - s0)
         if i == 0:
-            first_wait = trainer.data_wait_s  # the first batch: workers started, dataset opened
-    warmup_s = perf_counter() - t0
-    if agree.any(not trainer.loss_finite()):
-        return _nonfinite(trainer, warmup_s)
+            first_wait = trainer.data_wait_s
+    return WarmUp(steps, perf_counter() - t0, start_s, first_wait)
 
-    # -- size the windows from the last warm-up steps, and shorten epochs so that
-    #    the timed phase crosses epoch boundaries.
-    est = agree.max(min(warm_steps[-2:]) if len(warm_steps) >= 2 else warm_steps[-1])[0]
-    # The warm-up can read fast: DataLoader workers fill their prefetch queues while the
-    # first steps compile, and the last warm-up steps only drain them. So the first
-    # window is also capped in time, and sizes the windows after it.
-    # DataLoader workers take batches in turn and deliver them in order, and after an
-    # epoch starts they run in step: the waits repeat every round of num_workers
-    # micro-batches, counted from the epoch start. Windows and epochs are whole rounds
-    # (whole steps too: a cycle is the least multiple of both), so every window starts
-    # and ends at the same point of a round. A window of, say, 3.25 rounds that ends
-    # just after a round arrived reads up to a round fast, and the last window of an
-    # epoch always does: +8% with 8 workers, before windows were whole rounds.
-    workers = getattr(trainer.loader, "num_workers", 0)
-    cycle = math.lcm(workers, trainer.accum) // trainer.accum if workers else 1
-    min_steps = cycle * max(1, math.ceil(2 * workers / (cycle * trainer.accum)))  # two rounds
 
-    # Five windows must fit in an epoch (see size_epochs): where the dataset is shorter
-    # than five windows of the asked length but holds five of two rounds each, the
-    # windows are shortened to a fifth of it (the 8-worker test's dataset of 128 steps
-    # had no two steady windows, and its figure fell back to the pauses).
-    dataset_steps = (_dataset_len(trainer) or 0) // step_samples
-    room = (dataset_steps // EPOCH_WINDOWS) // cycle * cycle if settings.epoch_steps is None else 0
+@dataclass
+class WindowPlan:
+    """How long a timed window is (in steps) and how long an epoch.
 
-    def whole_cycles(steps: float) -> int:
-        n = max(min_steps, cycle * math.ceil(steps / cycle))
-        return min(n, room) if room >= min_steps else n
+    DataLoader workers take batches in turn and deliver them in order, and after an
+    epoch starts they run in step: the waits repeat every round of num_workers
+    micro-batches, counted from the epoch start. Windows and epochs are whole rounds
+    (whole steps too: a cycle is the least multiple of both), so every window starts
+    and ends at the same point of a round. A window of, say, 3.25 rounds that ends
+    just after a round arrived reads up to a round fast, and the last window of an
+    epoch always does: +8% with 8 workers, before windows were whole rounds.
+    """
 
-    window_steps = whole_cycles(settings.window_s / max(est, 1e-6))
+    trainer: Trainer
+    settings: MeasureSettings
+    est: float  # seconds per step, from the warm-up
+    cycle: int
+    min_steps: int
+    room: int  # steps a window may have for five to fit in an epoch (0: no limit)
+    dataset_steps: int
+    steps: int = 0  # per window
+    cap_s: float = math.inf  # the first window is also capped in time
+    sized: bool = False  # sized by the first undisturbed window
 
-    def size_epochs(now: bool = False) -> None:
+    @classmethod
+    def size(cls, trainer: Trainer, settings: MeasureSettings, agree: Agree, warm: WarmUp) -> WindowPlan:
+        # The warm-up can read fast: DataLoader workers fill their prefetch queues while
+        # the first steps compile, and the last warm-up steps only drain them. So the first
+        # window is also capped in time, and sizes the windows after it.
+        est = agree.max(min(warm.steps[-2:]) if len(warm.steps) >= 2 else warm.steps[-1])[0]
+        workers = getattr(trainer.loader, "num_workers", 0)
+        cycle = math.lcm(workers, trainer.accum) // trainer.accum if workers else 1
+        min_steps = cycle * max(1, math.ceil(2 * workers / (cycle * trainer.accum)))  # two rounds
+        # Five windows must fit in an epoch (see size_epochs): where the dataset is shorter
+        # than five windows of the asked length but holds five of two rounds each, the
+        # windows are shortened to a fifth of it (the 8-worker test's dataset of 128 steps
+        # had no two steady windows, and its figure fell back to the pauses).
+        dataset_steps = (_dataset_len(trainer) or 0) // (trainer.samples_per_step * trainer.world)
+        room = (dataset_steps // EPOCH_WINDOWS) // cycle * cycle if settings.epoch_steps is None else 0
+        plan = cls(trainer, settings, est, cycle, min_steps, room, dataset_steps)
+        plan.steps = plan.whole_cycles(settings.window_s / max(est, 1e-6))
+        plan.size_epochs()
+        # (With several ranks the cap is off: a break on a rank's own clock could end the
+        # window at different steps on different ranks.)
+        plan.cap_s = 3 * settings.window_s if agree.world == 1 else math.inf
+        return plan
+
+    def whole_cycles(self, steps: float) -> int:
+        n = max(self.min_steps, self.cycle * math.ceil(steps / self.cycle))
+        return min(n, self.room) if self.room >= self.min_steps else n
+
+    def size_epochs(self, now: bool = False) -> None:
         # five windows per epoch: one holds the boundary, the next may hold its
         # catch-up, two are steady, and the last runs on the batches the workers queued
-        epoch_steps = settings.epoch_steps or EPOCH_WINDOWS * window_steps
-        trainer.set_epoch_limit(epoch_steps * trainer.samples_per_step, now=now,
-                                align=cycle * trainer.samples_per_step)
+        epoch_steps = self.settings.epoch_steps or EPOCH_WINDOWS * self.steps
+        self.trainer.set_epoch_limit(epoch_steps * self.trainer.samples_per_step, now=now,
+                                     align=self.cycle * self.trainer.samples_per_step)
 
-    size_epochs()
-    # (With several ranks the cap is off: a break on a rank's own clock could end the
-    # window at different steps on different ranks.)
-    window_cap_s = 3 * settings.window_s if agree.world == 1 else math.inf
-    sized = False
+    def resize(self, steps: int, wall: float, say: Callable[[str], None]) -> None:
+        """Once: the first undisturbed window sizes the windows (a disturbed one would
+        size them to the disturbance)."""
+        self.sized = True
+        fit = self.whole_cycles(self.settings.window_s * steps / max(wall, 1e-6))
+        if not self.steps / 1.5 <= fit <= self.steps * 1.5:
+            say(f"warm-up read {self.est * 1e3:.1f} ms per step, the first window "
+                f"{wall / steps * 1e3:.1f} ms: {fit} steps per window")
+            self.steps = fit
+            self.size_epochs(now=True)
 
-    kept: list[Window] = []
-    kept_busy: list[bool] = []  # disturbed, but kept: the redos had run out
-    kept_loads: list[Load | None] = []
-    kept_faults: list[int] = []  # minor page faults of this process, per window kept
+
+@dataclass
+class Timed:
+    """The timed phase so far: the windows kept and what ran beside them."""
+
+    kept: list[Window] = field(default_factory=list)
+    busy: list[bool] = field(default_factory=list)  # disturbed, but kept: the redos had run out
+    loads: list[Load | None] = field(default_factory=list)
+    faults: list[int] = field(default_factory=list)  # minor page faults of this process, per window
+    rates: list[float] = field(default_factory=list)
+    disturbed: list[float] = field(default_factory=list)  # rates of windows dropped as disturbed
+    screened: bool = False
+    below_incumbent: bool = False  # measured to min_windows only: clearly below the incumbent
+    nonfinite: bool = False
+    timed_s: float = 0.0
+    gap_s: float = 0.0  # untimed, between windows
+    clock: list[float] = field(default_factory=list)  # the first window's start, the last one's end
+    starts_before: int = 0  # epoch starts before the timed phase
+    own_s: float = 0.0  # this rank's own clock
+    own_wait_s: float = 0.0
+    own_steps: int = 0
+
+    def fetch_s(self) -> float:
+        """An ordinary micro-batch fetch: data wait outside epoch boundaries, per micro-batch."""
+        n = sum(w.micro_batches - w.boundaries for w in self.kept)
+        return sum(w.wait for w in self.kept) / n if n > 0 else 0.0
+
+
+def _rate(w: Window, fetch: float) -> float:
+    # The clock stops for each epoch boundary (measured apart, as epoch_overhead_s,
+    # beyond an ordinary fetch); the ordinary fetch of the boundary's first batch
+    # belongs to the steady step and is put back.
+    return w.samples / max(1e-9, w.wall - w.paused + w.boundaries * fetch)
+
+
+def _timed_windows(trainer: Trainer, settings: MeasureSettings, plan: WindowPlan, agree: Agree, meter: LoadMeter,
+                   probe: TreeProbe, screen: dict | None, say: Callable[[str], None]) -> Timed:
+    """Windows until the figure is precise enough, capped, screened out, or clearly below
+    the incumbent; a window disturbed by other load is measured again (up to
+    ``max_windows`` redos)."""
+    device = trainer.device
+    step_samples = trainer.samples_per_step * trainer.world  # all ranks' samples per step
+    t = Timed(starts_before=len(trainer.epoch_start_s))
     before = 1  # the warm-up ended on an epoch boundary
-    gap_s = 0.0  # untimed, between windows
-    rates: list[float] = []
-    disturbed: list[float] = []  # rates of windows dropped as disturbed
-    screened = False
-    below_incumbent = False  # measured to min_windows only: clearly below the incumbent
-    timed_s = 0.0
-    starts_before = len(trainer.epoch_start_s)
-
-    own_s, own_wait_s, own_steps = 0.0, 0.0, 0  # this rank's own clock
 
     def steady_enough() -> bool:
         """Two windows clear of epoch boundaries, where the epochs leave room for them:
         five windows (a shorter dataset's epochs are measured whole, boundaries and all,
         and its windows' average is already the sustained rate)."""
-        if settings.epoch_steps is not None or dataset_steps < EPOCH_WINDOWS * window_steps:
+        if settings.epoch_steps is not None or plan.dataset_steps < EPOCH_WINDOWS * plan.steps:
             return True
-        return len(_steady(kept)) >= 2
+        return len(_steady(t.kept)) >= 2
 
-    def fetch_s() -> float:
-        """An ordinary micro-batch fetch: data wait outside epoch boundaries, per micro-batch."""
-        n = sum(w.micro_batches - w.boundaries for w in kept)
-        return sum(w.wait for w in kept) / n if n > 0 else 0.0
-
-    def rate(w: Window, fetch: float) -> float:
-        # The clock stops for each epoch boundary (measured apart, as epoch_overhead_s,
-        # beyond an ordinary fetch); the ordinary fetch of the boundary's first batch
-        # belongs to the steady step and is put back.
-        return w.samples / max(1e-9, w.wall - w.paused + w.boundaries * fetch)
-
-    nvml = NvmlSampler(device)
-    meter = LoadMeter(probe, nvml)
-    clock0: float | None = None  # the first window's start, on the machine's monotonic clock
-    with nvml, hushed() as driver_asleep:
-        agree.max(0.0)  # a barrier: the ranks start the first window together
-        while True:
-            synchronize(device)
-            g0 = perf_counter()
-            if not kept and not disturbed:
-                # Workers' private pages, before the first window and after the last only:
-                # reading them takes milliseconds per worker, during which the workers
-                # run on and fill their queues, so the window after such a pause would
-                # read fast.
-                probe.sample_memory()
-            meter.start()
-            faults0 = _minor_faults()
-            w0, dw0, e0 = perf_counter(), trainer.data_wait_s, len(trainer.epoch_start_s)
-            clock0 = w0 if clock0 is None else clock0
-            gap_s += w0 - g0
-            steps = 0
-            while steps < window_steps:
-                trainer.step()
-                steps += 1
-                if not sized and steps % cycle == 0 and perf_counter() - w0 > window_cap_s:
-                    break
-            synchronize(device)
-            wall = perf_counter() - w0
-            paused = sum(trainer.epoch_start_s[e0:])
-            wait = trainer.data_wait_s - dw0 - paused
-            faults = _minor_faults() - faults0
-            load = meter.stop(wall)
-            busy = load is not None and load.disturbed(settings.max_interference, meter.cpus, settings.max_steal)
-            own_s, own_wait_s, own_steps = own_s + wall - paused, own_wait_s + wait, own_steps + steps
-            # One all-reduce per window edge: the slowest rank's figures, on every rank.
-            wall, paused, wait, busy, nonfinite = agree.max(wall, paused, wait, float(busy),
-                                                            float(not trainer.loss_finite()))
-            window = Window(steps * step_samples, wall, paused, len(trainer.epoch_start_s) - e0,
-                            steps * trainer.accum, wait, before)
-            before = window.boundaries
-            redo = bool(busy) and len(disturbed) < settings.max_windows
-            if not sized and not redo:
-                # the first undisturbed window sizes the windows (a disturbed one would
-                # size them to the disturbance)
-                sized = True
-                fit = whole_cycles(settings.window_s * steps / max(wall - paused, 1e-6))
-                if not window_steps / 1.5 <= fit <= window_steps * 1.5:
-                    say(f"warm-up read {est * 1e3:.1f} ms per step, the first window "
-                        f"{(wall - paused) / steps * 1e3:.1f} ms: {fit} steps per window")
-                    window_steps = fit
-                    size_epochs(now=True)
-            if redo:
-                disturbed.append(rate(window, fetch_s()))
-                say(f"window disturbed ({load.other_cores:.2f} cores used outside the trial, "
-                    f"{load.steal_cores:.2f} stolen by the hypervisor): "
-                    f"measuring it again")
-                continue
-            kept.append(window)
-            kept_faults.append(faults)
-            kept_busy.append(bool(busy))
-            kept_loads.append(load)
-            rates.append(rate(window, fetch_s()))
-            timed_s += wall - paused
-            say(f"window {len(rates)}: {rates[-1]:.1f} samples/s")
-            if nonfinite:
-                return _nonfinite(trainer, warmup_s)
-            if screen_stop(rates, screen, settings.screen_windows):
-                screened = True
-                say(f"screened out: {max(rates[SCREEN_SKIP:]):.1f} samples/s cannot reach {screen['below']:.1f}")
+    agree.max(0.0)  # a barrier: the ranks start the first window together
+    while True:
+        synchronize(device)
+        g0 = perf_counter()
+        if not t.kept and not t.disturbed:
+            # Workers' private pages, before the first window and after the last only:
+            # reading them takes milliseconds per worker, during which the workers
+            # run on and fill their queues, so the window after such a pause would
+            # read fast.
+            probe.sample_memory()
+        meter.start()
+        faults0 = _minor_faults()
+        w0, dw0, e0 = perf_counter(), trainer.data_wait_s, len(trainer.epoch_start_s)
+        t.clock = t.clock or [w0]
+        t.gap_s += w0 - g0
+        steps = 0
+        while steps < plan.steps:
+            trainer.step()
+            steps += 1
+            if not plan.sized and steps % plan.cycle == 0 and perf_counter() - w0 > plan.cap_s:
                 break
-            enough = len(rates) >= settings.min_windows
-            capped = len(rates) >= settings.max_windows or timed_s >= settings.max_timed_s
-            if enough and (capped or (median_error(rates) <= settings.target_error and steady_enough())):
-                break
-            # Precision only matters near the top: a config clearly below the incumbent
-            # (by twice its own error) is no contender, and more windows would not make it one.
-            if enough and screen and statistics.median(rates) * (1 + 2 * median_error(rates)) < screen["below"]:
-                below_incumbent = True
-                break
-    clock1 = perf_counter()
-    probe.sample_memory()
-    # A disturbance that outlasts the redos (capped) leaves disturbed windows among those
-    # kept (a CPU hog of 4 s read a figure 17% low that way). Where enough quiet windows
-    # remain, the figure comes from them alone; otherwise, with more than a third of its
-    # windows disturbed, the measurement is marked, and never picks a winner.
-    # (kept_busy is the flag the ranks agreed on, so every rank keeps the same windows.)
-    quiet_kept = [i for i, b in enumerate(kept_busy) if not b]
-    left_out = 0
-    if len(quiet_kept) < len(kept) and len(quiet_kept) >= max(2, settings.min_windows // 2 + 1):
-        left_out = len(kept) - len(quiet_kept)
-        kept = [kept[i] for i in quiet_kept]
-        kept_busy = [False] * len(kept)
-        kept_loads = [kept_loads[i] for i in quiet_kept]
-        kept_faults = [kept_faults[i] for i in quiet_kept]
-    loads = [ld for ld in kept_loads if ld is not None]  # the figure's windows, no others
-    is_disturbed = 3 * sum(kept_busy) > len(kept)  # more than a third
+        synchronize(device)
+        wall = perf_counter() - w0
+        paused = sum(trainer.epoch_start_s[e0:])
+        wait = trainer.data_wait_s - dw0 - paused
+        faults = _minor_faults() - faults0
+        load = meter.stop(wall)
+        busy = load is not None and load.disturbed(settings.max_interference, meter.cpus, settings.max_steal)
+        t.own_s, t.own_wait_s, t.own_steps = t.own_s + wall - paused, t.own_wait_s + wait, t.own_steps + steps
+        # One all-reduce per window edge: the slowest rank's figures, on every rank.
+        wall, paused, wait, busy, nonfinite = agree.max(wall, paused, wait, float(busy),
+                                                        float(not trainer.loss_finite()))
+        window = Window(steps * step_samples, wall, paused, len(trainer.epoch_start_s) - e0,
+                        steps * trainer.accum, wait, before)
+        before = window.boundaries
+        redo = bool(busy) and len(t.disturbed) < settings.max_windows
+        if not plan.sized and not redo:
+            plan.resize(steps, wall - paused, say)
+        if redo:
+            t.disturbed.append(_rate(window, t.fetch_s()))
+            say(f"window disturbed ({load.other_cores:.2f} cores used outside the trial, "
+                f"{load.steal_cores:.2f} stolen by the hypervisor): "
+                f"measuring it again")
+            continue
+        t.kept.append(window)
+        t.faults.append(faults)
+        t.busy.append(bool(busy))
+        t.loads.append(load)
+        t.rates.append(_rate(window, t.fetch_s()))
+        t.timed_s += wall - paused
+        say(f"window {len(t.rates)}: {t.rates[-1]:.1f} samples/s")
+        if nonfinite:
+            t.nonfinite = True
+            break
+        if screen_stop(t.rates, screen, settings.screen_windows):
+            t.screened = True
+            say(f"screened out: {max(t.rates[SCREEN_SKIP:]):.1f} samples/s cannot reach {screen['below']:.1f}")
+            break
+        enough = len(t.rates) >= settings.min_windows
+        capped = len(t.rates) >= settings.max_windows or t.timed_s >= settings.max_timed_s
+        if enough and (capped or (median_error(t.rates) <= settings.target_error and steady_enough())):
+            break
+        # Precision only matters near the top: a config clearly below the incumbent
+        # (by twice its own error) is no contender, and more windows would not make it one.
+        if enough and screen and statistics.median(t.rates) * (1 + 2 * median_error(t.rates)) < screen["below"]:
+            t.below_incumbent = True
+            break
+    t.clock.append(perf_counter())
+    return t
 
-    micro_fetch_s = fetch_s()
-    rates = [rate(w, micro_fetch_s) for w in kept]
+
+def _leave_out_disturbed(t: Timed, settings: MeasureSettings) -> int:
+    """A disturbance that outlasts the redos (capped) leaves disturbed windows among those
+    kept (a CPU hog of 4 s read a figure 17% low that way). Where enough quiet windows
+    remain, the figure comes from them alone (the number left out is returned);
+    otherwise, with more than a third of its windows disturbed, the measurement is
+    marked, and never picks a winner. (``busy`` is the flag the ranks agreed on, so
+    every rank keeps the same windows.)"""
+    quiet = [i for i, b in enumerate(t.busy) if not b]
+    if len(quiet) == len(t.kept) or len(quiet) < max(2, settings.min_windows // 2 + 1):
+        return 0
+    left_out = len(t.kept) - len(quiet)
+    t.kept = [t.kept[i] for i in quiet]
+    t.busy = [False] * len(t.kept)
+    t.loads = [t.loads[i] for i in quiet]
+    t.faults = [t.faults[i] for i in quiet]
+    return left_out
+
+
+def _figures(trainer: Trainer, plan: RunPlan, t: Timed, warm: WarmUp, startup_s: float,
+             settings: MeasureSettings) -> dict:
+    """The rates of the windows kept, the steady rate, the cost of an epoch boundary, and
+    what they add up to over the planned run."""
+    step_samples = trainer.samples_per_step * trainer.world
+    kept = t.kept
+    micro_fetch_s = t.fetch_s()
+    rates = [_rate(w, micro_fetch_s) for w in kept]
     elapsed = [w.samples / r for w, r in zip(kept, rates, strict=True)]
     wait_fraction = (sum(w.wait for w in kept) + micro_fetch_s * sum(w.boundaries for w in kept)) / sum(elapsed)
-    starts = trainer.epoch_start_s[starts_before:]
+    starts = trainer.epoch_start_s[t.starts_before:]
     # Steady time per sample: all samples over all time (not a median of window rates:
     # a right-skewed step time would read fast) of the windows that neither hold an
     # epoch boundary, nor follow one, nor precede one. A boundary costs what all windows
@@ -732,51 +812,58 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
         overhead_from = "pauses"
     steady = 1 / per_sample
     step_s = step_samples / steady
-
     epoch_size = plan.epoch_size or _dataset_len(trainer) or trainer.workload.epoch_size
     if epoch_size is not None:
         steps_per_epoch = max(1, epoch_size // step_samples)
         epoch_s = steps_per_epoch * step_s + (epoch_overhead_s or 0.0)
-        sustained = steps_per_epoch * step_samples / epoch_s
-        scale = sustained / steady
+        scale = steps_per_epoch * step_samples / epoch_s / steady
     else:
-        steps_per_epoch, epoch_s, scale = None, None, 1.0
-    sustained_rates = [r * scale for r in rates]
-    surplus = max(0.0, warmup_s - settings.warmup_steps * step_s)  # warm-up beyond steady steps
-    one_time_s = startup_s + surplus
+        epoch_s, scale = None, 1.0
+    surplus = max(0.0, warm.seconds - settings.warmup_steps * step_s)  # warm-up beyond steady steps
     # The first batch's wait beyond an ordinary fetch is worker start-up, not compile.
-    worker_start_s = min(surplus, start_s + max(0.0, first_wait - micro_fetch_s * trainer.accum))
-    compile_s = max(0.0, surplus - worker_start_s) if trainer.config["compile"] != "off" else 0.0
-    projected = plan.epochs * epoch_s + one_time_s if epoch_s is not None else None
+    worker_start_s = min(surplus, warm.start_s + max(0.0, warm.first_wait - micro_fetch_s * trainer.accum))
+    return {"rates": rates, "steady": steady, "scale": scale, "step_s": step_s, "wait_fraction": wait_fraction,
+            "epoch_overhead_s": epoch_overhead_s, "overhead_from": overhead_from, "starts": len(starts),
+            "epoch_size": epoch_size, "epoch_s": epoch_s, "one_time_s": startup_s + surplus,
+            "worker_start_s": worker_start_s,
+            "compile_s": max(0.0, surplus - worker_start_s) if trainer.config["compile"] != "off" else 0.0,
+            "projected": plan.epochs * epoch_s + startup_s + surplus if epoch_s is not None else None}
 
+
+def _record(trainer: Trainer, t: Timed, f: dict, probe: TreeProbe, windows: WindowPlan, warm: WarmUp,
+            startup_s: float, screen: dict | None, left_out: int) -> dict:
+    """The measurement's record (the fields ``bench --json`` and ``trials.jsonl`` carry)."""
+    device = trainer.device
+    rates, steady = f["rates"], f["steady"]
     flops = trainer.workload.flops_per_sample
     peak = peak_flops(device, trainer.config["precision"], trainer.config["tf32"])
+    loads = [ld for ld in t.loads if ld is not None]  # the figure's windows, no others
     result = {
-        "samples_per_sec": steady * scale,
+        "samples_per_sec": steady * f["scale"],
         "samples_per_sec_spread": _spread(rates),
         "samples_per_sec_error": median_error(rates),
-        "samples_per_sec_windows": sustained_rates,
+        "samples_per_sec_windows": [r * f["scale"] for r in rates],
         "steady_samples_per_sec": steady,
-        "step_time_ms": step_s * 1e3,
-        "data_wait_fraction": min(1.0, max(0.0, wait_fraction)),
+        "step_time_ms": f["step_s"] * 1e3,
+        "data_wait_fraction": min(1.0, max(0.0, f["wait_fraction"])),
         "windows": len(rates),
-        "window_steps": window_steps,
-        "timed_s": timed_s,
-        "warmup_s": warmup_s,
+        "window_steps": windows.steps,
+        "timed_s": t.timed_s,
+        "warmup_s": warm.seconds,
         "startup_s": startup_s,
-        "compile_s": compile_s,
-        "worker_start_s": worker_start_s,
-        "one_time_s": one_time_s,
-        "epoch_overhead_s": epoch_overhead_s,
-        "epoch_starts_measured": len(starts),
-        "epoch_overhead_from": overhead_from,
-        "between_windows_s": gap_s,
+        "compile_s": f["compile_s"],
+        "worker_start_s": f["worker_start_s"],
+        "one_time_s": f["one_time_s"],
+        "epoch_overhead_s": f["epoch_overhead_s"],
+        "epoch_starts_measured": f["starts"],
+        "epoch_overhead_from": f["overhead_from"],
+        "between_windows_s": t.gap_s,
         # CLOCK_MONOTONIC (perf_counter on Linux), one clock for every process of the
         # machine: what ran beside the timed phase can be lined up with it
-        "timed_clock_s": [clock0, clock1],
-        "epoch_size": epoch_size,
-        "epoch_s": epoch_s,
-        "projected_run_s": projected,
+        "timed_clock_s": t.clock,
+        "epoch_size": f["epoch_size"],
+        "epoch_s": f["epoch_s"],
+        "projected_run_s": f["projected"],
         "loss_finite": True,
         "mfu": flops * steady / peak if flops and peak else None,
         "achieved_tflops": flops * steady / 1e12 if flops else None,
@@ -786,36 +873,25 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
         # How the heap behaves: glibc's malloc trims and re-grows it, and each page it
         # takes back costs a fault (the same plain loop took 3,900 and 13,600 per step in
         # two fresh processes here). The trial's process only: workers not included.
-        "page_faults_per_step": (sum(kept_faults) * trainer.accum / sum(w.micro_batches for w in kept)
-                                 if kept else None),
+        "page_faults_per_step": (sum(t.faults) * trainer.accum / sum(w.micro_batches for w in t.kept)
+                                 if t.kept else None),
         "host_memory_measure": "peak RSS of the trial process + private pages of its DataLoader workers",
         # what ran beside the timed windows (medians over the windows kept)
         "interference_cores": statistics.median(ld.other_cores for ld in loads) if loads else None,
         "tuner_cpu_cores": statistics.median(ld.tuner_cores for ld in loads) if loads else None,
-        "driver_asleep": driver_asleep,  # the search's driver slept through the windows (hushed)
         "steal_cores": statistics.median(ld.steal_cores for ld in loads) if loads else None,
         # per window of the figure, in the order of samples_per_sec_windows
-        "interference_cores_windows": [None if ld is None else ld.other_cores for ld in kept_loads],
-        "disturbed_windows_dropped": len(disturbed),
+        "interference_cores_windows": [None if ld is None else ld.other_cores for ld in t.loads],
+        "disturbed_windows_dropped": len(t.disturbed),
         "disturbed_windows_left_out": left_out,
-        "disturbed": is_disturbed,
-        "screened": screened,
-        "below_incumbent": below_incumbent,
-        "screened_below": screen["below"] if screened and screen else None,
+        "disturbed": 3 * sum(t.busy) > len(t.kept),  # more than a third
+        "screened": t.screened,
+        "below_incumbent": t.below_incumbent,
+        "screened_below": screen["below"] if t.screened and screen else None,
     }
     if device.type == "cuda":
         result["peak_device_memory_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
         result["peak_device_reserved_mb"] = torch.cuda.max_memory_reserved(device) / 2**20
-    result.update(nvml.summary())
-    result["world_size"] = agree.world
-    result["samples_per_sec_per_rank"] = result["samples_per_sec"] / agree.world
-    if agree.world > 1:
-        own = {"rank": trainer.rank, **(rank_info or {}),
-               "step_time_ms": own_s / max(1, own_steps) * 1e3,
-               "data_wait_fraction": min(1.0, own_wait_s / own_s) if own_s > 0 else None,
-               "peak_host_memory_mb": result["peak_host_memory_mb"],
-               "peak_device_memory_mb": result["peak_device_memory_mb"]}
-        result.update(across_ranks(agree.gather(own)))
     return result
 
 

@@ -163,7 +163,7 @@ def aggregate(records: list[dict], metric: str) -> list[dict]:
     (and, for several ranks, the scaling efficiency)."""
     groups: dict[tuple[str, str], list[dict]] = {}
     for r in records:
-        if r.get("phase") == "baseline":
+        if r.get("phase") in ("baseline", "lost"):  # a lost trial ran again: it is no result
             continue
         # the same config on two GPU models is two results (mixed clusters)
         groups.setdefault((r["key"], device_model(r)), []).append(r)

@@ -85,6 +85,8 @@ def print_show(res: Results, out: Any = None, limit: int | None = None) -> None:
         print(f"{'b':>3}  {base.get('status', '-'):<10} {fmt(base.get(metric)):>16} {'':>7} {1:>2} "
               f"{'1.00x':>7} {fmt(mem, digits=0):>9}  {diagnose(base, cap).verdict:<15}  "
               f"baseline: plain PyTorch loop, {diff_from_default(base['config'])}{extra}", file=out)
+    for r in (r for r in res.records if r.get("phase") == "lost"):
+        print(f"  lost: {diff_from_default(r['config'])}: {r.get('reason')}", file=out)
     best = res.best()
     if best is not None:
         print_diagnosis("best config", diagnose(best, cap), out)
