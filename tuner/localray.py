@@ -109,6 +109,9 @@ def start_local_ray(**kwargs: Any) -> None:
     import ray
 
     kwargs.setdefault("include_dashboard", False)
+    # a new Ray, never one found on the machine: `ray start` or a Cluster left its address
+    # file behind (a stale one, once its cluster died, failed every local search here)
+    kwargs.setdefault("address", "local")
     for name, value in QUIET_RAY_ENV.items():  # what you set yourself stands
         os.environ.setdefault(name, value)
     kwargs["_system_config"] = {**QUIET_RAY_CONFIG, **(kwargs.get("_system_config") or {})}

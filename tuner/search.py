@@ -106,7 +106,7 @@ def run_search(space: spec.Space, *, results_root: Path, address: str | None = N
     out = (results_root / m.name).resolve()
     with writable_results(out), writer_lock(out):  # one writer per results folder: a second run/resume is refused
         trials_path = out / "trials.jsonl"
-        if trials_path.exists() and not resume:
+        if trials_path.exists() and trials_path.stat().st_size > 0 and not resume:  # empty: nothing ran
             raise UserError(f"name: results for '{m.name}' already exist in {out}; continue them with "
                             f"`python -m tuner resume {out}` or pick another --name")
         if resume and not trials_path.exists():
