@@ -134,9 +134,9 @@ class GuidedSampler(optuna.samplers.BaseSampler):
                 best, best_score = candidate, score
         return best if best is not None else self._untried(seen, number)
 
-    def _every_config(self) -> list[dict] | None:
-        """Every config of the domain, or None for a domain of more than ``SCORE_ALL``."""
-        if math.prod(len(v) for v in self.domain.values()) > SCORE_ALL:
+    def _every_config(self, limit: int = SCORE_ALL) -> list[dict] | None:
+        """Every config of the domain, or None for a domain of more than ``limit``."""
+        if math.prod(len(v) for v in self.domain.values()) > limit:
             return None
         return [dict(zip(self.domain, values, strict=True)) for values in itertools.product(*self.domain.values())]
 
@@ -162,9 +162,9 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         is exhausted; None (TPE chooses) only for spaces too large to enumerate."""
         import random
 
-        if math.prod(len(v) for v in self.domain.values()) > 20000:
+        configs = self._every_config(limit=20000)
+        if configs is None:
             return None
-        configs = [dict(zip(self.domain, values, strict=True)) for values in itertools.product(*self.domain.values())]
         random.Random(self.seed + number).shuffle(configs)
         return next((c for c in configs if self.canonical(c) not in seen), None)
 
