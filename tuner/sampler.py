@@ -134,9 +134,10 @@ class GuidedSampler(optuna.samplers.BaseSampler):
                 best, best_score = candidate, score
         return best if best is not None else self._untried(seen, number)
 
-    def _every_config(self, limit: int = SCORE_ALL) -> list[dict] | None:
-        """Every config of the domain, or None for a domain of more than ``limit``."""
-        if math.prod(len(v) for v in self.domain.values()) > limit:
+    def _every_config(self, limit: int | None = None) -> list[dict] | None:
+        """Every config of the domain, or None for a domain of more than ``limit``
+        (default ``SCORE_ALL``)."""
+        if math.prod(len(v) for v in self.domain.values()) > (limit or SCORE_ALL):
             return None
         return [dict(zip(self.domain, values, strict=True)) for values in itertools.product(*self.domain.values())]
 
