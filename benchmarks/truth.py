@@ -621,8 +621,19 @@ def main() -> None:
                     help="with --pin: swap the two sides' cores this often while they run (0: once per round)")
     ap.add_argument("--measure", default=None, metavar="JSON",
                     help='bench\'s measure settings, as in a space: \'{"min_windows": 15}\'')
+    ap.add_argument("--loops", default="plain",
+                    help="the loops bench is compared with, in turn: plain (whole epochs), user "
+                         "(user_loop.py), hf (a transformers.Trainer with the exported arguments)")
+    ap.add_argument("--default", action="store_true",
+                    help="at default settings: each config with the threads of the space's defaults (no "
+                         "torch_threads), compared with the user's loop and a Trainer "
+                         "(--loops user,hf), into benchmarks/out/truth_default.json")
     ap.add_argument("--plain", help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.default:
+        a.loops = "user,hf" if a.loops == "plain" else a.loops
+        a.out = a.out or "benchmarks/out/truth_default.json"
+    a.loops = a.loops.split(",")
     if a.plain:
         print(json.dumps(plain_loop(*json.loads(a.plain))))
         return
@@ -652,50 +663,38 @@ def main() -> None:
         space = space_file(tmp, workload, args, device=a.device, measure=measure_settings(a))
         picked = [configs[int(i)] for i in a.pick.split(",")] if a.pick else configs[: a.configs]
         picked = [{**c, **overrides} for c in picked]
+        if a.default:  # the threads a user's process has unless it sets them: PyTorch's default
+            picked = [{k: v for k, v in c.items() if k != "torch_threads"} for c in picked]
         for config in [] if a.only_search else picked:
             if a.concurrent:
                 rows.append(concurrent_row(space, workload, args, config, tmp, a))
                 save()
                 continue
-            bench, plain = [], []
+            bench, loops = [], {k: [] for k in a.loops}
             for r in range(max(a.rounds, a.max_rounds or 0)):
-                if settled(r, a, [x["samples_per_sec"] for x in bench], [y["samples_per_sec"] for y in plain]):
+                first = loops[a.loops[0]]
+                if settled(r, a, [x["samples_per_sec"] for x in bench], [y["samples_per_sec"] for y in first]):
                     break
-                order = ("bench", "plain") if r % 2 == 0 else ("plain", "bench")
+                order = ["bench", *a.loops]
+                order = order[r % len(order):] + order[:r % len(order)]
                 for which in order:
                     if which == "bench":
                         bench.append(probed(run_bench, space, config))
-                    else:
-                        plain.append(probed(run_plain, REFS.get(workload, workload), args, config,
-                                            EPOCHS.get(workload, a.epochs), a.device))
-            b = statistics.median(x["samples_per_sec"] for x in bench)
-            p = statistics.median(x["samples_per_sec"] for x in plain)
-            bm = statistics.median(x["peak_host_memory_mb"] for x in bench)
-            pm = statistics.median(x["peak_host_memory_mb"] for x in plain)
-            paired = statistics.median(x["samples_per_sec"] / y["samples_per_sec"]
-                                       for x, y in zip(bench, plain, strict=True))
-            geo, lo, hi = paired_interval([x["samples_per_sec"] for x in bench],
-                                          [y["samples_per_sec"] for y in plain])
-            row = {"workload": workload, "args": args, "config": config,
-                   "bench_samples_per_sec": b, "plain_samples_per_sec": p, "bench_over_plain": b / p,
-                   "paired_ratio": paired, "rounds": len(bench), "paired_geomean": geo,
-                   "paired_interval_90": [lo, hi], "verdict": verdict(lo, hi, a.tolerance),
-                   "bench_probes": [[x["probe_before"], x["probe_after"]] for x in bench],
-                   "plain_probes": [[y["probe_before"], y["probe_after"]] for y in plain],
-                   "bench_runs": [x["samples_per_sec"] for x in bench],
-                   "plain_runs": [x["samples_per_sec"] for x in plain],
-                   "bench_memory_mb": bm, "plain_memory_mb": pm, "memory_ratio": bm / pm,
-                   "bench_interference_cores": [x.get("interference_cores") for x in bench],
-                   "bench_disturbed": [x.get("disturbed") for x in bench],
-                   "plain_epoch_s": statistics.median(x["epoch_s"] for x in plain)}
-            if a.device == "cuda":
-                row["bench_device_memory_mb"] = statistics.median(x["peak_device_memory_mb"] for x in bench)
-                row["plain_device_memory_mb"] = statistics.median(x["peak_device_memory_mb"] for x in plain)
-            rows.append(row)
-            save()
-            print(f"{workload:<12} {_short(config):<58} bench {b:8.1f}  plain {p:8.1f}  "
-                  f"ratio {b / p:5.3f} (paired {paired:5.3f}, 90% {lo:5.3f}-{hi:5.3f} in {len(bench)} rounds: "
-                  f"{row['verdict']})  memory {bm:6.0f} / {pm:6.0f} MB = {bm / pm:5.3f}", flush=True)
+                    elif which != "hf" or config.get("batch_grouping") != "by_source":  # not expressible there
+                        loops[which].append(probed(run_loop, which, workload, args, config, a))
+            for loop, plain in loops.items():
+                if not plain:
+                    continue
+                row = loop_row(workload, args, config, bench, plain, loop, a)
+                rows.append(row)
+                save()
+                b, p, paired, (lo, hi) = (row["bench_samples_per_sec"], row["plain_samples_per_sec"],
+                                          row["paired_ratio"], row["paired_interval_90"])
+                memory = (f"  memory {row['bench_memory_mb']:6.0f} / {row['plain_memory_mb']:6.0f} MB = "
+                          f"{row['memory_ratio']:5.3f}" if row["memory_ratio"] else "")
+                print(f"{workload:<12} {_short(config):<58} bench {b:8.1f}  {loop:<5} {p:8.1f}  "
+                      f"ratio {b / p:5.3f} (paired {paired:5.3f}, 90% {lo:5.3f}-{hi:5.3f} in {len(bench)} rounds: "
+                      f"{row['verdict']}){memory}", flush=True)
 
     if a.concurrent:
         if len(rows) > 1:
@@ -725,7 +724,8 @@ def main() -> None:
 
     # persistent workers on vs off: bench's ratio vs the plain loop's whole epochs
     for workload in a.workloads.split(","):
-        mine = [r for r in rows if r["workload"] == workload and r["config"].get("num_workers")]
+        mine = [r for r in rows if r["workload"] == workload and r["config"].get("num_workers")
+                and r["loop"] == a.loops[0]]
         on = next((r for r in mine if r["config"].get("persistent_workers")), None)
         off = next((r for r in mine if not r["config"].get("persistent_workers")), None)
         if on and off and on["config"].get("precision") == off["config"].get("precision"):
@@ -778,13 +778,62 @@ def main() -> None:
         print(f"{r['workload']:<12} {_short(r['config']):<58} {r['bench_samples_per_sec']:8.1f} "
               f"{r['plain_samples_per_sec']:8.1f} {r['bench_over_plain']:6.3f} {r['paired_ratio']:6.3f} "
               f"{r['paired_interval_90'][0]:6.3f}-{r['paired_interval_90'][1]:6.3f} {r['rounds']:>2} "
-              f"{r['verdict']:>10} {r['memory_ratio']:9.3f} {dev_mb:>22}")
+              f"{r['verdict']:>10} {r['memory_ratio'] or 0:9.3f} {dev_mb:>22} {r['loop']}")
     for p in persistence:
         print(f"{p['workload']:<12} persistent on/off: bench {p['bench_on_over_off']:.3f}, "
               f"plain whole epochs {p['plain_on_over_off']:.3f}, agreement {p['agreement']:.3f}")
     for s in search_rows:
         print(f"{s['workload']:<12} Tune trial / bench: {s['trial_over_bench']:.3f} (paired {s['paired_ratio']:.3f})")
     print(f"wrote {a.out}")
+
+
+def run_loop(loop: str, workload: str, args: dict, config: dict, a: argparse.Namespace) -> dict:
+    """One run of the loop that ``bench`` is compared with: ``plain`` (whole epochs, this
+    file's ``plain_loop``), ``user`` (``user_loop.py``: windows inside epochs, as the
+    issue's independent check wrote it) or ``hf`` (a real ``transformers.Trainer`` with the
+    exported TrainingArguments, ``framework_speed.run_hf``)."""
+    ref = REFS.get(workload, workload)
+    if loop == "plain":
+        return run_plain(ref, args, config, EPOCHS.get(workload, a.epochs), a.device)
+    if loop == "user":
+        out = subprocess.run([sys.executable, str(Path(__file__).with_name("user_loop.py")), ref,
+                              json.dumps(args), json.dumps(config)], capture_output=True, text=True, check=True,
+                             env=plain_env(config))
+        return json.loads(out.stdout.strip().splitlines()[-1])
+    from framework_speed import in_process, payload_for
+
+    size = args.get("size", 1024)
+    steps = a.epochs * size // config["micro_batch_size"]
+    return {"samples_per_sec": in_process(loop, ref, args, payload_for(ref, args, config), steps, 5)}
+
+
+def loop_row(workload: str, args: dict, config: dict, bench: list[dict], plain: list[dict], loop: str,
+             a: argparse.Namespace) -> dict:
+    """One row: bench against one loop, over the rounds they shared."""
+    b = statistics.median(x["samples_per_sec"] for x in bench)
+    p = statistics.median(x["samples_per_sec"] for x in plain)
+    mem = all(y.get("peak_host_memory_mb") for y in plain)
+    bm = statistics.median(x["peak_host_memory_mb"] for x in bench)
+    pm = statistics.median(y["peak_host_memory_mb"] for y in plain) if mem else None
+    geo, lo, hi = paired_interval([x["samples_per_sec"] for x in bench], [y["samples_per_sec"] for y in plain])
+    row = {"workload": workload, "args": args, "config": config, "loop": loop,
+           "bench_samples_per_sec": b, "plain_samples_per_sec": p, "bench_over_plain": b / p,
+           "paired_ratio": statistics.median(x["samples_per_sec"] / y["samples_per_sec"]
+                                             for x, y in zip(bench, plain, strict=True)),
+           "rounds": len(bench), "paired_geomean": geo, "paired_interval_90": [lo, hi],
+           "verdict": verdict(lo, hi, a.tolerance),
+           "bench_probes": [[x["probe_before"], x["probe_after"]] for x in bench],
+           "plain_probes": [[y["probe_before"], y["probe_after"]] for y in plain],
+           "bench_runs": [x["samples_per_sec"] for x in bench], "plain_runs": [y["samples_per_sec"] for y in plain],
+           "bench_memory_mb": bm, "plain_memory_mb": pm, "memory_ratio": bm / pm if pm else None,
+           "bench_interference_cores": [x.get("interference_cores") for x in bench],
+           "bench_disturbed": [x.get("disturbed") for x in bench]}
+    if loop == "plain":
+        row["plain_epoch_s"] = statistics.median(y["epoch_s"] for y in plain)
+    if a.device == "cuda" and mem:
+        row["bench_device_memory_mb"] = statistics.median(x["peak_device_memory_mb"] for x in bench)
+        row["plain_device_memory_mb"] = statistics.median(y["peak_device_memory_mb"] for y in plain)
+    return row
 
 
 def concurrent_row(space: Path, workload: str, args: dict, config: dict, tmp: Path, a: argparse.Namespace,

@@ -168,3 +168,20 @@ def test_a_leader_whose_repeats_disagree_has_not_beaten_the_rows_behind_it():
     # within noise of a's pooled 185.5 (its own figures 38% apart), where a single
     # figure of a's with a 1% error would have put b 19% behind, out of the confirm rounds
     assert [r["key"] for r in within_noise(ranked, "samples_per_sec")] == ["a", "b"]
+
+
+def test_the_time_budget_keeps_room_for_full_measurements():
+    """Under a time budget the search stops starting trials that cannot end in it, and keeps
+    room for the confirm round's measurements, which run in full: the room is sized on a
+    full trial's wall, not on a screened one's."""
+    from tuner.tune_run import _full_trial_s, _trial_s
+
+    recs = [{"phase": "baseline", "status": "ok", "trial_wall_s": 5.0},
+            {"phase": "search", "status": "ok", "trial_wall_s": 9.0},
+            {"phase": "search", "status": "ok", "trial_wall_s": 2.0, "screened": True},
+            {"phase": "search", "status": "ok", "trial_wall_s": 1.5, "screened": True},
+            {"phase": "search", "status": "infeasible", "trial_wall_s": 0.5},
+            {"phase": "confirm", "status": "ok", "trial_wall_s": 30.0}]
+    assert _full_trial_s(recs) == 7.0  # baseline and the unscreened trial
+    assert _trial_s(recs) == 2.0  # what the next trial costs, screened ones included
+    assert _full_trial_s([]) is None and _trial_s([]) is None

@@ -234,8 +234,9 @@ def hf_kwargs(payload: dict) -> tuple[dict, list[str]]:
         kw["torch_compile"] = True
         if c["compile"] != "default":
             kw["torch_compile_mode"] = c["compile"]
-    if c["fused_optimizer"]:
-        kw["optim"] = "adamw_torch_fused"
+    # Named either way: the Trainer's own default is the fused AdamW, which is not what a
+    # config without fused_optimizer was measured with.
+    kw["optim"] = "adamw_torch_fused" if c["fused_optimizer"] else "adamw_torch"
     if c["activation_checkpointing"]:
         kw["gradient_checkpointing"] = True
     if c["tf32"]:
@@ -340,13 +341,18 @@ def framework_snippet(payload: dict, fmt: str) -> str:
                   "training_args = " + _dict_literal(kw),
                   'args = TrainingArguments(output_dir="out", **training_args)']
         lines += [f"# not expressible in TrainingArguments: {u}" for u in unsaid]
+        lines += ["# the Trainer adds per-step work of its own that the tuner's figure does not hold:",
+                  "# gradient clipping (max_grad_norm=1.0: a norm over every gradient), a learning-rate",
+                  "# scheduler step and its logging; max_grad_norm=0 turns the clipping off"]
     else:
         trainer, loader, code = lightning_kwargs(payload)
         lines += ["import lightning as L", "import torch", "",
                   "trainer_kwargs = " + _dict_literal(trainer),
                   "dataloader_kwargs = " + _dict_literal(loader)]
         lines += code
-        lines += ["trainer = L.Trainer(**trainer_kwargs)",
+        lines += ["# Lightning adds per-step work of its own that the tuner's figure does not hold: its",
+                  "# progress bar and logger (enable_progress_bar=False and logger=False turn them off)",
+                  "trainer = L.Trainer(**trainer_kwargs)",
                   "train_loader = torch.utils.data.DataLoader(dataset, **dataloader_kwargs)"]
     return "\n".join(lines) + "\n"
 

@@ -282,6 +282,11 @@ def _searcher(run: SearchRun, start: list[dict], storage: Any, remaining: int, p
         def suggest(self, trial_id: str) -> dict | str | None:
             if len(tried) >= remaining + len(done):
                 return Searcher.FINISHED  # N configs tried: Tune's extra samples are for retries
+            left, typical = _time_left(run), _trial_s(run.recorder.records)
+            if left is not None and typical is not None and left < typical:
+                # a trial that cannot end within the budget would be stopped by Tune and
+                # its measurement lost: the time goes to the confirm round instead
+                return Searcher.FINISHED
             config = super().suggest(trial_id)
             if isinstance(config, dict):  # the Board as it stands when this trial starts
                 key = canon({k: v for k, v in config.items() if k != BOARD_KEY})
@@ -352,14 +357,28 @@ def ray_failure(trial: Any) -> str:
 
 def _time_left(run: SearchRun) -> float | None:
     """Tune's time budget for the search proper: ``budget.time_s`` less what was spent, less
-    room for the confirm round's measurements (each about as long as the baseline's): a
-    winner picked on one figure is what the budget would otherwise buy."""
+    room for the confirm round's measurements: a winner picked on one figure is what the
+    budget would otherwise buy. A confirm measurement runs in full, as long as a full
+    (unscreened) trial, which the baseline's wall stands for until a search trial ran."""
     m = run.space.model
     if m.budget.time_s is None:
         return None
-    walls = [r["trial_wall_s"] for r in run.recorder.records if r.get("phase") == "baseline" and r.get("trial_wall_s")]
-    reserve = m.confirm_measurements() * statistics.median(walls) if walls else 0.0
+    reserve = m.confirm_measurements() * (_full_trial_s(run.recorder.records) or 0.0)
     return max(1.0, m.budget.time_s - (time.time() - run.t_search) - reserve)
+
+
+def _full_trial_s(records: list[dict]) -> float | None:
+    """The median wall of a trial measured in full (not screened out early)."""
+    walls = [r["trial_wall_s"] for r in records if r.get("phase") in ("baseline", "search")
+             and r.get("status") == "ok" and not r.get("screened") and r.get("trial_wall_s")]
+    return statistics.median(walls) if walls else None
+
+
+def _trial_s(records: list[dict]) -> float | None:
+    """The median wall of a search trial, screened ones included (what the next costs)."""
+    walls = [r["trial_wall_s"] for r in records if r.get("phase") in ("baseline", "search")
+             and r.get("trial_wall_s")]
+    return statistics.median(walls) if walls else None
 
 
 def retry_room(configs: int) -> int:

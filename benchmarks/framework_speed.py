@@ -1,0 +1,251 @@
+"""Do the exports run as fast as the tuner said, in the frameworks users paste them into?
+
+For each workload, a search's pick (``tuner.search.run_search`` on a small space) and the
+default config (PyTorch's defaults: the tuner's baseline knobs) run five ways, each in a
+fresh process, interleaved (the order turns every round), ``--rounds`` rounds, medians:
+
+- ``tuner``: ``python -m tuner bench SPACE --set ... --json``, the tuner's figure;
+- ``python``: ``export --format python`` written out and run as a script (``--steps N``);
+- ``user``: ``benchmarks/user_loop.py``, a loop written as a user writes one;
+- ``hf``: the ``export --format hf`` snippet executed as pasted, then a real
+  ``transformers.Trainer(model, args, train_dataset, data_collator)`` over a module that
+  returns the workload's loss;
+- ``lightning``: the ``export --format lightning`` snippet executed as pasted (it builds
+  the Trainer and the DataLoader), then ``trainer.fit`` on a LightningModule around the
+  workload.
+
+The frameworks' rates are read from a callback's clock at the end of every optimizer
+step: ``--warmup`` steps, then the rate over the next ``--epochs`` epochs of steps
+(epoch boundaries included, as the tuner's figure includes them). Each framework's
+rate is reported against the tuner's figure for the same config, and its realized
+speed-up (pick over default) against the speed-up the tuner promised.
+
+    python benchmarks/framework_speed.py [--workloads conv,transformer,hf_gpt2] [--rounds 3]
+
+Writes benchmarks/out/framework_speed.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from truth import REFS, run_bench, space_file  # noqa: E402  (the same bench runner as truth.py)
+
+ARGS = {"conv": {"size": 1024}, "transformer": {"size": 512}, "hf_gpt2": {"size": 1024}}
+# The pick comes from a search over the knobs that matter on a CPU, as a user's first
+# search would run it.
+KNOBS = {"precision": ["fp32", "bf16"], "micro_batch_size": [16, 32, 64], "num_workers": [0, 1],
+         "torch_threads": [1, 2], "fused_optimizer": [False, True]}
+FRAMEWORKS = ("tuner", "python", "user", "hf", "lightning")
+
+
+# ---- one framework run, in its own process -------------------------------------------------
+
+
+def _stamps_rate(stamps: list[float], warmup: int, bs: int) -> float:
+    timed = stamps[warmup:]
+    return (len(timed) - 1) * bs / (timed[-1] - timed[0])
+
+
+def run_hf(workload: str, args: dict, payload: dict, steps: int, warmup: int) -> float:
+    import torch
+    from torch.utils.data import default_collate
+    from transformers import Trainer, TrainerCallback
+
+    from tuner.results import framework_snippet
+    from tuner.workloads import load_workload
+
+    cfg = payload["config"]
+    if cfg.get("torch_threads"):  # the snippet's "not expressible" line, done as it says
+        torch.set_num_threads(cfg["torch_threads"])
+    wl = load_workload(workload, args)
+    scope: dict = {}
+    exec(framework_snippet(payload, "hf"), scope)  # noqa: S102 -- the export, as pasted
+    args_hf = scope["args"]
+    args_hf.max_steps, args_hf.remove_unused_columns, args_hf.report_to = warmup + steps, False, []
+    args_hf.disable_tqdm, args_hf.save_strategy = True, "no"
+
+    class WithLoss(torch.nn.Module):  # what a user writes around a model and a loss function
+        def __init__(self):
+            super().__init__()
+            self.inner = wl.model()
+
+        def forward(self, batch):
+            return {"loss": wl.loss(self.inner, batch)}
+
+    collate = wl.collate or default_collate
+    stamps: list[float] = []
+
+    class Clock(TrainerCallback):
+        def on_step_end(self, *a, **k):
+            stamps.append(time.perf_counter())
+
+    torch.manual_seed(0)
+    trainer = Trainer(model=WithLoss(), args=args_hf, train_dataset=wl.dataset(),
+                      data_collator=lambda samples: {"batch": collate(samples)}, callbacks=[Clock()])
+    trainer.train()
+    return _stamps_rate(stamps, warmup, args_hf.per_device_train_batch_size)
+
+
+def run_lightning(workload: str, args: dict, payload: dict, steps: int, warmup: int) -> float:
+    import lightning as L
+    import torch
+
+    from tuner.results import framework_snippet
+    from tuner.workloads import load_workload
+
+    wl = load_workload(workload, args)
+    stamps: list[float] = []
+
+    class Module(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.inner = wl.model()
+
+        def training_step(self, batch, i):
+            return wl.loss(self.inner, batch)
+
+        def configure_optimizers(self):
+            return wl.make_optimizer(self.parameters())
+
+    class Clock(L.Callback):
+        def on_train_batch_end(self, *a, **k):
+            stamps.append(time.perf_counter())
+
+    torch.manual_seed(0)
+    snippet = framework_snippet(payload, "lightning").replace(
+        "trainer = L.Trainer(**trainer_kwargs)",
+        "trainer = L.Trainer(**trainer_kwargs, max_steps=MAX_STEPS, callbacks=[CLOCK])")
+    scope = {"model": Module(), "dataset": wl.dataset(), "MAX_STEPS": warmup + steps, "CLOCK": Clock()}
+    if wl.collate:  # the user's collate_fn goes beside the exported DataLoader kwargs
+        snippet = snippet.replace("DataLoader(dataset, **dataloader_kwargs)",
+                                  "DataLoader(dataset, **dataloader_kwargs, collate_fn=COLLATE)")
+        scope["COLLATE"] = wl.collate
+    exec(snippet, scope)  # noqa: S102 -- the export, as pasted
+    scope["trainer"].fit(scope["model"], scope["train_loader"])
+    return _stamps_rate(stamps, warmup, payload["config"]["micro_batch_size"])
+
+
+# ---- the harness ---------------------------------------------------------------------------
+
+
+def in_process(kind: str, workload: str, args: dict, payload: dict, steps: int, warmup: int) -> float:
+    out = subprocess.run([sys.executable, __file__, "--one", kind, workload, json.dumps(args),
+                          json.dumps(payload), str(steps), str(warmup)], capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"{kind} failed: {out.stderr.strip()[-800:]}")
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def payload_for(workload: str, args: dict, config: dict) -> dict:
+    from tuner.hardware import describe
+
+    return {"config": config, "workload": {"ref": workload, "args": args}, "base_dir": str(Path.cwd()),
+            "hardware": describe(), "measured": {}, "speedup_vs_baseline": None}
+
+
+def measure(kind: str, workload: str, args: dict, config: dict, space: Path, tmp: Path, steps: int,
+            warmup: int) -> float:
+    from tuner.results import python_script
+
+    ref = REFS.get(workload, workload)
+    if kind == "tuner":
+        return run_bench(space, config)["samples_per_sec"]
+    if kind == "user":
+        out = subprocess.run([sys.executable, str(Path(__file__).with_name("user_loop.py")), ref, json.dumps(args),
+                              json.dumps(config)], capture_output=True, text=True, check=True)
+        return json.loads(out.stdout.strip().splitlines()[-1])["samples_per_sec"]
+    if kind == "python":
+        script = tmp / f"train_{workload}.py"
+        script.write_text(python_script(payload_for(ref, args, config)))
+        out = subprocess.run([sys.executable, str(script), "--steps", str(steps)], capture_output=True, text=True)
+        if out.returncode != 0:
+            raise RuntimeError(f"exported script failed: {out.stderr.strip()[-500:]}")
+        return float(re.search(r"samples/sec: ([\d.]+)", out.stdout).group(1))
+    return in_process(kind, ref, args, payload_for(ref, args, config), steps, warmup)
+
+
+def search_pick(workload: str, args: dict, trials: int, results: Path) -> dict:
+    from tuner import spec
+    from tuner.search import run_search
+
+    space = spec.parse({"name": f"framework-{workload}", "workload": REFS.get(workload, workload),
+                        "workload_args": args, "device": "cpu", "knobs": KNOBS, "budget": {"trials": trials}})
+    summary = run_search(space, results_root=results, quiet=True)
+    return {k: summary["best"]["config"][k] for k in KNOBS}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workloads", default=",".join(ARGS))
+    ap.add_argument("--frameworks", default=",".join(FRAMEWORKS))
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--trials", type=int, default=8, help="configs the search for the pick tries")
+    ap.add_argument("--epochs", type=int, default=2, help="epochs the frameworks' timed steps cover")
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--out", default="benchmarks/out/framework_speed.json")
+    a = ap.parse_args()
+
+    import ray
+
+    from tuner.hardware import describe
+
+    kinds = a.frameworks.split(",")
+    tmp = Path(tempfile.mkdtemp(prefix="framework-speed-"))
+    rows = []
+    for workload in a.workloads.split(","):
+        args = ARGS[workload]
+        pick = search_pick(workload, args, a.trials, tmp / "results")
+        ray.shutdown()
+        print(f"{workload}: the search's pick {pick}", flush=True)
+        space = space_file(tmp, workload, args, name="framework")
+        configs = {"default": {"precision": "fp32", "micro_batch_size": 32}, "pick": pick}
+        runs: dict = {name: {k: [] for k in kinds} for name in configs}
+        for r in range(a.rounds):
+            order = kinds[r % len(kinds):] + kinds[:r % len(kinds)]
+            for name, config in configs.items():
+                steps = a.epochs * args["size"] // config["micro_batch_size"]
+                for kind in order:
+                    runs[name][kind].append(measure(kind, workload, args, config, space, tmp, steps, a.warmup))
+            print(f"{workload} round {r + 1}: " + "; ".join(
+                f"{name} " + " ".join(f"{k} {runs[name][k][-1]:.0f}" for k in kinds) for name in configs), flush=True)
+        med = {name: {k: statistics.median(v) for k, v in runs[name].items()} for name in configs}
+        promised = med["pick"]["tuner"] / med["default"]["tuner"]
+        row = {"workload": workload, "args": args, "configs": configs, "runs": runs, "median": med,
+               "promised_speedup": promised, "frameworks": {}}
+        for k in kinds:
+            realized = med["pick"][k] / med["default"][k]
+            row["frameworks"][k] = {"realized_speedup": realized, "realized_over_promised": realized / promised,
+                                    "pick_over_tuner": med["pick"][k] / med["pick"]["tuner"],
+                                    "default_over_tuner": med["default"][k] / med["default"]["tuner"]}
+        rows.append(row)
+    print(f"\n{'workload':<12} {'framework':<10} {'pick/tuner':>10} {'default/tuner':>13} {'realized':>9} "
+          f"{'promised':>9} {'ratio':>6}")
+    for row in rows:
+        for k, f in row["frameworks"].items():
+            print(f"{row['workload']:<12} {k:<10} {f['pick_over_tuner']:>10.3f} {f['default_over_tuner']:>13.3f} "
+                  f"{f['realized_speedup']:>9.2f} {row['promised_speedup']:>9.2f} {f['realized_over_promised']:>6.3f}")
+    out = {"date": time.strftime("%Y-%m-%d %H:%M"), "hardware": describe(),
+           "command": "python benchmarks/framework_speed.py " + " ".join(sys.argv[1:]),
+           "rounds": a.rounds, "epochs": a.epochs, "warmup": a.warmup, "rows": rows}
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps(out, indent=2))
+    print(f"wrote {a.out}")
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--one"]:
+        kind, workload, args, payload, steps, warmup = sys.argv[2:8]
+        run = run_hf if kind == "hf" else run_lightning
+        print(run(workload, json.loads(args), json.loads(payload), int(steps), int(warmup)))
+    else:
+        main()

@@ -1,0 +1,101 @@
+"""A training loop written the way a user writes one, to check the tuner's figure against.
+
+Run in a fresh ``python`` process; it imports nothing of the tuner's but the user's
+workload definition (the model, dataset, loss, collate and optimizer the user wrote):
+
+- ``torch.set_num_threads(threads)`` where the config sets threads;
+- the model built after ``torch.manual_seed(0)``;
+- ``DataLoader(shuffle=True, drop_last=True)``, with the config's workers, prefetch and
+  persistence;
+- the workload's optimizer (AdamW unless it names one);
+- autocast for bf16 (and fp16 with a GradScaler);
+- ``loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)``;
+- ``--warmup`` steps, then ``--windows`` windows of ``--steps`` steps each, timed with
+  ``perf_counter``; samples/sec is the median window's. Windows that would hold an
+  epoch boundary start after it, so every window lies inside an epoch.
+
+    python benchmarks/user_loop.py WORKLOAD ARGS_JSON CONFIG_JSON [--windows 5 --steps 6]
+
+prints one JSON line: ``{"samples_per_sec": ..., "windows": [...]}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("workload")
+    ap.add_argument("args", help="the workload's arguments, as JSON")
+    ap.add_argument("config", help="the knobs, as JSON (precision, micro_batch_size, num_workers, ...)")
+    ap.add_argument("--warmup", type=int, default=4)
+    ap.add_argument("--windows", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=6)
+    a = ap.parse_args()
+    config, args = json.loads(a.config), json.loads(a.args)
+
+    import torch
+    from torch.utils.data import DataLoader
+
+    from tuner.workloads import load_workload  # the user's own definition, imported
+
+    if config.get("torch_threads"):
+        torch.set_num_threads(config["torch_threads"])
+    torch.manual_seed(0)
+    wl = load_workload(a.workload, args)
+    model = wl.model()
+    model.train()
+    opt = wl.make_optimizer(model.parameters())
+    workers = config.get("num_workers", 0)
+    kw: dict = {"num_workers": workers}
+    if workers:
+        kw["persistent_workers"] = bool(config.get("persistent_workers"))
+        if config.get("prefetch_factor"):
+            kw["prefetch_factor"] = config["prefetch_factor"]
+    bs = config["micro_batch_size"]
+    loader = DataLoader(wl.dataset(), batch_size=bs, shuffle=True, drop_last=True, collate_fn=wl.collate, **kw)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(config.get("precision", "fp32"))
+    scaler = torch.amp.GradScaler("cpu") if dtype is torch.float16 else None
+
+    def step(batch) -> None:
+        with torch.autocast("cpu", dtype=dtype or torch.float32, enabled=dtype is not None):
+            loss = wl.loss(model, batch)
+        if scaler is not None:
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+        else:
+            loss.backward()
+            opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    it = iter(loader)
+    left = len(loader)  # steps left in the epoch under way
+
+    def next_batch():
+        nonlocal it, left
+        if left == 0:
+            it, left = iter(loader), len(loader)
+        left -= 1
+        return next(it)
+
+    for _ in range(a.warmup):
+        step(next_batch())
+    rates = []
+    for _ in range(a.windows):
+        if left < a.steps:  # the window starts in a new epoch
+            while left:
+                step(next_batch())
+        t0 = time.perf_counter()
+        for _ in range(a.steps):
+            step(next_batch())
+        rates.append(a.steps * bs / (time.perf_counter() - t0))
+    print(json.dumps({"samples_per_sec": statistics.median(rates), "windows": rates}))
+
+
+if __name__ == "__main__":
+    main()
