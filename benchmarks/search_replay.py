@@ -55,7 +55,7 @@ import optuna
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tuner import knobs, spec  # noqa: E402
-from tuner.measure import median_error, screen_stop  # noqa: E402
+from tuner.measure import median_error, windows_verdict  # noqa: E402
 from tuner.records import aggregate, best_of, rank, within_noise  # noqa: E402
 from tuner.sampler import GuidedSampler  # noqa: E402
 from tuner.screening import Board  # noqa: E402
@@ -170,13 +170,11 @@ class Machine:
         while len(rates) < most:  # the stopping rules of ``tuner.measure.measure``
             i = len(rates)
             rates.append((recorded[i] if i < min(self.TRANSIENT, len(recorded)) else self.rng.choice(steady)) * factor)
-            if screen and screen_stop(rates, screen, self.settings.get("screen_windows", 2)):
-                screened = True
-                break
-            if len(rates) >= least and median_error(rates) <= self.settings.get("target_error", 0.01):
-                break
-            if len(rates) >= least and screen and \
-                    statistics.median(rates) * (1 + 2 * median_error(rates)) < screen["below"]:
+            done = windows_verdict(rates, screen, min_windows=least,
+                                   target_error=self.settings.get("target_error", 0.01),
+                                   screen_windows=self.settings.get("screen_windows", 2))
+            screened = done == "screened"
+            if done:
                 break
         # the figure: the recorded one, with this draw's drift and window noise (a screened
         # measurement reports its windows' median, as the trial does)

@@ -650,7 +650,9 @@ def main() -> None:
 
     def save() -> None:  # after every row: an interrupted run keeps what it measured
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.out).write_text(json.dumps({"hardware": describe(), "rounds": a.rounds, "plain_epochs": a.epochs,
+        Path(a.out).write_text(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M"), "hardware": describe(),
+                                           "command": "python benchmarks/truth.py " + " ".join(sys.argv[1:]),
+                                           "tolerance": a.tolerance, "rounds": a.rounds, "plain_epochs": a.epochs,
                                            "rows": rows, "across_rows": across_rows(rows, a.tolerance),
                                            "persistence": persistence, "search": search_rows},
                                           indent=2, default=str))
@@ -809,14 +811,19 @@ def run_loop(loop: str, workload: str, args: dict, config: dict, a: argparse.Nam
 
 def loop_row(workload: str, args: dict, config: dict, bench: list[dict], plain: list[dict], loop: str,
              a: argparse.Namespace) -> dict:
-    """One row: bench against one loop, over the rounds they shared."""
+    """One row: bench against one loop, over the rounds they shared. The user's loop times
+    windows inside epochs: it is compared with bench's steady figure, which leaves epoch
+    boundaries out too; the other loops run whole epochs, as bench's figure counts them."""
+    fig = "steady_samples_per_sec" if loop == "user" else "samples_per_sec"
+    bench = [{**x, "samples_per_sec": x[fig], "with_boundaries": x["samples_per_sec"]} for x in bench]
     b = statistics.median(x["samples_per_sec"] for x in bench)
     p = statistics.median(x["samples_per_sec"] for x in plain)
     mem = all(y.get("peak_host_memory_mb") for y in plain)
     bm = statistics.median(x["peak_host_memory_mb"] for x in bench)
     pm = statistics.median(y["peak_host_memory_mb"] for y in plain) if mem else None
     geo, lo, hi = paired_interval([x["samples_per_sec"] for x in bench], [y["samples_per_sec"] for y in plain])
-    row = {"workload": workload, "args": args, "config": config, "loop": loop,
+    row = {"workload": workload, "args": args, "config": config, "loop": loop, "bench_figure": fig,
+           "bench_with_boundaries_runs": [x["with_boundaries"] for x in bench],
            "bench_samples_per_sec": b, "plain_samples_per_sec": p, "bench_over_plain": b / p,
            "paired_ratio": statistics.median(x["samples_per_sec"] / y["samples_per_sec"]
                                              for x, y in zip(bench, plain, strict=True)),

@@ -34,10 +34,12 @@ def test_accumulation_gives_the_gradients_of_one_large_batch():
     assert all(p.grad is None for p in acc.model.parameters())  # zero_grad(set_to_none=True)
 
 
-def test_the_last_batch_lives_until_the_next_is_fetched_as_in_a_users_loop():
-    # `for batch in loader:` frees a batch when the next one is assigned. When tensors
-    # are freed decides how glibc's malloc trims and re-faults the heap on a CPU (a
-    # small GPT-2 read 0.86 of the user's loop with batches freed at each step's end).
+def test_a_step_frees_its_batch_when_it_returns_as_a_framework_s_step_does():
+    # A framework's training step (Hugging Face's, Lightning's) and the exported script's
+    # step() free their batch and loss when they return. When tensors are freed decides
+    # how glibc's malloc trims and re-faults the heap on a CPU (held until the next step,
+    # a small transformer read 1.07-1.18x a step function's rate), so the measured loop
+    # frees them where the user's framework does.
     import weakref
 
     t = Trainer(load_workload(ref("linear")), _config(micro_batch_size=4), CPU)
@@ -55,10 +57,9 @@ def test_the_last_batch_lives_until_the_next_is_fetched_as_in_a_users_loop():
 
     t._it = Recording(t._it)
     t.step()
-    assert seen[0]() is not None  # held after its step
+    assert seen[0]() is None  # gone when its step returned
     t.step()
-    assert seen[0]() is None and seen[1]() is not None  # freed once its successor came
-    assert t._loss is not None and t._loss.grad_fn is not None
+    assert seen[1]() is None and len(seen) == 2
 
 
 @pytest.mark.parametrize("precision,dtype", [("fp32", torch.float32), ("bf16", torch.bfloat16),

@@ -414,21 +414,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m tuner", description=__doc__.splitlines()[0])
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     sub = parser.add_subparsers(dest="command", required=True)
+    _search_commands(sub)
+    _measure_commands(sub)
+    _result_commands(sub)
+    return parser
 
-    p = sub.add_parser("bench", help="measure one config of a space, without Ray",
-                       description="Measure one config of a space, without Ray: warm-up, timed windows, "
-                       "epoch boundaries measured apart. Peak host memory is the trial process's peak "
-                       "resident set (VmHWM, torch's shared pages counted as your own process holds "
-                       "them) plus the private pages of its DataLoader workers. Windows disturbed by "
-                       "other load on the machine are measured again.")
-    p.add_argument("space", help="space.yaml")
-    p.add_argument("--set", action="append", default=[], metavar="KNOB=VALUE", help="override a knob")
-    p.add_argument("--config", help="an exported config (tuner export) to re-measure")
-    p.add_argument("--baseline", action="store_true", help="measure the plain PyTorch loop instead")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--timeout", type=float, help="seconds before the trial counts as hung")
-    p.set_defaults(func=cmd_bench)
 
+def _search_commands(sub: Any) -> None:
+    """The commands of the search and its cluster."""
     p = sub.add_parser("run", help="search a space with Ray Tune + Optuna")
     p.add_argument("space", help="space.yaml")
     p.add_argument("--trials", type=int, help="override budget.trials (measurements, the confirm rounds' included)")
@@ -442,47 +435,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also log each trial with Ray Tune's logger callbacks (repeatable): TensorBoard "
                    "events under results/<name>/ray/, an MLflow SQLite store, results/<name>/mlflow.db")
     p.set_defaults(func=cmd_run)
-
-    p = sub.add_parser("show", help="the trials of a results folder (also while the search runs)")
-    p.add_argument("results", help="results/<name>")
-    p.add_argument("--limit", type=int, help="show only the first N configs")
-    p.set_defaults(func=cmd_show)
-
-    p = sub.add_parser("export", help="export the best (or Pareto-optimal) config")
-    p.add_argument("results", help="results/<name>")
-    p.add_argument("--pick", nargs="+", default=["best"], metavar="HOW",
-                   help="best | pareto | fastest-under-memory MB")
-    p.add_argument("--format", default="yaml", choices=["yaml", "json", "python", "hf", "lightning"],
-                   help="yaml/json: the config and its figures; python: a script that trains your "
-                   "workload with it; hf: TrainingArguments kwargs; lightning: Trainer + DataLoader kwargs")
-    p.add_argument("--device-model", help="on a mixed cluster: the GPU model to export for (default: each)")
-    p.add_argument("-o", "--output", help="write to this file instead of stdout")
-    p.set_defaults(func=cmd_export)
-
-    p = sub.add_parser("init", help="write a space.yaml fitted to this machine (probes the micro-batch)")
-    p.add_argument("workload", help="built-in name, my_workload.py:make or my_pkg.mod:make")
-    p.add_argument("--workload-args", help="the factory's arguments, e.g. '{size: 1024}'")
-    p.add_argument("-o", "--output", default="space.yaml", help="the file to write (default space.yaml)")
-    p.add_argument("--force", action="store_true", help="overwrite an existing file")
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    p.add_argument("--max-memory-mb", type=float,
-                   help="a micro-batch whose peak memory is above this does not fit (default: 90%% of the "
-                   "GPU's memory; none on CPUs)")
-    p.add_argument("--max-step-s", type=float, default=2.0, help="nor one whose step takes longer (default 2)")
-    p.add_argument("--upper", type=int, default=4096, help="the largest micro-batch probed")
-    p.add_argument("--trials", type=int, help="budget.trials of the written file (default 12)")
-    p.add_argument("--name", help="the space's name (default: the workload's)")
-    p.set_defaults(func=cmd_init)
-
-    p = sub.add_parser("dashboard", help="the study in optuna-dashboard (on loopback)")
-    p.add_argument("results", help="results/<name>")
-    p.add_argument("--port", type=int, default=8080)
-    p.add_argument("--host", default="127.0.0.1", help="127.0.0.1: this machine only")
-    p.set_defaults(func=cmd_dashboard)
-
-    p = sub.add_parser("report", help="write report.md with plots into the results folder")
-    p.add_argument("results", help="results/<name>")
-    p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("resume", help="continue an interrupted search")
     p.add_argument("results", help="results/<name>")
@@ -502,9 +454,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--wait", action="store_true", help="wait for the job to end; exit 0 only if it succeeded")
     p.set_defaults(func=cmd_submit)
 
-    p = sub.add_parser("doctor", help="check torch, CUDA, GPUs, compile, Ray: OK or what to fix")
-    p.add_argument("--address", help="also check a running Ray cluster")
-    p.set_defaults(func=cmd_doctor)
+    p = sub.add_parser("show", help="the trials of a results folder (also while the search runs)")
+    p.add_argument("results", help="results/<name>")
+    p.add_argument("--limit", type=int, help="show only the first N configs")
+    p.set_defaults(func=cmd_show)
+
+
+def _measure_commands(sub: Any) -> None:
+    """The commands of measuring one config, and the machine."""
+    p = sub.add_parser("bench", help="measure one config of a space, without Ray",
+                       description="Measure one config of a space, without Ray: warm-up, timed windows, "
+                       "epoch boundaries measured apart. Peak host memory is the trial process's peak "
+                       "resident set (VmHWM, torch's shared pages counted as your own process holds "
+                       "them) plus the private pages of its DataLoader workers. Windows disturbed by "
+                       "other load on the machine are measured again.")
+    p.add_argument("space", help="space.yaml")
+    p.add_argument("--set", action="append", default=[], metavar="KNOB=VALUE", help="override a knob")
+    p.add_argument("--config", help="an exported config (tuner export) to re-measure")
+    p.add_argument("--baseline", action="store_true", help="measure the plain PyTorch loop instead")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--timeout", type=float, help="seconds before the trial counts as hung")
+    p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("profile", help="a config under torch.profiler: Chrome trace + summary")
     p.add_argument("target", help="space.yaml, or a results folder (its best, or --trial N)")
@@ -515,10 +485,52 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_profile, baseline=False, config=None)
 
+    p = sub.add_parser("init", help="write a space.yaml fitted to this machine (probes the micro-batch)")
+    p.add_argument("workload", help="built-in name, my_workload.py:make or my_pkg.mod:make")
+    p.add_argument("--workload-args", help="the factory's arguments, e.g. '{size: 1024}'")
+    p.add_argument("-o", "--output", default="space.yaml", help="the file to write (default space.yaml)")
+    p.add_argument("--force", action="store_true", help="overwrite an existing file")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--max-memory-mb", type=float,
+                   help="a micro-batch whose peak memory is above this does not fit (default: 90%% of the "
+                   "GPU's memory; none on CPUs)")
+    p.add_argument("--max-step-s", type=float, default=2.0, help="nor one whose step takes longer (default 2)")
+    p.add_argument("--upper", type=int, default=4096, help="the largest micro-batch probed")
+    p.add_argument("--trials", type=int, help="budget.trials of the written file (default 12)")
+    p.add_argument("--name", help="the space's name (default: the workload's)")
+    p.set_defaults(func=cmd_init)
+
+    p = sub.add_parser("doctor", help="check torch, CUDA, GPUs, compile, Ray: OK or what to fix")
+    p.add_argument("--address", help="also check a running Ray cluster")
+    p.set_defaults(func=cmd_doctor)
+
+
+def _result_commands(sub: Any) -> None:
+    """The commands of reading the results."""
+    p = sub.add_parser("export", help="export the best (or Pareto-optimal) config")
+    p.add_argument("results", help="results/<name>")
+    p.add_argument("--pick", nargs="+", default=["best"], metavar="HOW",
+                   help="best | pareto | fastest-under-memory MB")
+    p.add_argument("--format", default="yaml", choices=["yaml", "json", "python", "hf", "lightning"],
+                   help="yaml/json: the config and its figures; python: a script that trains your "
+                   "workload with it; hf: TrainingArguments kwargs; lightning: Trainer + DataLoader kwargs")
+    p.add_argument("--device-model", help="on a mixed cluster: the GPU model to export for (default: each)")
+    p.add_argument("-o", "--output", help="write to this file instead of stdout")
+    p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("report", help="write report.md with plots into the results folder")
+    p.add_argument("results", help="results/<name>")
+    p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("dashboard", help="the study in optuna-dashboard (on loopback)")
+    p.add_argument("results", help="results/<name>")
+    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--host", default="127.0.0.1", help="127.0.0.1: this machine only")
+    p.set_defaults(func=cmd_dashboard)
+
     p = sub.add_parser("knobs", help="list the knobs, their values and defaults")
     p.add_argument("--markdown", action="store_true", help="as the README's markdown table")
     p.set_defaults(func=cmd_knobs)
-    return parser
 
 
 def check_flags(args: argparse.Namespace) -> None:

@@ -472,6 +472,25 @@ def screen_stop(rates: list[float], screen: dict | None, screen_windows: int) ->
     return max(rates[SCREEN_SKIP:]) * (1 + screen["margin"]) < screen["below"]
 
 
+def windows_verdict(rates: list[float], screen: dict | None, *, min_windows: int, target_error: float,
+                    screen_windows: int, capped: bool = False, steady: bool = True) -> str | None:
+    """Whether the windows ``rates`` so far end the measurement, and why: ``screened``
+    (out of the running, ``screen_stop``), ``enough`` (``min_windows`` in, and capped or
+    precise to ``target_error`` with steady windows among them), ``below_incumbent``
+    (precision only matters near the top: a config clearly below the incumbent, by twice
+    its own error, is no contender, and more windows would not make it one), or None:
+    measure another window. (The search replay draws its windows under the same rules.)"""
+    if screen_stop(rates, screen, screen_windows):
+        return "screened"
+    if len(rates) < min_windows:
+        return None
+    if capped or (median_error(rates) <= target_error and steady):
+        return "enough"
+    if screen and statistics.median(rates) * (1 + 2 * median_error(rates)) < screen["below"]:
+        return "below_incumbent"
+    return None
+
+
 def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
             startup_s: float = 0.0, progress: Callable[[str], None] | None = None,
             probe: TreeProbe | None = None, screen: dict | None = None,
@@ -737,18 +756,15 @@ def _timed_windows(trainer: Trainer, settings: MeasureSettings, plan: WindowPlan
         if nonfinite:
             t.nonfinite = True
             break
-        if screen_stop(t.rates, screen, settings.screen_windows):
+        capped = len(t.rates) >= settings.max_windows or t.timed_s >= settings.max_timed_s
+        done = windows_verdict(t.rates, screen, min_windows=settings.min_windows, target_error=settings.target_error,
+                               screen_windows=settings.screen_windows, capped=capped,
+                               steady=len(t.rates) < settings.min_windows or steady_enough())
+        if done == "screened":
             t.screened = True
             say(f"screened out: {max(t.rates[SCREEN_SKIP:]):.1f} samples/s cannot reach {screen['below']:.1f}")
-            break
-        enough = len(t.rates) >= settings.min_windows
-        capped = len(t.rates) >= settings.max_windows or t.timed_s >= settings.max_timed_s
-        if enough and (capped or (median_error(t.rates) <= settings.target_error and steady_enough())):
-            break
-        # Precision only matters near the top: a config clearly below the incumbent
-        # (by twice its own error) is no contender, and more windows would not make it one.
-        if enough and screen and statistics.median(t.rates) * (1 + 2 * median_error(t.rates)) < screen["below"]:
-            t.below_incumbent = True
+        t.below_incumbent = done == "below_incumbent"
+        if done:
             break
     t.clock.append(perf_counter())
     return t
