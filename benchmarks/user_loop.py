@@ -8,11 +8,13 @@ workload definition (the model, dataset, loss, collate and optimizer the user wr
 - ``DataLoader(shuffle=True, drop_last=True)``, with the config's workers, prefetch and
   persistence;
 - the workload's optimizer (AdamW unless it names one);
+- channels_last on the model and the 4-D inputs where the config sets it;
 - autocast for bf16 (and fp16 with a GradScaler);
 - ``loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)``;
 - ``--warmup`` steps, then ``--windows`` windows of ``--steps`` steps each, timed with
-  ``perf_counter``; samples/sec is the median window's. Windows that would hold an
-  epoch boundary start after it, so every window lies inside an epoch.
+  ``perf_counter``; samples/sec is the median window's. A window that would hold an
+  epoch boundary starts after the next epoch's first step instead (its workers started),
+  so every window lies inside an epoch.
 
     python benchmarks/user_loop.py WORKLOAD ARGS_JSON CONFIG_JSON [--windows 5 --steps 6]
 
@@ -49,6 +51,9 @@ def main() -> None:
     torch.manual_seed(0)
     wl = load_workload(a.workload, args)
     model = wl.model()
+    cl = bool(config.get("channels_last"))
+    if cl:
+        model = model.to(memory_format=torch.channels_last)
     model.train()
     opt = wl.make_optimizer(model.parameters())
     workers = config.get("num_workers", 0)
@@ -63,6 +68,9 @@ def main() -> None:
     scaler = torch.amp.GradScaler("cpu") if dtype is torch.float16 else None
 
     def step(batch) -> None:
+        if cl:  # 4-D inputs in the model's memory format, as a user's loop converts them
+            batch = [b.contiguous(memory_format=torch.channels_last) if torch.is_tensor(b) and b.dim() == 4 else b
+                     for b in batch] if isinstance(batch, (list, tuple)) else batch
         with torch.autocast("cpu", dtype=dtype or torch.float32, enabled=dtype is not None):
             loss = wl.loss(model, batch)
         if scaler is not None:
@@ -88,9 +96,10 @@ def main() -> None:
         step(next_batch())
     rates, faults, steps = [], 0, 0  # the page faults are read for the record, not by a user
     for _ in range(a.windows):
-        if left < a.steps:  # the window starts in a new epoch
+        if left < a.steps:  # the window starts in a new epoch, after its first step (workers up)
             while left:
                 step(next_batch())
+            step(next_batch())
         f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         t0 = time.perf_counter()
         for _ in range(a.steps):

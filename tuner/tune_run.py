@@ -348,7 +348,7 @@ def ray_failure(trial: Any) -> str:
     with contextlib.suppress(OSError, TypeError):
         text = Path(trial.error_file).read_text()[-4000:]
     lost = ("NodeDiedError", "node has died", "node died", "ActorDiedError", "WorkerCrashedError",
-            "actor died", "OwnerDiedError")
+            "actor died", "OwnerDiedError", "ActorUnavailableError", "is unavailable", "RpcError")
     if any(s in text for s in lost):
         last = next((ln.strip() for ln in reversed(text.splitlines()) if ln.strip()), "")
         return f"lost: Ray's node or worker running the trial died ({last[:160]})"
