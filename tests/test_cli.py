@@ -32,6 +32,7 @@ def test_help_is_fast():
     assert time.perf_counter() - t < 3.0  # no torch import (~2 s here) for --help
 
 
+@pytest.mark.slow
 def test_bench_json_has_the_documented_fields(tmp_path):
     space = _space(tmp_path, "conv", "workload_args: {size: 256}\nknobs:\n  micro_batch_size: [16]\n")
     r = tuner("bench", str(space), "--json", "--set", "precision=bf16", "--set", "num_workers=1")
@@ -47,6 +48,7 @@ def test_bench_json_has_the_documented_fields(tmp_path):
     assert out["workload"]["ref"] == "conv" and out["hardware"]["cpu_count"] >= 1
 
 
+@pytest.mark.slow
 def test_bench_baseline_table(tmp_path):
     space = _space(tmp_path, "conv", "workload_args: {size: 256}\nknobs:\n  micro_batch_size: [16]\n")
     r = tuner("bench", str(space), "--baseline")
@@ -55,6 +57,7 @@ def test_bench_baseline_table(tmp_path):
     assert "precision=fp32" in r.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args,workload,match", [
     (["--set", "num_wrkers=2"], "conv", "unknown knob 'num_wrkers'"),
     (["--set", "precision=fp8"], "conv", "precision.*fp8"),
@@ -100,6 +103,7 @@ def _results_folder(tmp_path):
     return folder
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, says", [
     (["run", "{space}", "--name", "../x"], "name '../x'"),
     (["run", "{space}", "--time-budget", "-5"], "--time-budget -5.0"),
@@ -132,6 +136,7 @@ def test_flags_are_checked_in_one_place(tmp_path, args, says):
     assert not (tmp_path / "results" / "t").exists() and not (tmp_path.parent / "x").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("text,match", BAD_SPACES)
 def test_every_bad_space_through_the_command_line(tmp_path, text, match):
     """What a user sees for each broken space: exit 2, at most 3 lines, no traceback,
@@ -152,6 +157,7 @@ def test_debug_is_accepted_anywhere_and_shows_the_traceback(tmp_path):
     assert r.returncode != 0 and "Traceback" in r.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("broken", ["summary.json", "meta.json", "space.yaml", "trials.jsonl"])
 def test_a_torn_results_file_is_one_line_naming_it(tmp_path, broken):
     folder = _results_folder(tmp_path)
@@ -167,6 +173,7 @@ def test_a_torn_results_file_is_one_line_naming_it(tmp_path, broken):
         assert len(lines) == 1 and broken in lines[0], (command, r.stderr)
 
 
+@pytest.mark.slow
 def test_an_infeasible_bench_exits_3_and_keeps_the_users_message(tmp_path):
     space = _space(tmp_path, f"{FIXTURES}:nan_in", "workload_args: {precision_dtype: float16}\n")
     r = tuner("bench", str(space), "--set", "precision=fp16", "--set", "micro_batch_size=4")
@@ -200,6 +207,7 @@ def test_two_runs_on_one_name_one_runs_one_is_refused(tmp_path):
     assert phases.count("baseline") == 1 and phases.count("search") == 1  # one search's records
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("extra, workload, says", [
     ("workload_args: {size: big}\n", "conv", "workload_args.size: 'big' is not int"),
     ("", "{fixtures}:not_a_workload", "returned int, not tuner.Workload"),

@@ -122,6 +122,7 @@ def test_doctor_says_plainly_there_is_no_gpu():
     assert any("compile" in ln for ln in lines) and any("cpus" in ln for ln in lines)
 
 
+@pytest.mark.slow
 def test_unreachable_address_is_one_line(tmp_path):
     (tmp_path / "space.yaml").write_text("name: x\nworkload: conv\n")
     r = subprocess.run([sys.executable, "-m", "tuner", "submit", str(tmp_path / "space.yaml"), "--address",

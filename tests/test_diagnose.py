@@ -1,5 +1,7 @@
 
 
+import pytest
+
 from tests.helpers import FAST_MEASURE, ref
 from tuner.diagnose import diagnose
 from tuner.trial import make_request, run_isolated
@@ -15,6 +17,7 @@ def _measure(workers):
     return r
 
 
+@pytest.mark.slow
 def test_slow_dataset_is_input_bound_until_there_are_enough_workers():
     slow = _measure(0)
     d = diagnose(slow)

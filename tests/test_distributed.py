@@ -100,6 +100,7 @@ def _train_two_ranks(config: dict) -> dict[int, list[float]]:
     return out
 
 
+@pytest.mark.slow
 def test_no_sync_accumulation_gives_the_gradients_of_an_all_reduce_per_micro_batch():
     # gloo, two processes, the real Trainer: three optimizer steps of two micro-batches
     base = {"world_size": 2, "micro_batch_size": 4, "grad_accum_steps": 2}
@@ -130,6 +131,7 @@ def _spy(tmp_path, config, measure=None, **args):
     return record, [c for c in lines if c["ddp"]]
 
 
+@pytest.mark.slow
 def test_two_ranks_train_ddp_with_the_knobs_and_agree_on_every_window(ray_4cpu, tmp_path):
     config = {"world_size": 2, "micro_batch_size": 8, "grad_accum_steps": 2, "ddp_bucket_cap_mb": 50,
               "ddp_gradient_as_bucket_view": True, "ddp_comm_hook": "fp16_compress",
@@ -178,6 +180,7 @@ def test_ranks_that_do_not_fit_are_infeasible_before_ray_train_waits_for_them(ra
     assert r["reason"].startswith("world_size=3: 3 ranks need 6 CPUs") and r["trial_wall_s"] < 5
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault", ["fail_rank", "hang_rank"])
 def test_a_rank_that_raises_or_hangs_is_named_and_leaves_no_process(ray_4cpu, tmp_path, fault):
     import time
@@ -202,6 +205,7 @@ def test_a_rank_that_raises_or_hangs_is_named_and_leaves_no_process(ray_4cpu, tm
     assert not any(psutil.pid_exists(p) for p in pids)
 
 
+@pytest.mark.slow
 def test_a_search_over_world_size_reports_scaling_efficiency(ray_4cpu, tmp_path):
     from tests.test_search import _records, _space
     from tuner.search import run_search

@@ -22,6 +22,7 @@ def _results(tmp_path, workload, args, config, hardware=None, base_dir=None):
     return folder
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workload, args, config", [
     ("conv", {"size": 128}, {"precision": "bf16", "micro_batch_size": 8, "num_workers": 1,
                              "persistent_workers": True, "channels_last": True, "torch_threads": 1,
@@ -49,6 +50,7 @@ def _snippet(tmp_path, fmt, config, gpu=None):
     return out.read_text()
 
 
+@pytest.mark.slow
 def test_hugging_face_training_arguments_accept_the_export(tmp_path, monkeypatch):
     pytest.importorskip("transformers")
     monkeypatch.chdir(tmp_path)
@@ -81,6 +83,7 @@ DDP = {"world_size": 2, "micro_batch_size": 8, "grad_accum_steps": 2, "ddp_bucke
        "ddp_gradient_as_bucket_view": True, "ddp_comm_hook": "fp16_compress", "ddp_no_sync_accumulation": True}
 
 
+@pytest.mark.slow
 def test_the_exported_data_parallel_script_trains_under_torchrun(tmp_path):
     folder = _results(tmp_path, f"{FIXTURES.name}:linear", {"size": 64}, DDP, base_dir=FIXTURES.parent)
     script = tmp_path / "train.py"

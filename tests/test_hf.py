@@ -49,6 +49,7 @@ def _bench(tmp_path, args="", *flags):
                           capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, flags", [
     ("", ()),  # a config and a list of dicts, in the trial's process
     ("as_module: true", ("--set", "num_workers=1")),  # a module copied per trial; a DataLoader worker
@@ -61,6 +62,7 @@ def test_a_model_from_a_config_trains_with_its_own_loss(tmp_path, args, flags):
     assert out["config"]["micro_batch_size"] == 8
 
 
+@pytest.mark.slow
 def test_a_model_that_returns_no_loss_is_one_line_naming_the_fix(tmp_path):
     r = _bench(tmp_path, "labels_from: null")
     assert r.returncode == 2, (r.stdout, r.stderr)

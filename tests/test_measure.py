@@ -14,6 +14,7 @@ def _run(name, args=None, config=None, timeout=120, measure=None, progress=None,
     return run_isolated(req, timeout_s=timeout, progress=progress)
 
 
+@pytest.mark.slow
 def test_known_step_time_is_reported_at_the_true_rate():
     # 50 ms of sleep per micro-batch of 4 samples, plus the tiny model's own step (1-2 ms
     # on this VM, depending on its load): at most 80 samples/s, and what a plain loop over
@@ -115,6 +116,7 @@ def _plain_epochs_here(name: str, args: dict, config: dict, epochs: int) -> floa
     return n / (time.perf_counter() - t0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("persistent", [False, True])
 def test_many_workers_input_bound_agrees_with_whole_epochs_of_a_plain_loop(persistent):
     # Eight workers each load a batch in 160 ms (sleeps: no CPU), the step takes 5 ms.
@@ -174,6 +176,7 @@ def test_short_lived_peak_in_the_trial_process_is_counted():
     assert big["peak_host_memory_mb"] - small["peak_host_memory_mb"] > 0.9 * 300
 
 
+@pytest.mark.slow
 def test_page_faults_per_step_counts_the_trial_s_own_faults():
     # 2048 fresh pages written per micro-batch, 2 micro-batches per step: at least 4096
     # faults per step on top of what the same loop takes without them.
@@ -184,6 +187,7 @@ def test_page_faults_per_step_counts_the_trial_s_own_faults():
     assert faulting["page_faults_per_step"] - quiet["page_faults_per_step"] >= 0.95 * 4096
 
 
+@pytest.mark.slow
 def test_malloc_retain_keeps_a_step_s_buffers_from_faulting_in_again():
     # A 48 MB buffer filled and freed per micro-batch: glibc maps it fresh each time
     # (12,288 pages, one fault each); with malloc_retain it is reused from the heap.
@@ -199,6 +203,7 @@ def test_malloc_retain_keeps_a_step_s_buffers_from_faulting_in_again():
     assert kept["config"]["malloc_retain"] is True and plain["config"]["malloc_retain"] is False
 
 
+@pytest.mark.slow
 def test_forked_trial_counts_the_pages_it_shares_with_its_server():
     # A trial forked from the server that imported torch holds torch's pages as a
     # process that imports torch itself does: at least what a bare `import torch` holds.
@@ -271,6 +276,7 @@ def test_screening_stops_a_config_that_cannot_reach_the_incumbent():
     assert full["below_incumbent"] is False
 
 
+@pytest.mark.slow
 def test_a_config_clearly_below_the_incumbent_stops_at_min_windows():
     # A wide screening margin lets it past the first 2 windows; at min_windows its figure
     # (80) is below the incumbent (120) by far more than its error: no more windows.
@@ -314,6 +320,7 @@ def test_the_windows_around_an_epoch_boundary_are_not_steady():
     assert _steady([a, b, drain, redo, c, last]) == [a, b, c]
 
 
+@pytest.mark.slow
 def test_steps_of_unequal_cost_read_at_their_average():
     # Batches of one source each, a slow one (36 ms) and a fast one (4 ms), as many of
     # each per epoch: 20 ms per step on average, plus the tiny model's own step. The
@@ -340,6 +347,7 @@ def test_steps_of_unequal_cost_read_at_their_average():
     assert r["samples_per_sec"] == pytest.approx(plain, rel=0.05), (plain, r["samples_per_sec_windows"])
 
 
+@pytest.mark.slow
 def test_the_driver_sleeps_while_a_trial_is_in_its_windows_and_not_after(tmp_path, monkeypatch):
     """A trial in its timed windows marks a folder of the driver's (``hushed``), and the
     driver's loop sleeps while the mark's process lives (``wait_while_timed``)."""

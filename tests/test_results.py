@@ -369,6 +369,7 @@ def test_a_results_disk_that_fills_mid_search_is_one_line_and_keeps_what_was_mea
         subprocess.run(["umount", "-l", str(disk)], capture_output=True)
 
 
+@pytest.mark.slow
 def test_a_read_only_results_disk_is_one_line_before_anything_runs(tmp_path):
     disk = tmp_path / "ro"
     if not _mount_tmpfs(disk, "1m"):

@@ -3,6 +3,8 @@ as a result with a one-line reason."""
 
 import pickle
 
+import pytest
+
 from tests.helpers import FAST_MEASURE, ref
 from tuner.trial import TrialRequest, classify, make_request, resolve_config, run_isolated
 
@@ -38,6 +40,7 @@ def test_nan_loss_is_a_result():
     assert ok["loss_finite"] is True
 
 
+@pytest.mark.slow
 def test_oom_raise_and_hang_are_results_with_reasons():
     oom = _run("oom_above", {"max_batch": 16}, {"micro_batch_size": 32})
     assert oom["status"] == "infeasible" and oom["error_kind"] == "oom"
@@ -49,6 +52,7 @@ def test_oom_raise_and_hang_are_results_with_reasons():
     assert hang["trial_wall_s"] < 20
 
 
+@pytest.mark.slow
 def test_a_trial_launched_at_ray_s_worker_niceness_runs_at_the_users():
     """Ray starts its workers at nice 15, and a trial launched by one inherited it: then
     every default-priority process preempted it. The trial puts itself back at the niceness it is asked for
@@ -85,6 +89,7 @@ def test_a_trial_launched_at_ray_s_worker_niceness_runs_at_the_users():
         assert r["nice"] == 15 and any("RAY_worker_niceness" in n for n in r["notes"])
 
 
+@pytest.mark.slow
 def test_a_trial_that_stops_stepping_is_hung_by_its_progress_not_the_time_limit():
     """Its DataLoader worker blocks for good after a few batches: recorded after
     max(30 s, 10x its slowest step gap), not at the 300 s limit."""
