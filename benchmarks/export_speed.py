@@ -39,11 +39,11 @@ CASES = {
 
 
 def script_for(workload: str, args: dict, config: dict, folder: Path) -> Path:
-    from tuner.hardware import describe
+    from framework_speed import payload_for
+
     from tuner.results import python_script
 
-    payload = {"config": config, "workload": {"ref": workload, "args": args}, "base_dir": str(Path.cwd()),
-               "hardware": describe(), "measured": {}, "speedup_vs_baseline": None}
+    payload = payload_for(workload, args, config)
     path = folder / f"train_{workload}_{abs(hash(json.dumps(config, sort_keys=True)))}.py"
     path.write_text(python_script(payload))
     return path

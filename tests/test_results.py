@@ -333,18 +333,24 @@ def test_a_record_that_cannot_be_written_leaves_no_torn_line_and_says_what_is_ke
     assert len(rec.records) == 3 and path.read_text() == kept
 
 
-def _mount_tmpfs(where: Path, size: str) -> bool:
+@contextlib.contextmanager
+def _tmpfs(where: Path, size: str, why: str):
+    """A small tmpfs mounted at ``where`` for the test (skipped, saying ``why``, where it
+    cannot be mounted), unmounted after."""
     where.mkdir(parents=True, exist_ok=True)
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], capture_output=True)
-    return r.returncode == 0
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
+                      capture_output=True).returncode != 0:
+        pytest.skip(why)
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], capture_output=True)
 
 
 @pytest.mark.slow
 def test_a_results_disk_that_fills_mid_search_is_one_line_and_keeps_what_was_measured(tmp_path):
-    disk = tmp_path / "disk"
-    if not _mount_tmpfs(disk, "4m"):
-        pytest.skip("cannot mount a small tmpfs here (needs root); the Recorder test covers ENOSPC")
-    try:
+    with _tmpfs(tmp_path / "disk", "4m",
+                "cannot mount a small tmpfs here (needs root); the Recorder test covers ENOSPC") as disk:
         space = _space_file(tmp_path, "full", 6, "confirm: {top: 0}\n")
         out = disk / "full"
         proc = subprocess.Popen([sys.executable, "-m", "tuner", "run", str(space), "--results-dir", str(disk),
@@ -365,16 +371,12 @@ def test_a_results_disk_that_fills_mid_search_is_one_line_and_keeps_what_was_mea
         assert len(lines) == 1 and "cannot write" in lines[0] and "No space left on device" in lines[0], err
         after = (out / "trials.jsonl").read_text()
         assert after.startswith(kept) and all(json.loads(x) for x in after.splitlines())  # no torn line
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], capture_output=True)
 
 
 @pytest.mark.slow
 def test_a_read_only_results_disk_is_one_line_before_anything_runs(tmp_path):
-    disk = tmp_path / "ro"
-    if not _mount_tmpfs(disk, "1m"):
-        pytest.skip("cannot mount a small tmpfs here (needs root)")
-    try:
+    with _tmpfs(tmp_path / "ro", "1m",
+                "cannot mount a small tmpfs here (needs root)") as disk:
         assert subprocess.run(["mount", "-o", "remount,ro", str(disk)], capture_output=True).returncode == 0
         space = _space_file(tmp_path, "ro", 2)
         r = subprocess.run([sys.executable, "-m", "tuner", "run", str(space), "--results-dir", str(disk), "--quiet"],
@@ -382,8 +384,6 @@ def test_a_read_only_results_disk_is_one_line_before_anything_runs(tmp_path):
         assert r.returncode == 2, r.stderr
         lines = r.stderr.strip().splitlines()
         assert len(lines) == 1 and "cannot write the results folder (Read-only file system)" in lines[0], r.stderr
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], capture_output=True)
 
 
 def test_a_lost_trial_is_shown_and_is_never_a_result(tmp_path):

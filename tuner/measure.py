@@ -759,7 +759,7 @@ def _timed_windows(trainer: Trainer, settings: MeasureSettings, plan: WindowPlan
         capped = len(t.rates) >= settings.max_windows or t.timed_s >= settings.max_timed_s
         done = windows_verdict(t.rates, screen, min_windows=settings.min_windows, target_error=settings.target_error,
                                screen_windows=settings.screen_windows, capped=capped,
-                               steady=len(t.rates) < settings.min_windows or steady_enough())
+                               steady=steady_enough())
         if done == "screened":
             t.screened = True
             say(f"screened out: {max(t.rates[SCREEN_SKIP:]):.1f} samples/s cannot reach {screen['below']:.1f}")

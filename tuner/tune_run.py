@@ -369,15 +369,16 @@ def _time_left(run: SearchRun) -> float | None:
 
 def _full_trial_s(records: list[dict]) -> float | None:
     """The median wall of a trial measured in full (not screened out early)."""
-    walls = [r["trial_wall_s"] for r in records if r.get("phase") in ("baseline", "search")
-             and r.get("status") == "ok" and not r.get("screened") and r.get("trial_wall_s")]
-    return statistics.median(walls) if walls else None
+    return _median_wall([r for r in records if r.get("status") == "ok" and not r.get("screened")])
 
 
 def _trial_s(records: list[dict]) -> float | None:
     """The median wall of a search trial, screened ones included (what the next costs)."""
-    walls = [r["trial_wall_s"] for r in records if r.get("phase") in ("baseline", "search")
-             and r.get("trial_wall_s")]
+    return _median_wall(records)
+
+
+def _median_wall(records: list[dict]) -> float | None:
+    walls = [r["trial_wall_s"] for r in records if r.get("phase") in ("baseline", "search") and r.get("trial_wall_s")]
     return statistics.median(walls) if walls else None
 
 
