@@ -141,8 +141,12 @@ def run_lightning(workload: str, args: dict, payload: dict, steps: int, warmup: 
 
 
 def in_process(kind: str, workload: str, args: dict, payload: dict, steps: int, warmup: int) -> float:
-    out = subprocess.run([sys.executable, __file__, "--one", kind, workload, json.dumps(args),
-                          json.dumps(payload), str(steps), str(warmup)], capture_output=True, text=True)
+    # The frameworks write checkpoints and logs (out/, lightning_logs/) into the working
+    # directory: each run gets its own, removed after it.
+    with tempfile.TemporaryDirectory(prefix=f"framework-{kind}-") as cwd:
+        out = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--one", kind, workload,
+                              json.dumps(args), json.dumps(payload), str(steps), str(warmup)],
+                             capture_output=True, text=True, cwd=cwd)
     if out.returncode != 0:
         raise RuntimeError(f"{kind} failed: {out.stderr.strip()[-800:]}")
     return float(out.stdout.strip().splitlines()[-1])

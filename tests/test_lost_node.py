@@ -1,80 +1,129 @@
-"""A node lost mid-search: a real multi-node Ray (``ray.cluster_utils.Cluster``), a node
-removed while it runs a trial."""
+"""Nodes lost mid-search: a real multi-node Ray (``ray.cluster_utils.Cluster``), nodes
+removed (raylet and workers killed, as a machine that drops off) while they run a trial,
+while they are idle, and until no node a trial fits on is left."""
 
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
 
 from tests.helpers import FIXTURES
 from tests.test_search import _records, _space
+from tuner.errors import ClusterShrunk
 from tuner.search import run_search
 
 pytestmark = pytest.mark.slow
 
 
-def test_a_trial_whose_node_is_lost_is_recorded_and_run_again_on_another(tmp_path, monkeypatch):
-    """The node running a trial goes away mid-trial (its raylet and workers killed, as a
-    machine that drops off): the trial is recorded as lost with Ray's reason, Tune runs it
-    again on a node that joined meanwhile, the search completes, and ``show`` says what
-    happened. (The search runs in a thread: Ray starts nodes from the main thread only.)"""
-    import threading
+def _in_thread(outcome: dict, **kwargs) -> threading.Thread:
+    """The search runs in a thread: Ray starts and removes nodes from the main thread only."""
 
+    def search() -> None:
+        try:
+            outcome["summary"] = run_search(**kwargs)
+        except BaseException as exc:  # noqa: BLE001 -- handed to the test's thread
+            outcome["error"] = exc
+
+    searcher = threading.Thread(target=search, daemon=True)
+    searcher.start()
+    return searcher
+
+
+def _wait(searcher: threading.Thread, outcome: dict, until, timeout_s: float = 180) -> None:
+    deadline = time.time() + timeout_s
+    while not until():
+        assert time.time() < deadline and searcher.is_alive(), outcome
+        time.sleep(0.1)
+
+
+def test_nodes_lost_during_a_search_idle_mid_trial_and_all_of_them(tmp_path, monkeypatch):
+    """Each trial needs a GPU node (the head has none), one trial at a time:
+
+    1. while the second trial runs, the other GPU node (idle) is lost: the search goes on;
+    2. the node running that trial is lost mid-trial, a new node having joined: the trial
+       is recorded as lost with Ray's reason and run again on the new node;
+    3. then the last GPU node is lost: no node can hold a trial, and after
+       ``trial_timeout_s`` the search stops (``ClusterShrunk``, exit 5) with one line that
+       says what a trial needs and how to resume, everything measured kept;
+    4. a GPU node joins and ``resume`` completes the search, nothing measured twice;
+       ``show`` says what happened."""
     import ray
+    from ray._private.state import available_resources_per_node
     from ray.cluster_utils import Cluster
 
-    # the head has no GPU: every trial runs on a GPU node, and the first is the one lost
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 0})
-    doomed = cluster.add_node(num_cpus=2, num_gpus=1)
+    gpu_nodes = {n.node_id: n for n in (cluster.add_node(num_cpus=2, num_gpus=1) for _ in range(2))}
     out = tmp_path / "r" / "lost"
     space = _space(tmp_path, f"""\
         name: lost
         workload: {FIXTURES}:sleepy
         workload_args: {{step_s: 0.05}}
         knobs:
-          micro_batch_size: [4, 8, 16]
+          micro_batch_size: [2, 4, 8, 16]
         sampler: grid
         confirm: {{top: 0}}
-        budget: {{trials: 3, trial_timeout_s: 120}}
+        resources: {{max_concurrent: 1}}
+        budget: {{trials: 4, trial_timeout_s: 15}}
         """, measure="measure: {warmup_steps: 2, window_s: 0.5, min_windows: 10, max_windows: 10, max_timed_s: 10}\n")
     monkeypatch.setenv("TUNE_DISABLE_SIGINT_HANDLER", "1")
     ray.shutdown()  # a session another test left: this test's driver joins its own cluster
     ray.init(address=cluster.address, log_to_driver=False)
-    outcome: dict = {}
 
-    def search() -> None:
-        try:
-            outcome["summary"] = run_search(space, results_root=tmp_path / "r", address=cluster.address, quiet=True)
-        except BaseException as exc:  # noqa: BLE001 -- handed to the test's thread
-            outcome["error"] = exc
+    def searched() -> list[dict]:
+        return [r for r in _records(out) if r["phase"] == "search"] if (out / "trials.jsonl").exists() else []
 
-    searcher = threading.Thread(target=search, daemon=True)
-    searcher.start()
     try:
-        # once the first search trial is recorded, the second is under way (~6 s long)
-        deadline = time.time() + 180
-        while time.time() < deadline and not (out / "trials.jsonl").exists() or \
-                not any(r["phase"] == "search" for r in _records(out)):
-            assert time.time() < deadline and searcher.is_alive(), outcome
-            time.sleep(0.1)
-        time.sleep(1.5)
-        cluster.add_node(num_cpus=2, num_gpus=1)
+        outcome: dict = {}
+        searcher = _in_thread(outcome, space=space, results_root=tmp_path / "r", address=cluster.address, quiet=True)
+
+        # 1. the first search trial recorded, the second under way (~6 s): its node holds
+        #    its GPU; the other GPU node is idle and is lost
+        def busy() -> set:
+            free = available_resources_per_node()
+            return {i for i in gpu_nodes if free.get(i, {}).get("GPU", 0) < 1}  # Ray leaves out what is 0
+
+        _wait(searcher, outcome, lambda: searched() and len(busy()) == 1)
+        [running] = busy()
+        [idle] = set(gpu_nodes) - {running}
+        cluster.remove_node(gpu_nodes.pop(idle), allow_graceful=False)
+
+        # 2. a node joins, and the node running the trial is lost
+        joined = cluster.add_node(num_cpus=2, num_gpus=1)
+        time.sleep(1.0)
         lost_at = time.time()
-        cluster.remove_node(doomed, allow_graceful=False)
-        searcher.join(timeout=300)
-        assert not searcher.is_alive() and "error" not in outcome, outcome
+        cluster.remove_node(gpu_nodes.pop(running), allow_graceful=False)
+        _wait(searcher, outcome, lambda: len([r for r in searched() if r["status"] == "ok"]) >= 2)
+
+        # 3. the last GPU node is lost: nothing can hold a trial
+        cluster.remove_node(joined, allow_graceful=False)
+        shrunk_at = time.time()
+        searcher.join(timeout=120)
+        assert not searcher.is_alive(), "the search still waits for a node"
+        error = outcome.get("error")
+        assert isinstance(error, ClusterShrunk), outcome
+        assert time.time() - shrunk_at >= 15  # it waited trial_timeout_s for a node to come back
+        message = str(error)
+        assert "\n" not in message and "GPU 1" in message and f"tuner resume {out}" in message
         records = _records(out)
         lost = [r for r in records if r["phase"] == "lost"]
-        assert len(lost) == 1, [r["phase"] for r in records]
-        assert lost[0]["reason"].startswith("lost:") and "tried again" in lost[0]["reason"]
-        # the lost config was measured again, on the node that joined
-        search = [r for r in records if r["phase"] == "search" and r["status"] == "ok"]
-        assert {r["config"]["micro_batch_size"] for r in search} == {4, 8, 16}
-        again = next(r for r in search
-                     if r["config"]["micro_batch_size"] == lost[0]["config"]["micro_batch_size"])
-        assert again["started_at"] >= lost_at - 1 and again["node"] != doomed.unique_id
-        assert outcome["summary"]["trials"] == 3
+        assert lost and all(r["reason"].startswith("lost:") and "tried again" in r["reason"] for r in lost)
+        ok = [r for r in records if r["phase"] == "search" and r["status"] == "ok"]
+        retried = next(r for r in ok if r["key"] == lost[0]["key"])
+        assert retried["started_at"] >= lost_at - 1 and retried["node"] == joined.node_id
+        assert 2 <= len(ok) < 4
+
+        # 4. a node is back: resume completes the budget, nothing measured twice
+        cluster.add_node(num_cpus=2, num_gpus=1)
+        outcome = {}
+        searcher = _in_thread(outcome, space=space, results_root=tmp_path / "r", address=cluster.address,
+                              resume=True, quiet=True)
+        searcher.join(timeout=180)
+        assert not searcher.is_alive() and "error" not in outcome, outcome
+        ok = [r for r in _records(out) if r["phase"] == "search" and r["status"] == "ok"]
+        assert sorted(r["config"]["micro_batch_size"] for r in ok) == [2, 4, 8, 16]
+        assert outcome["summary"]["trials"] == 4
         shown = subprocess.run([sys.executable, "-m", "tuner", "show", str(out)], capture_output=True, text=True)
         assert shown.returncode == 0 and "lost: " in shown.stdout
     finally:

@@ -170,18 +170,32 @@ def test_a_leader_whose_repeats_disagree_has_not_beaten_the_rows_behind_it():
     assert [r["key"] for r in within_noise(ranked, "samples_per_sec")] == ["a", "b"]
 
 
-def test_the_time_budget_keeps_room_for_full_measurements():
+def test_the_time_budget_keeps_room_for_the_confirm_round_as_its_contenders_measure(tmp_path):
     """Under a time budget the search stops starting trials that cannot end in it, and keeps
-    room for the confirm round's measurements, which run in full: the room is sized on a
-    full trial's wall, not on a screened one's."""
-    from tuner.tune_run import _full_trial_s, _trial_s
+    room for the confirm round: the top configs and the baseline measured again in full,
+    each as long as its own full measurement took (contenders with workers to start read
+    9 s where a typical trial took 3), a contender not yet found as long as a typical full
+    trial; a screened trial's short wall sizes neither."""
+    import time
+    from types import SimpleNamespace
 
-    recs = [{"phase": "baseline", "status": "ok", "trial_wall_s": 5.0},
-            {"phase": "search", "status": "ok", "trial_wall_s": 9.0},
-            {"phase": "search", "status": "ok", "trial_wall_s": 2.0, "screened": True},
-            {"phase": "search", "status": "ok", "trial_wall_s": 1.5, "screened": True},
-            {"phase": "search", "status": "infeasible", "trial_wall_s": 0.5},
-            {"phase": "confirm", "status": "ok", "trial_wall_s": 30.0}]
-    assert _full_trial_s(recs) == 7.0  # baseline and the unscreened trial
-    assert _trial_s(recs) == 2.0  # what the next trial costs, screened ones included
-    assert _full_trial_s([]) is None and _trial_s([]) is None
+    from tuner.tune_run import _confirm_reserve, _time_left, _trial_s
+
+    space = _space(tmp_path, "name: t\nworkload: conv\nknobs:\n  micro_batch_size: [8, 16, 32, 64]\n"
+                             "confirm: {top: 2, repeats: 1}\nbudget: {time_s: 100}\n")
+
+    def rec(key, value, wall, phase="search", **more):
+        return {"phase": phase, "status": "ok", "key": key, "config": {"micro_batch_size": key},
+                "samples_per_sec": value, "samples_per_sec_error": 0.01, "trial_wall_s": wall, **more}
+
+    recs = [rec(8, 100.0, 5.0, phase="baseline"), rec(16, 200.0, 9.0)]
+    run = SimpleNamespace(space=space, recorder=SimpleNamespace(records=recs), t_search=time.time())
+    # the leader's own 9 s, a second contender as long as a typical full trial (median of
+    # 5 and 9), the baseline's 5 s
+    assert _confirm_reserve(run) == pytest.approx(9 + 7 + 5)
+    recs += [rec(32, 190.0, 3.0), rec(64, 400.0, 1.0, screened=True),
+             {"phase": "search", "status": "infeasible", "key": 4, "config": {}, "trial_wall_s": 0.5}]
+    assert _confirm_reserve(run) == pytest.approx(9 + 3 + 5)  # the screened 400 is no contender
+    assert _trial_s(recs) == 3.0  # what the next trial costs, screened ones included
+    assert _time_left(run) == pytest.approx(100 - 17, abs=1.0)
+    assert _trial_s([]) is None

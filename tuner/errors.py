@@ -1,6 +1,6 @@
 """Errors the CLI turns into one clear line: exit status 2 (bad input, or a results
-folder that cannot be written), 4 (no winner),
-130 or 143 (a search stopped by Ctrl-C or SIGTERM)."""
+folder that cannot be written), 4 (no winner), 5 (the Ray cluster can no longer run a
+trial), 130 or 143 (a search stopped by Ctrl-C or SIGTERM)."""
 
 
 class UserError(ValueError):
@@ -32,3 +32,9 @@ class Stopped(KeyboardInterrupt):
 class ResultsUnwritable(UserError):
     """The results folder cannot be written (read-only, full disk, quota). The message
     names the file and says what is kept."""
+
+
+class ClusterShrunk(RuntimeError):
+    """No node left in the Ray cluster can hold a trial's resources (the nodes that could
+    were lost), and none came back in time. The message says what a trial needs, what is
+    left, and that ``resume`` plans its trials for the cluster it then finds."""

@@ -36,6 +36,7 @@ from pathlib import Path
 import yaml
 
 from tuner import knobs, spec
+from tuner.capacity import Watch
 from tuner.distributed import cluster_shape
 from tuner.errors import Stopped, UserError
 from tuner.localray import attached, keep_sigterm, link_ray_logs, start_ray, tuner_processes
@@ -195,13 +196,14 @@ def _search(space: spec.Space, out: Path, progress: Progress, ray_start_s: float
         for r in recorder.records:  # a resumed search: what was measured before
             if r.get("phase") in ("search", "recheck", "confirm"):
                 board.update(r)
-        run = SearchRun(space, ctx, job, out, recorder, progress, concurrent, t_search=time.time(), board=board)
+        run = SearchRun(space, ctx, job, out, recorder, progress, concurrent, t_search=time.time(), board=board,
+                        watch=Watch(out, grace_s=m.budget.trial_timeout_s))
 
         previous = [r for r in recorder.records if r.get("phase") == "search"]
         baseline_rec = next((r for r in recorder.records if r.get("phase") == "baseline"), None)
         if baseline_rec is None:
             progress.update(msg="measuring the baseline (plain PyTorch loop)")
-            baseline_rec = ray.get(run.remote_measure(space.baseline_config(), baseline=True))
+            [baseline_rec] = run.measure_all([(space.baseline_config(), True)])
             baseline_rec["phase"] = "baseline"
             recorder.add(baseline_rec)
         if baseline_rec.get("status") == "ok" and not baseline_rec.get("disturbed"):
@@ -267,7 +269,6 @@ def _confirm(run: SearchRun, baseline_rec: dict) -> None:
     concurrently where trials can (several GPUs), one after the other on a CPU machine,
     in order. No round starts after the time budget.
     """
-    import ray
 
     m, recorder, progress = run.space.model, run.recorder, run.progress
     metric = m.objective.metric
@@ -294,8 +295,7 @@ def _confirm(run: SearchRun, baseline_rec: dict) -> None:
         step = max(1, run.concurrent)
         for i in range(0, len(batch), step):
             group = batch[i:i + step]
-            for (_, is_base), rec in zip(group, ray.get([run.remote_measure(c, baseline=b) for c, b in group]),
-                                         strict=True):
+            for (_, is_base), rec in zip(group, run.measure_all(group), strict=True):
                 rec["phase"] = "baseline" if is_base else "confirm"
                 rec["confirm_round"] = rnd + 1
                 recorder.add(with_cold_compile(rec, cold_compile_of(recorder.records, rec.get("compile_group"))))

@@ -181,8 +181,13 @@ def repair_study(space: spec.Space, ctx: knobs.Context, storage: Any, previous: 
         study = optuna.load_study(study_name=space.model.name, storage=storage)
     except KeyError:
         return  # killed before the study was created: Ray's searcher will create it
-    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.WAITING)):
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         study.tell(t.number, state=TrialState.FAIL)
+    # Points queued for Tune's searcher and never asked (a grid's, the starts): this run
+    # queues what is still to measure again, and Optuna would hand out a stale one first.
+    # A WAITING trial cannot be told; its storage can close it.
+    for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+        storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
     canon, search_space = Canonical(space, ctx), SearchSpace(space, ctx)
     known = {canon(t.params) for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))}
     for r in previous:

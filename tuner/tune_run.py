@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from tuner import knobs, spec
+from tuner.capacity import Watch
 from tuner.errors import UserError
-from tuner.records import apply_constraints, logged_metrics, objective_values
+from tuner.records import aggregate, apply_constraints, logged_metrics, objective_values, rank
 from tuner.screening import BOARD_KEY, Board, rescreen, with_compile_cost
 from tuner.study import Canonical, Recorder, SearchSpace, make_sampler
 from tuner.tables import Progress
@@ -167,9 +168,16 @@ class SearchRun:
     concurrent: int  # trials at once
     t_search: float  # when the search (baseline included) started
     board: Board  # the screening state, handed to each Tune trial (BOARD_KEY)
+    watch: Watch  # that the cluster still has a node a trial fits on
+    failure: Exception | None = None  # raised in a Tune callback, where Tune would wrap it
 
     def bundle(self, config: dict) -> dict:
         return driver_bundle(config, self.job.cpus_per_trial, self.job.gpus_per_rank)
+
+    def measure_all(self, batch: list[tuple[dict, bool]]) -> list[dict]:
+        """Measure each (config, is_baseline) of ``batch`` as Ray tasks at once."""
+        refs = [self.remote_measure(c, baseline=b) for c, b in batch]
+        return self.watch.get(refs, [self.bundle(c) for c, _ in batch], len(self.recorder.records))
 
     def remote_measure(self, config: dict, baseline: bool = False) -> Any:
         """A Ray task that measures ``config`` (the baseline and the confirm rounds)."""
@@ -215,11 +223,13 @@ def fit(run: SearchRun, start: list[dict], storage: Any, remaining: int, previou
     try:
         tuner.fit()
     except Exception:
-        if run.recorder.failure is not None:  # raised in a Tune callback, and wrapped by Tune
-            raise run.recorder.failure from None
+        failure = run.recorder.failure or run.failure
+        if failure is not None:  # raised in a Tune callback, and wrapped by Tune
+            raise failure from None
         raise
-    if run.recorder.failure is not None:
-        raise run.recorder.failure
+    failure = run.recorder.failure or run.failure
+    if failure is not None:
+        raise failure
 
 
 def first_points(space: spec.Space, ctx: knobs.Context, start: list[dict], previous: list[dict],
@@ -323,6 +333,12 @@ def _on_result(run: SearchRun) -> Any:
             from tuner.measure import wait_while_timed
 
             wait_while_timed(run.job.hush_dir)  # Tune's loop otherwise wakes 10 times a second
+            waiting = [t.placement_group_factory.required_resources for t in trials if t.status == "PENDING"]
+            try:
+                run.watch.check(waiting, len(recorder.records))
+            except Exception as exc:
+                run.failure = exc
+                raise
 
         def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
             # Ray lost the trial (its node or worker died) and Tune runs it again: said in
@@ -357,19 +373,32 @@ def ray_failure(trial: Any) -> str:
 
 def _time_left(run: SearchRun) -> float | None:
     """Tune's time budget for the search proper: ``budget.time_s`` less what was spent, less
-    room for the confirm round's measurements: a winner picked on one figure is what the
-    budget would otherwise buy. A confirm measurement runs in full, as long as a full
-    (unscreened) trial, which the baseline's wall stands for until a search trial ran."""
+    room for the confirm round (``_confirm_reserve``): a winner picked on one figure is
+    what the budget would otherwise buy."""
     m = run.space.model
     if m.budget.time_s is None:
         return None
-    reserve = m.confirm_measurements() * (_full_trial_s(run.recorder.records) or 0.0)
-    return max(1.0, m.budget.time_s - (time.time() - run.t_search) - reserve)
+    return max(1.0, m.budget.time_s - (time.time() - run.t_search) - _confirm_reserve(run))
 
 
-def _full_trial_s(records: list[dict]) -> float | None:
-    """The median wall of a trial measured in full (not screened out early)."""
-    return _median_wall([r for r in records if r.get("status") == "ok" and not r.get("screened")])
+def _confirm_reserve(run: SearchRun) -> float:
+    """The confirm rounds' time if the search ended now: each round re-measures the top
+    ``confirm.top`` configs in full and the baseline, each as long as its own full
+    measurement took (the contenders are often the slow ones to measure: workers to
+    start, larger batches), a config not yet found as long as a typical full trial."""
+    m = run.space.model
+    if not m.confirm_measurements():
+        return 0.0
+    records = run.recorder.records
+    full = [r for r in records if r.get("status") == "ok" and not r.get("screened") and r.get("trial_wall_s")]
+    typical = _median_wall(full) or 0.0
+    walls = []
+    for row in rank(aggregate(records, m.objective.metric), m.objective.metric)[: m.confirm.top]:
+        own = [r["trial_wall_s"] for r in full if r.get("key") == row["key"]]
+        walls.append(statistics.median(own) if own else typical)
+    walls += [typical] * (m.confirm.top - len(walls))
+    base = [r["trial_wall_s"] for r in full if r.get("phase") == "baseline"]
+    return m.confirm.repeats * (sum(walls) + (base[-1] if base else typical))
 
 
 def _trial_s(records: list[dict]) -> float | None:
