@@ -243,8 +243,7 @@ def _sleepy_search(tmp_path, cluster, name: str, rest: str) -> list[dict]:
 
 class _Rounds:
     """Stands in for a SearchRun in the confirm rounds: it measures nothing, it hands each
-    config its fixed figure (through Ray, as a real measurement comes) and keeps the
-    records, as the Recorder does."""
+    config its fixed figure and keeps the records, as the Recorder does."""
 
     def __init__(self, space, records, rates):
         self.space, self.records, self.rates = space, list(records), rates
@@ -257,17 +256,15 @@ class _Rounds:
     def update(self, **_):
         pass
 
-    def remote_measure(self, config, baseline=False):
-        import ray
-
-        return ray.put(_rec(config["x"], self.rates[config["x"]]))
+    def measure_all(self, batch):
+        return [_rec(config["x"], self.rates[config["x"]]) for config, _ in batch]
 
 
 def _rec(x, rate, **extra):
     return {"key": f"k{x}", "config": {"x": x}, "status": "ok", "samples_per_sec": rate, **extra}
 
 
-def test_a_search_killed_in_a_confirm_round_takes_it_up_again_within_its_share(ray_local):
+def test_a_search_killed_in_a_confirm_round_takes_it_up_again_within_its_share():
     from tuner.search import _confirm
 
     # confirm: 2 rounds of the top 2 and the baseline = a share of 6 (of 12 trials)

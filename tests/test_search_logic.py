@@ -175,11 +175,12 @@ def test_the_time_budget_keeps_room_for_the_confirm_round_as_its_contenders_meas
     room for the confirm round: the top configs and the baseline measured again in full,
     each as long as its own full measurement took (contenders with workers to start read
     9 s where a typical trial took 3), a contender not yet found as long as a typical full
-    trial; a screened trial's short wall sizes neither."""
+    trial; a screened trial's short wall sizes neither. That is one round's room: a
+    second round runs only if it fits."""
     import time
     from types import SimpleNamespace
 
-    from tuner.tune_run import _confirm_reserve, _time_left, _trial_s
+    from tuner.tune_run import _confirm_reserve, _time_left, _trial_s, round_fits
 
     space = _space(tmp_path, "name: t\nworkload: conv\nknobs:\n  micro_batch_size: [8, 16, 32, 64]\n"
                              "confirm: {top: 2, repeats: 1}\nbudget: {time_s: 100}\n")
@@ -198,4 +199,9 @@ def test_the_time_budget_keeps_room_for_the_confirm_round_as_its_contenders_meas
     assert _confirm_reserve(run) == pytest.approx(9 + 3 + 5)  # the screened 400 is no contender
     assert _trial_s(recs) == 3.0  # what the next trial costs, screened ones included
     assert _time_left(run) == pytest.approx(100 - 17, abs=1.0)
+    # the search proper keeps time for one round; a second starts only if it fits
+    run.t_search = time.time() - 80
+    assert round_fits(run)
+    run.t_search = time.time() - 85
+    assert not round_fits(run)
     assert _trial_s([]) is None

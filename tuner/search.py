@@ -57,7 +57,7 @@ from tuner.records import (
 from tuner.screening import Board
 from tuner.study import Recorder, open_journal, repair_study, writable_results
 from tuner.tables import Progress
-from tuner.tune_run import SearchRun, TrialJob, fit
+from tuner.tune_run import SearchRun, TrialJob, fit, round_fits
 
 
 def meta_created(out: Path) -> str:
@@ -267,7 +267,7 @@ def _confirm(run: SearchRun, baseline_rec: dict) -> None:
     the confirm rounds' share of ``budget.trials`` is spent (a round that does not fit
     whole keeps its best contenders and the baseline). A round's measurements run
     concurrently where trials can (several GPUs), one after the other on a CPU machine,
-    in order. No round starts after the time budget.
+    in order. Under a time budget, a round after the first starts only if it fits.
     """
 
     m, recorder, progress = run.space.model, run.recorder, run.progress
@@ -277,8 +277,11 @@ def _confirm(run: SearchRun, baseline_rec: dict) -> None:
     done = [r for r in recorder.records if r.get("confirm_round")]
     left = m.confirm_measurements() - len(done)
     reached = max((r["confirm_round"] for r in done), default=0)
-    for rnd in range(reached - 1 if reached and left > 0 else reached, m.confirm.repeats):
-        if m.budget.time_s is not None and time.time() - run.t_search >= m.budget.time_s:
+    first = reached - 1 if reached and left > 0 else reached
+    for rnd in range(first, m.confirm.repeats):
+        # the search proper kept time for one round; another starts only if it fits
+        if m.budget.time_s is not None and (time.time() - run.t_search >= m.budget.time_s
+                                            or rnd > first and not round_fits(run)):
             progress.update(msg="time budget spent: no more confirm rounds")
             break
         contenders = within_noise(rank(aggregate(recorder.records, metric), metric), metric)[: m.confirm.top]

@@ -382,10 +382,11 @@ def _time_left(run: SearchRun) -> float | None:
 
 
 def _confirm_reserve(run: SearchRun) -> float:
-    """The confirm rounds' time if the search ended now: each round re-measures the top
-    ``confirm.top`` configs in full and the baseline, each as long as its own full
-    measurement took (the contenders are often the slow ones to measure: workers to
-    start, larger batches), a config not yet found as long as a typical full trial."""
+    """The first confirm round's time if the search ended now (a later round runs only
+    where it fits, ``round_fits``): the top ``confirm.top`` configs re-measured in full
+    and the baseline, each as long as its own full measurement took (the contenders are
+    often the slow ones to measure: workers to start, larger batches), a config not yet
+    found as long as a typical full trial."""
     m = run.space.model
     if not m.confirm_measurements():
         return 0.0
@@ -398,7 +399,13 @@ def _confirm_reserve(run: SearchRun) -> float:
         walls.append(statistics.median(own) if own else typical)
     walls += [typical] * (m.confirm.top - len(walls))
     base = [r["trial_wall_s"] for r in full if r.get("phase") == "baseline"]
-    return m.confirm.repeats * (sum(walls) + (base[-1] if base else typical))
+    return sum(walls) + (base[-1] if base else typical)
+
+
+def round_fits(run: SearchRun) -> bool:
+    """Whether another confirm round ends within ``budget.time_s`` (always, without one)."""
+    m = run.space.model
+    return m.budget.time_s is None or time.time() - run.t_search + _confirm_reserve(run) <= m.budget.time_s
 
 
 def _trial_s(records: list[dict]) -> float | None:
