@@ -208,6 +208,9 @@ def fit(run: SearchRun, start: list[dict], storage: Any, remaining: int, previou
 
     # Tune warns of a step callback that takes over 0.5 s; this one sleeps on purpose
     logging.getLogger("ray.tune.utils.util").addFilter(_quiet_about_sleeping)
+    # The records are trials.jsonl; Tune's own per-trial result files are not written, and
+    # its ResultGrid would warn, once per trial, that it found none.
+    logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
     tuner = tune.Tuner(
         tune.with_resources(tune.with_parameters(_trainable, job=run.job), resources=resources),
         # room for the screened configs measured again in full (the searcher finishes
