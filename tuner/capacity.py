@@ -21,6 +21,14 @@ def alive_nodes() -> list[dict]:
     return [dict(n.get("Resources") or {}) for n in ray.nodes() if n.get("Alive")]
 
 
+def cluster_shape() -> dict:
+    """Nodes; CPUs and GPUs of the largest node and in all."""
+    nodes = alive_nodes()
+    cpus, gpus = [n.get("CPU", 0) for n in nodes], [n.get("GPU", 0) for n in nodes]
+    return {"nodes": len(nodes), "max_node_cpus": int(max(cpus, default=1)), "gpus": int(sum(gpus)),
+            "cpus": int(sum(cpus)), "max_node_gpus": int(max(gpus, default=0))}
+
+
 def fits(bundle: dict, nodes: list[dict]) -> bool:
     """Whether one node of ``nodes`` can hold ``bundle`` (Ray places a trial's bundle on
     one node)."""

@@ -24,9 +24,9 @@ import tempfile
 import threading
 import time
 import uuid
-from typing import Any
 
 from tuner import knobs
+from tuner.capacity import cluster_shape
 from tuner.trial import TrialRequest, classify, hung_reason, infeasible
 
 
@@ -51,16 +51,6 @@ def ranks_fit(world: int, per_rank: dict[str, float], shape: dict, spread: bool 
     return None
 
 
-def cluster_shape(ray: Any) -> dict:
-    """Nodes; CPUs and GPUs of the largest node and in all."""
-    nodes = [n for n in ray.nodes() if n.get("Alive")]
-    cpus = max((n["Resources"].get("CPU", 0) for n in nodes), default=1)
-    gpus = sum(n["Resources"].get("GPU", 0) for n in nodes)
-    return {"nodes": len(nodes), "max_node_cpus": int(cpus), "gpus": int(gpus),
-            "cpus": int(sum(n["Resources"].get("CPU", 0) for n in nodes)),
-            "max_node_gpus": int(max((n["Resources"].get("GPU", 0) for n in nodes), default=0))}
-
-
 def run_ranks(request: TrialRequest, *, timeout_s: float = 600.0, spread: bool = False,
               storage: str | None = None, use_gpu: bool | None = None, backend: str | None = None) -> dict:
     """Measure a multi-rank request through Ray Train (Ray must be up); returns the
@@ -75,7 +65,7 @@ def run_ranks(request: TrialRequest, *, timeout_s: float = 600.0, spread: bool =
     world = int(request.config["world_size"])
     use_gpu = request.device == "cuda" if use_gpu is None else use_gpu
     per_rank = per_rank_resources(request.config, use_gpu)
-    why = ranks_fit(world, per_rank, cluster_shape(ray), spread=spread)
+    why = ranks_fit(world, per_rank, cluster_shape(), spread=spread)
     if why:
         return {**infeasible("invalid", f"world_size={world}: {why}", request), "trial_wall_s": 0.0, "attempts": 1}
     t0 = time.perf_counter()

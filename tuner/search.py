@@ -36,8 +36,7 @@ from pathlib import Path
 import yaml
 
 from tuner import knobs, spec
-from tuner.capacity import Watch
-from tuner.distributed import cluster_shape
+from tuner.capacity import Watch, cluster_shape
 from tuner.errors import Stopped, UserError
 from tuner.localray import attached, keep_sigterm, link_ray_logs, start_ray, tuner_processes
 from tuner.records import (
@@ -148,7 +147,7 @@ def _search(space: spec.Space, out: Path, progress: Progress, ray_start_s: float
 
     m = space.model
     trials_path = out / "trials.jsonl"
-    shape = cluster_shape(ray)
+    shape = cluster_shape()
     device, cpus_per_trial, gpus_per_trial, concurrent = plan_resources(space, shape)
 
     from tuner.trial import make_request, resolve_config

@@ -226,13 +226,12 @@ def fit(run: SearchRun, start: list[dict], storage: Any, remaining: int, previou
     try:
         tuner.fit()
     except Exception:
-        failure = run.recorder.failure or run.failure
-        if failure is not None:  # raised in a Tune callback, and wrapped by Tune
-            raise failure from None
-        raise
+        if (run.recorder.failure or run.failure) is None:
+            raise
+    # raised in a Tune callback: Tune wraps it, or logs it and goes on
     failure = run.recorder.failure or run.failure
     if failure is not None:
-        raise failure
+        raise failure from None
 
 
 def first_points(space: spec.Space, ctx: knobs.Context, start: list[dict], previous: list[dict],
