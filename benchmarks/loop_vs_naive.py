@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import default_collate
 
-from tuner import knobs
+from tuner import apply, knobs
 from tuner.hardware import describe
 from tuner.loop import Trainer, synchronize
 from tuner.trial import make_request, run_isolated
@@ -83,7 +83,7 @@ def _compute_seconds_per_sample(workload: str, args: dict, config: dict, device:
                                 threads: int | None) -> float:
     device = torch.device(device)
     wl = load_workload(workload, args)
-    ctx = knobs.context_for(device, has_groups=wl.groups is not None)
+    ctx = apply.context_for(device, has_groups=wl.groups is not None)
     cfg = knobs.resolve({**config, "num_workers": 0, "torch_threads": threads}, ctx, strict=False)[0]
     t = Trainer(wl, cfg, device)
     ds = t.dataset

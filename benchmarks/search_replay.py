@@ -54,7 +54,7 @@ import optuna
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tuner import knobs, spec  # noqa: E402
+from tuner import apply, knobs, spec  # noqa: E402
 from tuner.measure import median_error, windows_verdict  # noqa: E402
 from tuner.records import aggregate, best_of, rank, within_noise  # noqa: E402
 from tuner.sampler import GuidedSampler  # noqa: E402
@@ -123,7 +123,7 @@ def context(space: spec.Space, bf16_native: bool | None = None) -> knobs.Context
 
     resolved = resolve_config(make_request(workload=space.model.workload, workload_args=space.model.workload_args,
                                            base_dir=str(space.base_dir), device="cpu"))
-    ctx = knobs.context_for(resolved.device, has_groups=resolved.workload.groups is not None)
+    ctx = apply.context_for(resolved.device, has_groups=resolved.workload.groups is not None)
     ctx = dataclasses.replace(ctx, cpu_count=2)  # the landscapes were measured on 2 cores
     return ctx if bf16_native is None else dataclasses.replace(ctx, bf16_native=bf16_native)
 

@@ -190,7 +190,7 @@ def test_a_rank_that_raises_or_hangs_is_named_and_leaves_no_process(ray_4cpu, tm
     out = tmp_path / "spy-fault.jsonl"
     req = make_request(workload=ref("ddp_spy"), workload_args={"out": str(out), fault: 1},
                        config={"world_size": 2, "micro_batch_size": 8}, device="cpu", measure=FAST_MEASURE)
-    r = run_ranks(req, timeout_s=180 if fault == "fail_rank" else 20)
+    r = run_ranks(req, timeout_s=180 if fault == "fail_rank" else 12)
     assert r["status"] == "infeasible" and "\n" not in r["reason"]
     if fault == "fail_rank":
         assert r["reason"].startswith("rank 1:") and "rank 1 was told to fail" in r["reason"]

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from tests.helpers import FAST_MEASURE, ref
-from tuner import knobs
+from tuner import apply, knobs
 from tuner.loop import Trainer
 from tuner.measure import NvmlSampler
 from tuner.trial import make_request, run_isolated
@@ -16,7 +16,7 @@ CUDA = torch.device("cuda") if torch.cuda.is_available() else None
 
 
 def _config(**kw):
-    return knobs.resolve(kw, knobs.context_for(CUDA), strict=True)[0]
+    return knobs.resolve(kw, apply.context_for(CUDA), strict=True)[0]
 
 
 def test_pin_memory_non_blocking_and_cudnn_reach_torch():

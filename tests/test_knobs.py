@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from tuner import knobs
+from tuner import apply, knobs
 from tuner.errors import UserError
 
 CPU = knobs.Context(device="cpu", cpu_count=2)
@@ -77,26 +77,26 @@ def test_batch_grouping_needs_sources():
 def test_fused_optimizer_rebuilds_with_same_hyperparameters():
     model = torch.nn.Linear(4, 2)
     opt = torch.optim.AdamW(model.parameters(), lr=0.123, weight_decay=0.5)
-    fused = knobs.apply_fused_optimizer(opt, True)
+    fused = apply.apply_fused_optimizer(opt, True)
     assert type(fused) is torch.optim.AdamW
     assert fused.defaults["fused"] is True
     assert fused.param_groups[0]["lr"] == 0.123 and fused.param_groups[0]["weight_decay"] == 0.5
     assert fused.param_groups[0]["fused"] is True
-    assert knobs.apply_fused_optimizer(opt, False) is opt
+    assert apply.apply_fused_optimizer(opt, False) is opt
 
 
 def test_fused_optimizer_without_fused_implementation():
     opt = torch.optim.LBFGS(torch.nn.Linear(2, 2).parameters())
     with pytest.raises(UserError, match="LBFGS has no fused"):
-        knobs.apply_fused_optimizer(opt, True)
+        apply.apply_fused_optimizer(opt, True)
 
 
 def test_loader_kwargs():
     config = knobs.defaults() | {"num_workers": 2, "prefetch_factor": 4, "persistent_workers": True}
-    assert knobs.loader_kwargs(config, torch.device("cpu")) == {
+    assert knobs.loader_kwargs(config, "cpu") == {
         "num_workers": 2, "persistent_workers": True, "prefetch_factor": 4}
-    assert knobs.loader_kwargs(knobs.defaults(), torch.device("cpu")) == {"num_workers": 0}
-    kw = knobs.loader_kwargs(config | {"pin_memory": True}, torch.device("cuda"))
+    assert knobs.loader_kwargs(knobs.defaults(), "cpu") == {"num_workers": 0}
+    kw = knobs.loader_kwargs(config | {"pin_memory": True}, "cuda")
     assert kw["pin_memory"] is True
 
 
@@ -108,7 +108,7 @@ def test_activation_checkpointing_wraps_blocks_and_keeps_gradients():
     ref(x).sum().backward()
     expected = [p.grad.clone() for p in ref.parameters()]
     model.zero_grad()
-    assert knobs.apply_activation_checkpointing(model, True) == 2
+    assert apply.apply_activation_checkpointing(model, True) == 2
     model(x).sum().backward()
     for g, e in zip([p.grad for p in model.parameters()], expected, strict=True):
         torch.testing.assert_close(g, e)
@@ -116,9 +116,9 @@ def test_activation_checkpointing_wraps_blocks_and_keeps_gradients():
 
 def test_autocast_context_and_scaler():
     cpu = torch.device("cpu")
-    with knobs.autocast_context(cpu, "bf16")():
+    with apply.autocast_context(cpu, "bf16")():
         assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.bfloat16
-    with knobs.autocast_context(cpu, "fp32")():
+    with apply.autocast_context(cpu, "fp32")():
         assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.float32
-    assert knobs.grad_scaler(cpu, "fp16") is not None
-    assert knobs.grad_scaler(cpu, "bf16") is None
+    assert apply.grad_scaler(cpu, "fp16") is not None
+    assert apply.grad_scaler(cpu, "bf16") is None

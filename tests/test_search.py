@@ -110,7 +110,7 @@ def test_faulty_trials_are_recorded_and_the_search_finishes(tmp_path, ray_local)
           micro_batch_size: [8, 16, 64]
           precision: [fp32, fp16]
         sampler: grid
-        budget: {{trials: 6, trial_timeout_s: 15}}
+        budget: {{trials: 6, trial_timeout_s: 10}}
         confirm: {{top: 0}}
         """)
     started = time.time() - 1

@@ -38,7 +38,7 @@ def _parse_sets(items: list[str]) -> dict[str, Any]:
 def _bench_request(space: Any, args: argparse.Namespace, extra: dict | None = None) -> dict:
     """The measurement request of ``bench``/``profile``: the space's recommended config
     (or the baseline), an exported config, then --set overrides; checked strictly."""
-    from tuner import knobs
+    from tuner import apply
     from tuner.trial import make_request, resolve_config
 
     overrides: dict[str, Any] = dict(extra or {})
@@ -53,7 +53,7 @@ def _bench_request(space: Any, args: argparse.Namespace, extra: dict | None = No
     if args.baseline:
         config = space.baseline_config()
     else:
-        ctx = knobs.context_for(device, has_groups=workload.groups is not None)
+        ctx = apply.context_for(device, has_groups=workload.groups is not None)
         config = space.recommended_config(ctx)
     config = space.derive({**config, **overrides})
     request = make_request(workload=m.workload, workload_args=m.workload_args,

@@ -1,23 +1,18 @@
-"""The one table of throughput knobs, and one small function per knob.
+"""The one table of throughput knobs.
 
 The table (``KNOBS``) is read by validation (``resolve``), by the search space,
 by the docs (``python -m tuner knobs``) and by the report. A new knob is one
-entry here and, if it changes the run, one ``apply_*`` function called by
-``tuner.loop.Trainer`` (which owns the order in which they are applied).
+entry here and, if it changes the run, one ``apply_*`` function in ``tuner.apply``
+called by ``tuner.loop.Trainer`` (which owns the order in which they are applied).
+This module imports no torch: reading a space or a results folder stays fast.
 """
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import inspect
-import os
 import platform
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
-
-import torch
 
 from tuner.errors import UserError
 
@@ -282,156 +277,18 @@ def resolve(config: dict, ctx: Context, *, strict: bool) -> tuple[dict, list[str
     return full, notes
 
 
-def context_for(device: torch.device, has_groups: bool = False) -> Context:
-    """The Context of this process's hardware."""
-    from tuner.hardware import cpu_has_bf16
-
-    bf16_ok = True
-    if device.type == "cuda":
-        bf16_ok = torch.cuda.is_bf16_supported()
-    return Context(device=device.type, cpu_count=os.cpu_count() or 1,
-                   has_groups=has_groups, bf16_ok=bf16_ok, fp16_ok=True,
-                   bf16_native=device.type != "cpu" or cpu_has_bf16())
-
-
-# --- one function per knob -------------------------------------------------------------
-
-
-def apply_threads(threads: int | None) -> None:
-    """Intra-op threads of this process (None: leave PyTorch's default)."""
-    if threads is not None:
-        torch.set_num_threads(threads)
-
-
-def apply_malloc_retain(enabled: bool) -> None:
-    """glibc's fixed thresholds (``MALLOC_RETAIN_ENV``) in this process, and in the
-    environment of the processes it starts (off: leave the allocator alone). For good:
-    glibc has no way back to its moving thresholds, so only a process of its own (a
-    trial's) should call this with True."""
-    if not enabled:
-        return
-    libc = ctypes.CDLL(None)
-    if not all(libc.mallopt(param, value) for param, value in _MALLOPT):
-        raise UserError("knob 'malloc_retain': glibc's mallopt refused the thresholds")
-    os.environ.update(MALLOC_RETAIN_ENV)
-
-
-def apply_backend_flags(device: torch.device, cudnn_benchmark: bool, tf32: bool) -> None:
-    """cudnn autotuner and TF32; these are process-wide, so always set both ways."""
-    if device.type != "cuda":
-        return
-    torch.backends.cudnn.benchmark = cudnn_benchmark
-    torch.backends.cuda.matmul.allow_tf32 = tf32
-    torch.backends.cudnn.allow_tf32 = tf32
-
-
-def apply_channels_last(model: torch.nn.Module, enabled: bool) -> torch.nn.Module:
-    """NHWC weights; the loop converts 4-D inputs to match."""
-    return model.to(memory_format=torch.channels_last) if enabled else model
-
-
-class _Checkpointed(torch.nn.Module):
-    """Runs the wrapped block under activation checkpointing."""
-
-    def __init__(self, inner: torch.nn.Module) -> None:
-        super().__init__()
-        self.inner = inner
-
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        # use_reentrant=False: works with kwargs, compile and inputs that need no grad.
-        return torch.utils.checkpoint.checkpoint(self.inner, *args, use_reentrant=False, **kwargs)
-
-
-def apply_activation_checkpointing(model: torch.nn.Module, enabled: bool) -> int:
-    """Wrap the model's repeated blocks (entries of every ModuleList; else the
-    children of a top-level Sequential) in activation checkpointing.
-
-    Returns how many blocks were wrapped; 0 means the model has no blocks to wrap.
-    """
-    if not enabled:
-        return 0
-    wrapped = 0
-    for module in list(model.modules()):
-        if isinstance(module, torch.nn.ModuleList):
-            for i, block in enumerate(module):
-                if not isinstance(block, _Checkpointed):
-                    module[i] = _Checkpointed(block)
-                    wrapped += 1
-    if wrapped == 0 and isinstance(model, torch.nn.Sequential):
-        for i, block in enumerate(model):
-            if any(True for _ in block.parameters()):
-                model[i] = _Checkpointed(block)
-                wrapped += 1
-    return wrapped
-
-
-def apply_fused_optimizer(optimizer: torch.optim.Optimizer, fused: bool) -> torch.optim.Optimizer:
-    """Rebuild the user's optimizer with ``fused=True``, same class and hyperparameters."""
-    if not fused:
-        return optimizer
-    cls = type(optimizer)
-    if "fused" not in optimizer.defaults:
-        raise UserError(f"knob 'fused_optimizer': {cls.__name__} has no fused implementation")
-    groups = [{k: v for k, v in g.items() if k not in ("fused", "foreach")}
-              for g in optimizer.param_groups]
-    accepted = inspect.signature(cls.__init__).parameters
-    kwargs = {k: v for k, v in optimizer.defaults.items()
-              if k in accepted and k not in ("fused", "foreach", "params")}
-    return cls(groups, **kwargs, fused=True)
-
-
-def apply_compile(model: torch.nn.Module, mode: str) -> torch.nn.Module:
-    """torch.compile; applied last, after checkpointing and memory format."""
-    if mode == "off":
-        return model
-    return torch.compile(model, mode=None if mode == "default" else mode)
-
-
-def autocast_context(device: torch.device, precision: str) -> Callable[[], contextlib.AbstractContextManager]:
-    """A factory of the forward pass's autocast context."""
-    if precision == "fp32":
-        return contextlib.nullcontext
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
-    return lambda: torch.autocast(device_type=device.type, dtype=dtype)
-
-
-def grad_scaler(device: torch.device, precision: str) -> torch.amp.GradScaler | None:
-    """fp16 needs loss scaling; bf16 and fp32 do not."""
-    return torch.amp.GradScaler(device.type) if precision == "fp16" else None
-
-
-def apply_ddp(model: torch.nn.Module, config: dict, device: torch.device,
-              find_unused_parameters: bool) -> torch.nn.Module:
-    """Wrap the model in DistributedDataParallel with the ddp_* knobs (the process
-    group is already up: Ray Train starts it). Compile wraps the DDP module after this,
-    as PyTorch's docs ask, so that the compiled graphs split at bucket boundaries."""
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" and device.index is not None else None,
-              bucket_cap_mb=config["ddp_bucket_cap_mb"],
-              gradient_as_bucket_view=config["ddp_gradient_as_bucket_view"],
-              static_graph=config["ddp_static_graph"],
-              find_unused_parameters=find_unused_parameters)
-    hook = config["ddp_comm_hook"]
-    if hook != "none":
-        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-
-        ddp.register_comm_hook(None, getattr(default_hooks, f"{hook}_hook"))
-    return ddp
-
-
 def process_cpus(config: dict) -> int:
     """CPUs one training process reserves: itself and its DataLoader workers."""
     return 1 + int(config.get("num_workers", 0))
 
 
-def loader_kwargs(config: dict, device: torch.device) -> dict[str, Any]:
+def loader_kwargs(config: dict, device_type: str) -> dict[str, Any]:
     """The DataLoader arguments that the knobs decide."""
     kwargs: dict[str, Any] = {"num_workers": config["num_workers"]}
     if config["num_workers"] > 0:
         kwargs["persistent_workers"] = config["persistent_workers"]
         if config["prefetch_factor"] is not None:
             kwargs["prefetch_factor"] = config["prefetch_factor"]
-    if device.type == "cuda":
+    if device_type == "cuda":
         kwargs["pin_memory"] = config["pin_memory"]
     return kwargs

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, IterableDataset, Sampler
 
-from tuner import knobs
+from tuner import apply, knobs
 from tuner.batches import Mover
 from tuner.errors import UserError, WorkloadError
 from tuner.workloads import Workload
@@ -130,25 +130,25 @@ class Trainer:
 
         # The order matters:
         # 1. threads, the allocator and backend flags before any kernel runs;
-        knobs.apply_threads(config["torch_threads"])
-        knobs.apply_malloc_retain(config["malloc_retain"])
-        knobs.apply_backend_flags(device, config["cudnn_benchmark"], config["tf32"])
+        apply.apply_threads(config["torch_threads"])
+        apply.apply_malloc_retain(config["malloc_retain"])
+        apply.apply_backend_flags(device, config["cudnn_benchmark"], config["tf32"])
         # 2. the model on its device, then its memory format (weights must exist there);
         model = _call(workload.model, "model").to(device)
-        model = knobs.apply_channels_last(model, config["channels_last"])
+        model = apply.apply_channels_last(model, config["channels_last"])
         # 3. checkpointing wraps the eager blocks, before compile traces them
         #    (as torchtitan does: compile after activation checkpointing);
-        self.checkpointed_blocks = knobs.apply_activation_checkpointing(model, config["activation_checkpointing"])
+        self.checkpointed_blocks = apply.apply_activation_checkpointing(model, config["activation_checkpointing"])
         if config["activation_checkpointing"] and self.checkpointed_blocks == 0:
             raise UserError("knob 'activation_checkpointing': the model has no ModuleList or "
                             "Sequential blocks to checkpoint")
         model.train()
         # 4. the optimizer holds the eager module's parameters (compile shares them);
-        self.optimizer = knobs.apply_fused_optimizer(
+        self.optimizer = apply.apply_fused_optimizer(
             _call(lambda: workload.make_optimizer(model.parameters()), "optimizer"),
             config["fused_optimizer"])
-        self.autocast = knobs.autocast_context(device, config["precision"])
-        self.scaler = knobs.grad_scaler(device, config["precision"])
+        self.autocast = apply.autocast_context(device, config["precision"])
+        self.scaler = apply.grad_scaler(device, config["precision"])
         self.move = Mover(device, non_blocking=config["non_blocking"] and device.type == "cuda",
                           channels_last=config["channels_last"])
         self.loss_fn = workload.loss
@@ -161,10 +161,10 @@ class Trainer:
             if unused:
                 self.notes.append(f"find_unused_parameters turned on: {len(unused)} parameters get no "
                                   f"gradient ({', '.join(unused[:3])}{', ...' if len(unused) > 3 else ''})")
-            model = self.ddp = knobs.apply_ddp(model, config, device, find_unused_parameters=bool(unused))
+            model = self.ddp = apply.apply_ddp(model, config, device, find_unused_parameters=bool(unused))
         self.no_sync = self.ddp is not None and config["ddp_no_sync_accumulation"] and self.accum > 1
         # 6. compile last, over the final module.
-        self.model = knobs.apply_compile(model, config["compile"])
+        self.model = apply.apply_compile(model, config["compile"])
         self.loader, self.sampler = self._make_loader(seed)
         if self.world > 1 and self.sampler is None:
             self.notes.append("the dataset is iterable: every rank reads all of it unless it shards "
@@ -195,7 +195,7 @@ class Trainer:
 
     def _make_loader(self, seed: int) -> tuple[DataLoader, Sampler | None]:
         cfg, ds, wl = self.config, self.dataset, self.workload
-        kwargs = knobs.loader_kwargs(cfg, self.device)
+        kwargs = knobs.loader_kwargs(cfg, self.device.type)
         bs = cfg["micro_batch_size"]
         if isinstance(ds, IterableDataset) or not hasattr(ds, "__len__"):
             return DataLoader(ds, batch_size=bs, drop_last=True, collate_fn=wl.collate, **kwargs), None

@@ -294,12 +294,10 @@ def lightning_kwargs(payload: dict) -> tuple[dict, dict, list[str]]:
     }
     if gpu:
         trainer["benchmark"] = c["cudnn_benchmark"]
-    import torch
-
     from tuner import knobs
 
     loader: dict[str, Any] = {"batch_size": c["micro_batch_size"], "shuffle": True, "drop_last": True,
-                              **knobs.loader_kwargs(c, torch.device("cuda" if gpu else "cpu"))}
+                              **knobs.loader_kwargs(c, "cuda" if gpu else "cpu")}
     code = []
     if c["torch_threads"]:
         code.append(f"torch.set_num_threads({c['torch_threads']})")

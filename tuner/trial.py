@@ -102,14 +102,14 @@ def resolve_config(request: TrialRequest) -> Resolved:
 
     import torch
 
-    from tuner import knobs
+    from tuner import apply, knobs
     from tuner.hardware import pick_device
     from tuner.workloads import load_workload
 
     device = torch.device(pick_device(request.device))
     base = Path(request.base_dir) if request.base_dir else None
     workload = load_workload(request.workload, request.workload_args, base)
-    ctx = knobs.context_for(device, has_groups=workload.groups is not None)
+    ctx = apply.context_for(device, has_groups=workload.groups is not None)
     config, notes = knobs.resolve(request.config, ctx, strict=request.strict)
     return Resolved(config, notes, workload, device)
 
