@@ -145,3 +145,33 @@ def test_the_guides_start_leaves_the_workers_their_cores(tmp_path):
     assert (rec["num_workers"], rec["torch_threads"]) == (1, 1)
     rec = s.recommended_config(knobs.Context(device="cpu", cpu_count=8))
     assert (rec["num_workers"], rec["torch_threads"]) == (0, 4)  # the guides' 4 workers are not in the space
+
+
+def test_on_a_cpu_the_guides_start_takes_the_largest_micro_batch_listed(tmp_path):
+    """The search's starts: PyTorch's defaults at the first micro-batch listed, then the
+    guides' advice at the largest (on a GPU, where it may not fit, at the guides' 32);
+    with a fixed effective batch, accumulation follows."""
+    from tuner import knobs
+
+    s = _load(tmp_path, """\
+        name: t
+        workload: conv
+        knobs:
+          micro_batch_size: [16, 32, 128]
+          torch_threads: [1, 2]
+          num_workers: [0, 1]
+        """)
+    cpu = knobs.Context(device="cpu", cpu_count=2)
+    starts = s.start_points(cpu)
+    assert [p["micro_batch_size"] for p in starts] == [16, 128, 128]
+    assert s.recommended_config(cpu)["micro_batch_size"] == 32  # bench's config is the guides' own
+    gpu = s.start_points(knobs.Context(device="cuda", cpu_count=2))
+    assert [p["micro_batch_size"] for p in gpu] == [16, 32]
+    fixed = _load(tmp_path, """\
+        name: t
+        workload: conv
+        knobs:
+          micro_batch_size: [16, 64]
+        constraints: {effective_batch_size: 128}
+        """)
+    assert [(p["micro_batch_size"], p["grad_accum_steps"]) for p in fixed.start_points(cpu)] == [(16, 8), (64, 2)]

@@ -194,8 +194,17 @@ class Space:
         CPUs where both threads and workers are searched, the advice with the other split
         of the cores (threads and workers share them, and which side wins depends on the
         workload: of 8 landscapes recorded on 2 cores, 3 were best with 1 thread and
-        workers, 3 with 2 threads and no worker, 2 with 2 threads and 1 worker)."""
+        workers, 3 with 2 threads and no worker, 2 with 2 threads and 1 worker).
+
+        On a CPU the advice starts at the largest micro-batch listed (the guides: a small
+        batch leaves the device underused; a larger one spreads each step's fixed costs
+        over more samples), the micro-batch of the fastest config on every landscape
+        recorded. Not on a GPU: the largest listed may not fit, and an infeasible start
+        teaches the model that every value it holds is bad."""
         default, rec = self.default_point(ctx), self.recommended_config(ctx)
+        batches = self.domain.get("micro_batch_size")
+        if ctx.device == "cpu" and batches and len(batches) > 1:
+            rec = self.derive({**rec, "micro_batch_size": max(batches)})
         starts = [default, rec]
         threads, workers = self.domain.get("torch_threads"), self.domain.get("num_workers")
         if ctx.device == "cpu" and threads and workers and len(threads) > 1 and len(workers) > 1 \
