@@ -61,11 +61,11 @@ def test_nodes_lost_during_a_search_idle_mid_trial_and_all_of_them(tmp_path, mon
         workload: {FIXTURES}:sleepy
         workload_args: {{step_s: 0.05}}
         knobs:
-          micro_batch_size: [2, 4, 8, 16, 32]
+          micro_batch_size: [2, 4, 8, 16]
         sampler: grid
         confirm: {{top: 0}}
         resources: {{max_concurrent: 1}}
-        budget: {{trials: 5, trial_timeout_s: 15}}
+        budget: {{trials: 4, trial_timeout_s: 15}}
         """, measure="measure: {warmup_steps: 2, window_s: 0.5, min_windows: 10, max_windows: 10, max_timed_s: 10}\n")
     monkeypatch.setenv("TUNE_DISABLE_SIGINT_HANDLER", "1")
     ray.shutdown()  # a session another test left: this test's driver joins its own cluster
@@ -112,7 +112,7 @@ def test_nodes_lost_during_a_search_idle_mid_trial_and_all_of_them(tmp_path, mon
         ok = [r for r in records if r["phase"] == "search" and r["status"] == "ok"]
         retried = next(r for r in ok if r["key"] == lost[0]["key"])
         assert retried["started_at"] >= lost_at - 1 and retried["node"] == joined.node_id
-        assert 2 <= len(ok) < 5
+        assert 2 <= len(ok) < 4
 
         # 4. a node is back: resume completes the budget, nothing measured twice
         cluster.add_node(num_cpus=2, num_gpus=1)
@@ -122,8 +122,8 @@ def test_nodes_lost_during_a_search_idle_mid_trial_and_all_of_them(tmp_path, mon
         searcher.join(timeout=180)
         assert not searcher.is_alive() and "error" not in outcome, outcome
         ok = [r for r in _records(out) if r["phase"] == "search" and r["status"] == "ok"]
-        assert sorted(r["config"]["micro_batch_size"] for r in ok) == [2, 4, 8, 16, 32]
-        assert outcome["summary"]["trials"] == 5
+        assert sorted(r["config"]["micro_batch_size"] for r in ok) == [2, 4, 8, 16]
+        assert outcome["summary"]["trials"] == 4
         shown = subprocess.run([sys.executable, "-m", "tuner", "show", str(out)], capture_output=True, text=True)
         assert shown.returncode == 0 and "lost: " in shown.stdout
     finally:

@@ -180,7 +180,7 @@ def test_the_time_budget_keeps_room_for_the_confirm_round_as_its_contenders_meas
     import time
     from types import SimpleNamespace
 
-    from tuner.tune_run import _confirm_reserve, _time_left, _trial_s, round_fits
+    from tuner.tune_run import _confirm_reserve, _time_left, _trial_s, next_trial_fits, round_fits
 
     space = _space(tmp_path, "name: t\nworkload: conv\nknobs:\n  micro_batch_size: [8, 16, 32, 64]\n"
                              "confirm: {top: 2, repeats: 1}\nbudget: {time_s: 100}\n")
@@ -205,3 +205,15 @@ def test_the_time_budget_keeps_room_for_the_confirm_round_as_its_contenders_meas
     run.t_search = time.time() - 85
     assert not round_fits(run)
     assert _trial_s([]) is None
+    # the next trial: 100 - 17 of the reserve - 78 spent leaves 5 s, a typical trial's 3
+    # fit; after screened trials in a row it first re-measures the leader (its own 9 s)
+    from tuner.screening import Board
+
+    run.board = Board(recheck_after=2)
+    for r in recs[:3]:
+        run.board.update(r)
+    run.t_search = time.time() - 78
+    assert next_trial_fits(run)
+    for _ in range(2):
+        run.board.update(rec(64, 50.0, 1.0, screened=True))
+    assert run.board.recheck_due() and not next_trial_fits(run)

@@ -79,10 +79,15 @@ class Board:
         # configs within 3% of the pick from 4-10% to at most 3.4% on every landscape).
         margin += 2 * self.best_error
         out: dict = {"below": self.best, "margin": margin}
-        if self.recheck_after and self.screened_in_a_row >= self.recheck_after and self.incumbent is not None:
+        if self.recheck_due():
             out["recheck"] = self.incumbent
             self.screened_in_a_row = 0  # asked once: concurrent trials do not all re-measure it
         return out
+
+    def recheck_due(self) -> bool:
+        """Whether the next screened trial first measures the incumbent again."""
+        return bool(self.screening and self.best is not None and self.recheck_after
+                    and self.screened_in_a_row >= self.recheck_after and self.incumbent is not None)
 
     def state(self, screen: bool = True) -> str:
         """What a trial gets (``BOARD_KEY``): the screen (none for a config measured in

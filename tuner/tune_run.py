@@ -294,8 +294,7 @@ def _searcher(run: SearchRun, start: list[dict], storage: Any, remaining: int, p
         def suggest(self, trial_id: str) -> dict | str | None:
             if len(tried) >= remaining + len(done):
                 return Searcher.FINISHED  # N configs tried: Tune's extra samples are for retries
-            left, typical = _time_left(run), _trial_s(run.recorder.records)
-            if left is not None and typical is not None and left < typical:
+            if not next_trial_fits(run):
                 # a trial that cannot end within the budget would be stopped by Tune and
                 # its measurement lost: the time goes to the confirm round instead
                 return Searcher.FINISHED
@@ -402,6 +401,25 @@ def _confirm_reserve(run: SearchRun) -> float:
     walls += [typical] * (m.confirm.top - len(walls))
     base = [r["trial_wall_s"] for r in full if r.get("phase") == "baseline"]
     return sum(walls) + (base[-1] if base else typical)
+
+
+def next_trial_fits(run: SearchRun) -> bool:
+    """Whether a trial started now ends within the search proper's time (always, without
+    a time budget): a typical trial's wall, and where the Board will have it measure the
+    incumbent again first, that measurement's too."""
+    left, need = _time_left(run), _trial_s(run.recorder.records)
+    if left is None or need is None:
+        return True
+    if run.board.recheck_due():
+        need += _own_wall(run.recorder.records, run.board.incumbent) or need
+    return left >= need
+
+
+def _own_wall(records: list[dict], config: dict | None) -> float | None:
+    """The median wall of a config's own full measurements (None if it has none)."""
+    own = [r["trial_wall_s"] for r in records if r.get("config") == config and r.get("status") == "ok"
+           and not r.get("screened") and r.get("trial_wall_s")]
+    return statistics.median(own) if own else None
 
 
 def round_fits(run: SearchRun) -> bool:
