@@ -213,7 +213,10 @@ def test_the_time_budget_keeps_room_for_the_confirm_round_as_its_contenders_meas
     for r in recs[:3]:
         run.board.update(r)
     run.t_search = time.time() - 78
-    assert next_trial_fits(run)
+    assert next_trial_fits(run) and not next_trial_fits(run, recheck=True)
     for _ in range(2):
         run.board.update(rec(64, 50.0, 1.0, screened=True))
-    assert run.board.recheck_due() and not next_trial_fits(run)
+    assert run.board.recheck_due()
+    # no room for both: the trial runs without the recheck, screened against the old figure
+    assert "recheck" not in json.loads(run.board.state(recheck=False))["screen"]
+    assert json.loads(run.board.state())["screen"]["recheck"] == {"micro_batch_size": 16}

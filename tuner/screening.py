@@ -64,13 +64,14 @@ class Board:
         if record.get("samples_per_sec_error") is not None:
             self.errors.append(record["samples_per_sec_error"])
 
-    def screen(self) -> dict | None:
+    def screen(self, recheck: bool = True) -> dict | None:
         """The threshold for the next trial, or None before any full measurement.
         The allowance is 3x the median window error seen so far, at least min_margin
         (run-to-run drift on a shared machine exceeds one measurement's own error),
         plus twice the incumbent's own error.
         ``recheck``: the incumbent's config, to measure before the trial (once per run
-        of ``recheck_after`` screened trials)."""
+        of ``recheck_after`` screened trials; not with ``recheck=False``, when there is no
+        time left for it)."""
         if self.best is None or not self.screening:
             return None
         margin = max(self.min_margin, 3 * statistics.median(self.errors)) if self.errors else 2 * self.min_margin
@@ -79,7 +80,7 @@ class Board:
         # configs within 3% of the pick from 4-10% to at most 3.4% on every landscape).
         margin += 2 * self.best_error
         out: dict = {"below": self.best, "margin": margin}
-        if self.recheck_due():
+        if recheck and self.recheck_due():
             out["recheck"] = self.incumbent
             self.screened_in_a_row = 0  # asked once: concurrent trials do not all re-measure it
         return out
@@ -89,10 +90,10 @@ class Board:
         return bool(self.screening and self.best is not None and self.recheck_after
                     and self.screened_in_a_row >= self.recheck_after and self.incumbent is not None)
 
-    def state(self, screen: bool = True) -> str:
+    def state(self, screen: bool = True, recheck: bool = True) -> str:
         """What a trial gets (``BOARD_KEY``): the screen (none for a config measured in
         full again after it was screened), and the cold compile costs."""
-        return json.dumps({"screen": self.screen() if screen else None, "cold": self.cold})
+        return json.dumps({"screen": self.screen(recheck) if screen else None, "cold": self.cold})
 
 
 def with_compile_cost(record: dict, cold: dict[str, float]) -> dict:

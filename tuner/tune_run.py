@@ -294,15 +294,17 @@ def _searcher(run: SearchRun, start: list[dict], storage: Any, remaining: int, p
         def suggest(self, trial_id: str) -> dict | str | None:
             if len(tried) >= remaining + len(done):
                 return Searcher.FINISHED  # N configs tried: Tune's extra samples are for retries
-            if not next_trial_fits(run):
+            recheck = run.board.recheck_due() and next_trial_fits(run, recheck=True)
+            if not recheck and not next_trial_fits(run, recheck=False):
                 # a trial that cannot end within the budget would be stopped by Tune and
-                # its measurement lost: the time goes to the confirm round instead
+                # its measurement lost: the time goes to the confirm round instead (a
+                # recheck of the incumbent that does not fit is left out)
                 return Searcher.FINISHED
             config = super().suggest(trial_id)
             if isinstance(config, dict):  # the Board as it stands when this trial starts
                 key = canon({k: v for k, v in config.items() if k != BOARD_KEY})
                 tried.add(key)
-                config[BOARD_KEY] = run.board.state(screen=key not in screened)
+                config[BOARD_KEY] = run.board.state(screen=key not in screened, recheck=recheck)
             return config
 
     return Searcher(space=SearchSpace(space, ctx), metric=metric_names, mode=modes,
@@ -403,14 +405,14 @@ def _confirm_reserve(run: SearchRun) -> float:
     return sum(walls) + (base[-1] if base else typical)
 
 
-def next_trial_fits(run: SearchRun) -> bool:
+def next_trial_fits(run: SearchRun, recheck: bool = False) -> bool:
     """Whether a trial started now ends within the search proper's time (always, without
-    a time budget): a typical trial's wall, and where the Board will have it measure the
-    incumbent again first, that measurement's too."""
+    a time budget): a typical trial's wall, and with ``recheck`` (the Board has it
+    measure the incumbent again first) that measurement's too."""
     left, need = _time_left(run), _trial_s(run.recorder.records)
     if left is None or need is None:
         return True
-    if run.board.recheck_due():
+    if recheck:
         need += _own_wall(run.recorder.records, run.board.incumbent) or need
     return left >= need
 
