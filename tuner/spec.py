@@ -193,14 +193,15 @@ class Space:
         """The guided search's first configs: PyTorch's defaults, the guides' advice, and on
         CPUs where both threads and workers are searched, the advice with the other split
         of the cores (threads and workers share them, and which side wins depends on the
-        workload: of 8 landscapes recorded on 2 cores, 3 were best with 1 thread and
+        workload: of 9 landscapes recorded on 2 cores, 4 were best with 1 thread and
         workers, 3 with 2 threads and no worker, 2 with 2 threads and 1 worker).
 
         On a CPU the advice starts at the largest micro-batch listed (the guides: a small
         batch leaves the device underused; a larger one spreads each step's fixed costs
-        over more samples), the micro-batch of the fastest config on every landscape
-        recorded. Not on a GPU: the largest listed may not fit, and an infeasible start
-        teaches the model that every value it holds is bad."""
+        over more samples): on every landscape recorded, the fastest config had it, or
+        the config with it read within 0.1% of the fastest. Not on a GPU: the largest
+        listed may not fit, and an infeasible start teaches the model that every value
+        it holds is bad."""
         default, rec = self.default_point(ctx), self.recommended_config(ctx)
         batches = self.domain.get("micro_batch_size")
         if ctx.device == "cpu" and batches and len(batches) > 1:
