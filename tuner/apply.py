@@ -15,7 +15,10 @@ from typing import Any
 import torch
 
 from tuner.errors import UserError
-from tuner.knobs import _MALLOPT, MALLOC_RETAIN_ENV, Context
+from tuner.knobs import MALLOC_RETAIN_ENV, Context
+
+# the same thresholds as mallopt parameters, for a process already running
+_MALLOPT = ((-3, 1 << 30), (-1, -1))  # <malloc.h>: M_MMAP_THRESHOLD, M_TRIM_THRESHOLD
 
 
 def context_for(device: torch.device, has_groups: bool = False) -> Context:

@@ -28,7 +28,6 @@ GLIBC = platform.libc_ver()[0] == "glibc"
 # the built-in transformer's logits at batch 64 (134 MB, and their gradient) mapped anew
 # every step: 65,600 faults per step with the knob on or off.
 MALLOC_RETAIN_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1 << 30), "MALLOC_TRIM_THRESHOLD_": str(2**64 - 1)}
-_MALLOPT = ((-3, 1 << 30), (-1, -1))  # <malloc.h>: M_MMAP_THRESHOLD, M_TRIM_THRESHOLD
 
 
 @dataclass(frozen=True)

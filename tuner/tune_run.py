@@ -396,10 +396,8 @@ def _confirm_reserve(run: SearchRun) -> float:
     records = run.recorder.records
     full = [r for r in records if r.get("status") == "ok" and not r.get("screened") and r.get("trial_wall_s")]
     typical = _median_wall(full) or 0.0
-    walls = []
-    for row in rank(aggregate(records, m.objective.metric), m.objective.metric)[: m.confirm.top]:
-        own = [r["trial_wall_s"] for r in full if r.get("key") == row["key"]]
-        walls.append(statistics.median(own) if own else typical)
+    walls = [_own_wall(records, row["config"]) or typical
+             for row in rank(aggregate(records, m.objective.metric), m.objective.metric)[: m.confirm.top]]
     walls += [typical] * (m.confirm.top - len(walls))
     base = [r["trial_wall_s"] for r in full if r.get("phase") == "baseline"]
     return sum(walls) + (base[-1] if base else typical)
