@@ -371,3 +371,32 @@ def test_two_rank_trials_run_at_once_and_never_share_a_logical_gpu(tmp_path, log
     assert a["started_at"] < b["ended_at"] and b["started_at"] < a["ended_at"]  # at once
     assert not slots[0] & slots[1]  # no GPU given to both
 
+
+
+def test_a_sigterm_that_lands_while_ray_waits_still_reads_as_sigterm(ray_local):
+    """The command's handler raises Stopped(SIGTERM); where the main thread is inside
+    ``ray.get`` then, Ray's signal check swaps it for a bare KeyboardInterrupt. The search
+    once exited 130 ("stopped (SIGINT)") for a scheduler's SIGTERM that landed there."""
+    import os
+    import signal
+    import threading
+
+    from tuner.cli import _stop_on_signals
+    from tuner.errors import Stopped
+
+    @ray_local.remote
+    def wait() -> None:
+        time.sleep(20)
+
+    restore = _stop_on_signals()
+    timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM))
+    try:
+        ref = wait.remote()
+        timer.start()
+        with pytest.raises(KeyboardInterrupt) as caught:
+            ray_local.get(ref, timeout=30)
+        assert Stopped.signal_of(caught.value) == signal.SIGTERM
+    finally:
+        timer.cancel()
+        restore()
+        Stopped.received = None

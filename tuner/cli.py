@@ -569,6 +569,7 @@ def _stop_on_signals() -> Callable[[], None]:
     os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
 
     def stop(signum: int, frame: Any) -> None:
+        Stopped.received = signum
         raise Stopped(signum)
 
     if threading.current_thread() is not threading.main_thread():
@@ -606,9 +607,10 @@ def main(argv: list[str] | None = None) -> int:
     except NoWinner as exc:
         print(f"no winner: {exc}", file=sys.stderr)
         return 4
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        signum = Stopped.signal_of(exc)
+        print(f"stopped ({signal.Signals(signum).name})", file=sys.stderr)
+        return 128 + signum
     except BrokenPipeError:  # `tuner show ... | head`
         return 0
     except Exception as exc:  # a bug in tuner itself

@@ -2,6 +2,8 @@
 folder that cannot be written), 4 (no winner), 5 (the Ray cluster can no longer run a
 trial), 130 or 143 (a search stopped by Ctrl-C or SIGTERM)."""
 
+import signal
+
 
 class UserError(ValueError):
     """Bad input from the user (a space file, a --set, a workload reference).
@@ -24,9 +26,21 @@ class Stopped(KeyboardInterrupt):
     ``kill``). A KeyboardInterrupt, so that it unwinds through Ray Tune's loop and every
     ``finally`` like Ctrl-C does. ``folder``: the results folder, once known."""
 
+    received: int | None = None  # the signal of the last stop the command's handler raised
+
     def __init__(self, signum: int, folder: str | None = None):
         super().__init__(signum, folder)
         self.signum, self.folder = signum, folder
+
+    @staticmethod
+    def signal_of(exc: KeyboardInterrupt) -> int:
+        """The signal behind ``exc``. A Stopped raised while Ray waits in C++ (``ray.get``,
+        an actor call) comes back from there as a bare KeyboardInterrupt: Ray's signal
+        check maps every KeyboardInterrupt to its own Interrupted status and raises a new
+        one. So the handler's record is read first, and SIGINT only where none ran."""
+        if isinstance(exc, Stopped):
+            return exc.signum
+        return Stopped.received or int(signal.SIGINT)
 
 
 class ResultsUnwritable(UserError):

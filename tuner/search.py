@@ -27,7 +27,6 @@ import hashlib
 import json
 import os
 import shutil
-import signal
 import tempfile
 import time
 from collections.abc import Callable
@@ -133,8 +132,7 @@ def run_search(space: spec.Space, *, results_root: Path, address: str | None = N
         except KeyboardInterrupt as exc:
             # Every trial in flight is cut; what was measured is on disk (each record is
             # written as it lands), and resume runs the rest.
-            signum = exc.signum if isinstance(exc, Stopped) else signal.SIGINT
-            raise Stopped(signum, str(out)) from None
+            raise Stopped(Stopped.signal_of(exc), str(out)) from None
         finally:
             progress.close()
             if (started or ray.is_initialized()) and not address:
