@@ -330,6 +330,35 @@ def test_the_tuner_s_own_processes_are_ray_s_daemons_and_agents_and_not_its_work
     assert psutil.Process(by_name()["raylet"]).nice() == 0  # its workers, trials among them, inherit it
 
 
+def test_a_sigterm_that_lands_while_ray_waits_still_reads_as_sigterm(ray_local):
+    """The command's handler raises Stopped(SIGTERM); where the main thread is inside
+    ``ray.get`` then, Ray's signal check swaps it for a bare KeyboardInterrupt. The search
+    once exited 130 ("stopped (SIGINT)") for a scheduler's SIGTERM that landed there."""
+    import os
+    import signal
+    import threading
+
+    from tuner.cli import _stop_on_signals
+    from tuner.errors import Stopped
+
+    @ray_local.remote
+    def wait() -> None:
+        time.sleep(20)
+
+    restore = _stop_on_signals()
+    timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM))
+    try:
+        ref = wait.remote()
+        timer.start()
+        with pytest.raises(KeyboardInterrupt) as caught:
+            ray_local.get(ref, timeout=30)
+        assert Stopped.signal_of(caught.value) == signal.SIGTERM
+    finally:
+        timer.cancel()
+        restore()
+        Stopped.received = None
+
+
 def test_placement_on_logical_gpus_across_two_nodes(tmp_path, logical_gpu_cluster):
     records = _sleepy_search(tmp_path, logical_gpu_cluster, "placement", """\
         knobs:
@@ -370,33 +399,3 @@ def test_two_rank_trials_run_at_once_and_never_share_a_logical_gpu(tmp_path, log
         assert len(slots[-1]) == 2
     assert a["started_at"] < b["ended_at"] and b["started_at"] < a["ended_at"]  # at once
     assert not slots[0] & slots[1]  # no GPU given to both
-
-
-
-def test_a_sigterm_that_lands_while_ray_waits_still_reads_as_sigterm(ray_local):
-    """The command's handler raises Stopped(SIGTERM); where the main thread is inside
-    ``ray.get`` then, Ray's signal check swaps it for a bare KeyboardInterrupt. The search
-    once exited 130 ("stopped (SIGINT)") for a scheduler's SIGTERM that landed there."""
-    import os
-    import signal
-    import threading
-
-    from tuner.cli import _stop_on_signals
-    from tuner.errors import Stopped
-
-    @ray_local.remote
-    def wait() -> None:
-        time.sleep(20)
-
-    restore = _stop_on_signals()
-    timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM))
-    try:
-        ref = wait.remote()
-        timer.start()
-        with pytest.raises(KeyboardInterrupt) as caught:
-            ray_local.get(ref, timeout=30)
-        assert Stopped.signal_of(caught.value) == signal.SIGTERM
-    finally:
-        timer.cancel()
-        restore()
-        Stopped.received = None
