@@ -207,7 +207,7 @@ def _from_user_code(exc: BaseException) -> bool:
 
 
 def knobs_markdown() -> str:
-    """The knob table as markdown (the README embeds it; a test keeps the two equal)."""
+    """The knob table as markdown (docs/knobs.md embeds it; a test keeps the two equal)."""
     from tuner.knobs import KNOBS, applies
 
     lines = ["| knob | values | default (baseline) | applies | what it does | cost |", "|---|---|---|---|---|---|"]
@@ -529,7 +529,7 @@ def _result_commands(sub: Any) -> None:
     p.set_defaults(func=cmd_dashboard)
 
     p = sub.add_parser("knobs", help="list the knobs, their values and defaults")
-    p.add_argument("--markdown", action="store_true", help="as the README's markdown table")
+    p.add_argument("--markdown", action="store_true", help="as markdown (the table of docs/knobs.md)")
     p.set_defaults(func=cmd_knobs)
 
 
