@@ -134,9 +134,8 @@ _TABLE = [
          "off", lambda ctx: "default" if ctx.device == "cuda" else "off", choices=COMPILE_MODES,
          cost="one-time compile seconds, measured as compile_s", recompiles=True, priority=4),
     # The guides' advice for conv nets (oneDNN's and cuDNN's conv kernels are NHWC-native;
-    # on the two conv landscapes recorded here, on read 1.10 and 1.15x of off at the median
-    # of matched configs, 0.98x at worst); a model with no 4-D weights or inputs is left
-    # as it is, so the advice costs nothing there.
+    # the recorded conv landscapes agree, docs/how-it-searches.md); a model with no 4-D
+    # weights or inputs is left as it is, so the advice costs nothing there.
     Knob("channels_last", bool, "NHWC memory format for the model and 4-D inputs",
          False, lambda ctx: True, cost="helps conv nets, can slow others", recompiles=True, priority=7),
     Knob("cudnn_benchmark", bool, "cudnn autotuner for fixed input shapes",
