@@ -180,7 +180,13 @@ def test_the_time_budget_keeps_room_for_the_confirm_round_as_its_contenders_meas
     import time
     from types import SimpleNamespace
 
-    from tuner.tune_run import _confirm_reserve, _time_left, _trial_s, next_trial_fits, round_fits
+    from tuner.tune_run import (
+        _confirm_reserve,
+        _median_wall,
+        _time_left,
+        next_trial_fits,
+        round_fits,
+    )
 
     space = _space(tmp_path, "name: t\nworkload: conv\nknobs:\n  micro_batch_size: [8, 16, 32, 64]\n"
                              "confirm: {top: 2, repeats: 1}\nbudget: {time_s: 100}\n")
@@ -197,14 +203,14 @@ def test_the_time_budget_keeps_room_for_the_confirm_round_as_its_contenders_meas
     recs += [rec(32, 190.0, 3.0), rec(64, 400.0, 1.0, screened=True),
              {"phase": "search", "status": "infeasible", "key": 4, "config": {}, "trial_wall_s": 0.5}]
     assert _confirm_reserve(run) == pytest.approx(9 + 3 + 5)  # the screened 400 is no contender
-    assert _trial_s(recs) == 3.0  # what the next trial costs, screened ones included
+    assert _median_wall(recs) == 3.0  # what the next trial costs, screened ones included
     assert _time_left(run) == pytest.approx(100 - 17, abs=1.0)
     # the search proper keeps time for one round; a second starts only if it fits
     run.t_search = time.time() - 80
     assert round_fits(run)
     run.t_search = time.time() - 85
     assert not round_fits(run)
-    assert _trial_s([]) is None
+    assert _median_wall([]) is None
     # the next trial: 100 - 17 of the reserve - 78 spent leaves 5 s, a typical trial's 3
     # fit; after screened trials in a row it first re-measures the leader (its own 9 s)
     from tuner.screening import Board

@@ -17,8 +17,8 @@ import torch
 from tuner.errors import UserError
 from tuner.knobs import MALLOC_RETAIN_ENV, Context
 
-# the same thresholds as mallopt parameters, for a process already running
-_MALLOPT = ((-3, 1 << 30), (-1, -1))  # <malloc.h>: M_MMAP_THRESHOLD, M_TRIM_THRESHOLD
+# the same thresholds as mallopt parameters, for a process already running (-1: no trim)
+_MALLOPT = ((-3, int(MALLOC_RETAIN_ENV["MALLOC_MMAP_THRESHOLD_"])), (-1, -1))  # <malloc.h>: M_MMAP_THRESHOLD, M_TRIM_THRESHOLD
 
 
 def context_for(device: torch.device, has_groups: bool = False) -> Context:

@@ -407,7 +407,7 @@ def next_trial_fits(run: SearchRun, recheck: bool = False) -> bool:
     """Whether a trial started now ends within the search proper's time (always, without
     a time budget): a typical trial's wall, and with ``recheck`` (the Board has it
     measure the incumbent again first) that measurement's too."""
-    left, need = _time_left(run), _trial_s(run.recorder.records)
+    left, need = _time_left(run), _median_wall(run.recorder.records)
     if left is None or need is None:
         return True
     if recheck:
@@ -428,12 +428,9 @@ def round_fits(run: SearchRun) -> bool:
     return m.budget.time_s is None or time.time() - run.t_search + _confirm_reserve(run) <= m.budget.time_s
 
 
-def _trial_s(records: list[dict]) -> float | None:
-    """The median wall of a search trial, screened ones included (what the next costs)."""
-    return _median_wall(records)
-
-
 def _median_wall(records: list[dict]) -> float | None:
+    """The median wall of a search trial (and the baseline's), screened ones included
+    where ``records`` hold them: what the next trial costs."""
     walls = [r["trial_wall_s"] for r in records if r.get("phase") in ("baseline", "search") and r.get("trial_wall_s")]
     return statistics.median(walls) if walls else None
 
