@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # The GPU checks, run on a lent GPU machine (the workplace's device tool) from the repo root:
-#   bash benchmarks/gpu_check.sh setup tests search truth suite
-# Each stage writes its log to $OUT (default benchmarks/out/gpu). `setup` installs the
-# carried wheels in .whl/ (Ray, Optuna and what they need beyond the machine's image) when
-# there is no Ray on the machine.
+#   bash benchmarks/gpu_check.sh setup tests truth search
+#   MODELS=resnet50 bash benchmarks/gpu_check.sh truth; SPACES=gpu_gpt2 bash benchmarks/gpu_check.sh search
+# Each stage writes its log and figures to $OUT (default benchmarks/out/gpu), flat (the
+# device tool brings back 8 files, 2 folders down). `setup` installs the carried wheels in
+# .whl/ (Ray, Optuna and what they need beyond the machine's image) when there is no Ray
+# on the machine: Ray's wheel is over the tool's 64 MiB, so it travels as ray.tar.xz
+# without its Java jars, RLlib, Serve, LLM and dashboard UI (made by `wheels` here).
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-benchmarks/out/gpu}
 mkdir -p "$OUT"
-if [ -d .whl ] && ! python3 -c "import ray" 2>/dev/null; then
+if [ -d .whl ] && [ ! -d /tmp/site/ray ] && ! python3 -c "import ray" 2>/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
   [ -f .whl/ray.tar.xz ] && tar xJf .whl/ray.tar.xz -C /tmp/site
 fi
@@ -16,21 +19,27 @@ fi
 for stage in "$@"; do
   echo "=== $stage $(date +%T)"
   case $stage in
+    wheels)  # on the CPU machine: fetch the wheels for the GPU machine's Python 3.12
+      bash benchmarks/gpu_wheels.sh ;;
     setup)
       nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
       python3 -c "import torch, ray, optuna; print('torch', torch.__version__, 'ray', ray.__version__, 'optuna', optuna.__version__, 'cuda', torch.cuda.is_available())"
       python3 -m tuner doctor 2>&1 | tee "$OUT/doctor.log" ;;
     tests)
-      python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py 2>&1 | tee "$OUT/test_gpu.log" ;;
-    search)
-      python3 -m tuner bench search_spaces/gpu.yaml --json 2>&1 | tail -1 > "$OUT/bench_default.json"
-      timeout "${SEARCH_S:-400}" python3 -m tuner run search_spaces/gpu.yaml --trials "${TRIALS:-8}" --results-dir "$OUT/results" --quiet 2>&1 \
-        | tee "$OUT/search.log"
-      cp "$OUT/results/gpu/trials.jsonl" "$OUT/gpu_trials.jsonl"; cp "$OUT/results/gpu/summary.json" "$OUT/gpu_summary.json"
-      python3 -m tuner show "$OUT/results/gpu" 2>&1 | tee "$OUT/show.log" ;;
-    truth)
-      python3 benchmarks/truth.py --device cuda --rounds "${ROUNDS:-2}" --epochs 2 --search-rounds 1 \
-        --out "$OUT/truth-cuda.json" 2>&1 | tee "$OUT/truth.log" ;;
+      python3 -m pytest -q -s -p no:cacheprovider tests/test_gpu.py 2>&1 | tee "$OUT/test_gpu.log" ;;
+    search)  # each space in SPACES; results kept outside $OUT, the records copied in
+      for space in ${SPACES:-gpu_gpt2 gpu_resnet50}; do
+        rm -rf "/tmp/results/$space"
+        timeout "${SEARCH_S:-280}" python3 -m tuner run "search_spaces/$space.yaml" --time-budget "${BUDGET:-200}" \
+          --results-dir /tmp/results --quiet 2>&1 | tee "$OUT/${space}_search.log"
+        cp "/tmp/results/$space/trials.jsonl" "$OUT/${space}_trials.jsonl"
+        cp "/tmp/results/$space/summary.json" "$OUT/${space}_summary.json" 2>/dev/null
+        python3 -m tuner show "/tmp/results/$space" >> "$OUT/${space}_search.log" 2>&1
+      done ;;
+    truth)  # bench against a plain loop on GPT-2 124M and ResNet-50, interleaved
+      m=${MODELS:-gpt2_124m,resnet50}
+      timeout "${TRUTH_S:-560}" python3 benchmarks/gpu_truth.py --models "$m" --rounds "${ROUNDS:-2}" \
+        ${PICK:+--pick $PICK} --epochs "${EPOCHS:-3}" --out "$OUT/gpu_truth_${m//,/_}.json" 2>&1 | tee "$OUT/gpu_truth_${m//,/_}.log" ;;
     sleepy)  # a known 50 ms step on the GPU: what the loop adds around it
       python3 -c "
 from tests.helpers import FAST_MEASURE, ref

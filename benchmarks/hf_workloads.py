@@ -37,8 +37,17 @@ def _encoding(samples: list[dict]):
     return BatchEncoding(default_collate(samples))
 
 
+def gpt2_flops_per_sample(seq_len: int, n_layer: int, n_embd: int, vocab: int) -> float:
+    """Training FLOPs per sequence as nanoGPT's ``estimate_mfu`` counts them (the PaLM
+    paper's appendix B): 6 per parameter per token, position embeddings left out, plus
+    attention's 12 * layers * width * seq_len per token."""
+    params = n_layer * (12 * n_embd**2 + 13 * n_embd) + vocab * n_embd + 2 * n_embd
+    return seq_len * (6 * params + 12 * n_layer * n_embd * seq_len)
+
+
 def gpt2(size: int = 512, seq_len: int = 64, n_layer: int = 2, n_embd: int = 128, vocab: int = 4096) -> Workload:
-    """A small GPT-2 (``GPT2LMHeadModel`` from a config), next-token loss."""
+    """A GPT-2 (``GPT2LMHeadModel`` from a config), next-token loss; small by default,
+    GPT-2 124M with ``seq_len=1024, n_layer=12, n_embd=768, vocab=50257``."""
 
     def model():
         from transformers import GPT2Config, GPT2LMHeadModel
@@ -50,7 +59,8 @@ def gpt2(size: int = 512, seq_len: int = 64, n_layer: int = 2, n_embd: int = 128
     def loss(model, batch):
         return model(**batch, labels=batch["input_ids"]).loss
 
-    return Workload(model=model, dataset=lambda: Tokens(size, seq_len, vocab), loss=loss, collate=_encoding)
+    return Workload(model=model, dataset=lambda: Tokens(size, seq_len, vocab), loss=loss, collate=_encoding,
+                    flops_per_sample=gpt2_flops_per_sample(seq_len, n_layer, n_embd, vocab))
 
 
 class Images(Dataset):
@@ -82,3 +92,20 @@ def resnet(size: int = 1024, image: int = 64, classes: int = 10) -> Workload:
         return model(**batch).loss
 
     return Workload(model=model, dataset=lambda: Images(size, image, classes), loss=loss)
+
+
+def resnet50(size: int = 4096, image: int = 224, classes: int = 1000) -> Workload:
+    """ResNet-50 (``ResNetConfig``'s defaults are ResNet-50's) on random images made on
+    each read, as a decoding dataset makes them: the DataLoader's workers matter.
+    FLOPs: 4.1 G multiply-adds per 224-pixel image forward, training three times that."""
+
+    def model():
+        from transformers import ResNetConfig, ResNetForImageClassification
+
+        return ResNetForImageClassification(ResNetConfig(num_labels=classes))
+
+    def loss(model, batch):
+        return model(**batch).loss
+
+    return Workload(model=model, dataset=lambda: Images(size, image, classes), loss=loss,
+                    flops_per_sample=3 * 2 * 4.1e9 * (image / 224) ** 2)

@@ -424,7 +424,7 @@ def _search_commands(sub: Any) -> None:
     """The commands of the search and its cluster."""
     p = sub.add_parser("run", help="search a space with Ray Tune + Optuna")
     p.add_argument("space", help="space.yaml")
-    p.add_argument("--trials", type=int, help="override budget.trials (measurements, the confirm rounds' included)")
+    p.add_argument("--trials", type=int, help="override budget.trials (configs tried; the baseline and confirm rounds come on top)")
     p.add_argument("--time-budget", type=float, help="override budget.time_s (seconds)")
     p.add_argument("--name", help="override the space's name (the results folder)")
     p.add_argument("--results-dir", default="results", help="where results/<name>/ goes")
@@ -449,7 +449,7 @@ def _search_commands(sub: Any) -> None:
     p.add_argument("--results-dir", default="/tmp/tuner-results",
                    help="where results/<name>/ goes on the cluster (a shared filesystem is easiest)")
     p.add_argument("--name", help="override the space's name")
-    p.add_argument("--trials", type=int, help="override budget.trials (measurements, the confirm rounds' included)")
+    p.add_argument("--trials", type=int, help="override budget.trials (configs tried; the baseline and confirm rounds come on top)")
     p.add_argument("--follow", action="store_true", help="stream the job's logs")
     p.add_argument("--wait", action="store_true", help="wait for the job to end; exit 0 only if it succeeded")
     p.set_defaults(func=cmd_submit)
