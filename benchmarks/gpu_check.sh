@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
-# The GPU checks, run on a lent GPU machine (the workplace's device tool) from the repo root:
-#   bash benchmarks/gpu_check.sh setup tests truth search
-#   MODELS=resnet50 bash benchmarks/gpu_check.sh truth; SPACES=gpu_gpt2 bash benchmarks/gpu_check.sh search
+# The GPU checks, run on a lent GPU machine (the workplace's device tool) from the repo root.
 # Each stage writes its log and figures to $OUT (default benchmarks/out/gpu), flat (the
-# device tool brings back 8 files, 2 folders down). `setup` installs the carried wheels in
-# .whl/ (Ray, Optuna and what they need beyond the machine's image) when there is no Ray
-# on the machine: Ray's wheel is over the tool's 64 MiB, so it travels as ray.tar.xz
-# without its Java jars, RLlib, Serve, LLM and dashboard UI (made by `wheels` here).
+# device tool brings back 8 files, 2 folders down). Within 30 minutes of device time, in
+# calls of at most 10 minutes (each names `carry: [".whl"]`; `bash benchmarks/gpu_wheels.sh`
+# fetches the wheels here first):
+#   bash benchmarks/gpu_check.sh setup tests; MODELS=gpt2_124m TRUTH_S=320 bash benchmarks/gpu_check.sh truth
+#   MODELS=resnet50 TRUTH_S=540 bash benchmarks/gpu_check.sh setup truth
+#   SPACES=gpu_gpt2 SEARCH_S=540 BUDGET=450 bash benchmarks/gpu_check.sh setup search
+#   SPACES=gpu_resnet50 SEARCH_S=540 BUDGET=450 bash benchmarks/gpu_check.sh setup search
+# then, here, with the files copied into benchmarks/out/gpu/: python benchmarks/gpu_collect.py
+# && python benchmarks/render.py. `setup` installs the carried wheels in .whl/ when there is
+# no Ray on the machine: Ray's wheel is over the tool's 64 MiB, so it travels as
+# ray.tar.xz without its Java jars, RLlib, Serve, LLM and dashboard UI.
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-benchmarks/out/gpu}
@@ -19,8 +24,6 @@ fi
 for stage in "$@"; do
   echo "=== $stage $(date +%T)"
   case $stage in
-    wheels)  # on the CPU machine: fetch the wheels for the GPU machine's Python 3.12
-      bash benchmarks/gpu_wheels.sh ;;
     setup)
       nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
       python3 -c "import torch, ray, optuna; print('torch', torch.__version__, 'ray', ray.__version__, 'optuna', optuna.__version__, 'cuda', torch.cuda.is_available())"
