@@ -68,7 +68,6 @@ def _search(folder: Path, space: str) -> dict | None:
     records = [json.loads(line) for line in trials.read_text().splitlines() if line.strip()]
     summary = json.loads((folder / f"gpu_{space}_summary.json").read_text())
     best = summary["best"]
-    base = [r["samples_per_sec"] for r in records if r.get("phase") == "baseline" and r.get("status") == "ok"]
     pick = [r for r in records if r.get("config") == best["config"] and r.get("status") == "ok"]
     searched = [r for r in records if r.get("phase") == "search"]
 
@@ -77,9 +76,8 @@ def _search(folder: Path, space: str) -> dict | None:
         return statistics.median(xs) if xs else None
 
     out = {"space": f"search_spaces/gpu_{space}.yaml", "configs_measured": len(searched),
-           "measurements": len(records), "baseline_samples_per_sec": statistics.median(base),
-           "pick_samples_per_sec": best["samples_per_sec"],
-           "speedup": best["samples_per_sec"] / statistics.median(base),
+           "measurements": len(records), "baseline_samples_per_sec": summary["baseline"]["samples_per_sec"],
+           "pick_samples_per_sec": best["samples_per_sec"], "speedup": summary["speedup_vs_baseline"],
            "pick": {k: v for k, v in best["config"].items() if k in (
                "precision", "micro_batch_size", "num_workers", "persistent_workers", "pin_memory", "non_blocking",
                "compile", "channels_last", "cudnn_benchmark", "tf32", "fused_optimizer")},

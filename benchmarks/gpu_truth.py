@@ -26,13 +26,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+import truth  # beside this file: bench's command and the rounds' interval, as the CPU truth runs them
 
 ROOT = Path(__file__).resolve().parent.parent
 HF = str(ROOT / "benchmarks" / "hf_workloads.py")
@@ -68,19 +69,12 @@ def resolved_config(space: Path, overrides: dict) -> dict:
     return dict(_bench_request(spec.load(space), ns).config)
 
 
-def run_bench(space: Path, overrides: dict, timeout: int) -> dict:
-    cmd = [sys.executable, "-m", "tuner", "bench", str(space), "--json"]
-    for k, v in overrides.items():
-        cmd += ["--set", f"{k}={json.dumps(v)}"]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
-    lines = [x for x in p.stdout.splitlines() if x.startswith("{")]
-    if p.returncode or not lines:
-        raise RuntimeError(f"bench failed ({p.returncode}): {p.stderr[-800:]}")
-    r = json.loads(lines[-1])
+def run_bench(space: Path, overrides: dict) -> dict:
+    r = truth.run_bench(space, overrides)
     return {"samples_per_sec": r["samples_per_sec"], "steady_samples_per_sec": r.get("steady_samples_per_sec"),
             "epoch_overhead_s": r.get("epoch_overhead_s"), "peak_device_memory_mb": r.get("peak_device_memory_mb"),
             "mfu": r.get("mfu"), "windows": r.get("windows"), "gpu_util_pct": r.get("gpu_util_pct"),
-            "gpu_power_w": r.get("gpu_power_w"), "disturbed_windows": r.get("disturbed_windows")}
+            "gpu_power_w": r.get("gpu_power_w")}
 
 
 def run_plain(ref: str, args: dict, config: dict, timeout: int, epochs: int) -> dict:
@@ -97,31 +91,10 @@ def run_plain(ref: str, args: dict, config: dict, timeout: int, epochs: int) -> 
     return r
 
 
-def interval90(ratios: list[float]) -> list[float] | None:
-    """The 90% confidence interval of the rounds' ratios (geometric mean, t on the logs)."""
-    if len(ratios) < 2:
-        return None
-    from scipy import stats
-
-    logs = [math.log(r) for r in ratios]
-    m, s = statistics.mean(logs), statistics.stdev(logs)
-    h = stats.t.ppf(0.95, len(logs) - 1) * s / math.sqrt(len(logs))
-    return [math.exp(m - h), math.exp(m + h)]
-
-
 def describe_gpu() -> dict:
-    import torch
+    from tuner.hardware import describe, nvml_status
 
-    out = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "cuda": torch.version.cuda,
-           "cudnn": torch.backends.cudnn.version()}
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        out["driver"] = pynvml.nvmlSystemGetDriverVersion()
-    except Exception as exc:  # no NVML: the figure still stands, the driver unknown
-        out["driver"] = f"unknown ({type(exc).__name__})"
-    return out
+    return {**describe(), "nvml": nvml_status()[1]}
 
 
 def main() -> None:
@@ -130,7 +103,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--pick", default=None, help="only these configs per model, by index: 0,2")
     ap.add_argument("--epochs", type=int, default=3, help="whole epochs the plain loop times (0: windows)")
-    ap.add_argument("--timeout", type=int, default=240, help="seconds per run")
+    ap.add_argument("--timeout", type=int, default=240, help="seconds per plain-loop run (bench stops at the space's trial time limit)")
     ap.add_argument("--out", default="benchmarks/out/gpu_truth.json")
     a = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="gpu-truth-"))
@@ -158,17 +131,18 @@ def main() -> None:
                 for side in order:
                     try:
                         if side == "bench":
-                            bench.append(run_bench(space, overrides, a.timeout))
+                            bench.append(run_bench(space, overrides))
                         else:
                             plain.append(run_plain(ref, args, config, a.timeout, a.epochs))
-                    except (RuntimeError, subprocess.TimeoutExpired) as exc:
+                    except (RuntimeError, subprocess.SubprocessError) as exc:
                         print(f"{name} #{i} {side}: {exc}", file=sys.stderr)
             b = [x["samples_per_sec"] for x in bench]
             p = [x["samples_per_sec"] for x in plain]
             ratios = [x / y for x, y in zip(b, p, strict=False)]
             row = {"model": name, "config": configs[i], "resolved": config, "bench": b, "plain": p,
                    "ratio": statistics.median(b) / statistics.median(p) if b and p else None,
-                   "round_ratios": ratios, "interval90": interval90(ratios),
+                   "round_ratios": ratios,
+                   "interval90": list(truth.paired_interval(b[:len(ratios)], p[:len(ratios)])[1:]) if len(ratios) > 1 else None,
                    "bench_peak_device_mb": [x["peak_device_memory_mb"] for x in bench],
                    "plain_peak_device_mb": [x.get("peak_device_memory_mb") for x in plain],
                    "plain_windows": [x["windows_samples_per_sec"] for x in plain],

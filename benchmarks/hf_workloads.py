@@ -78,6 +78,11 @@ class Images(Dataset):
                 "labels": torch.randint(0, self.classes, (), generator=g)}
 
 
+def _own_loss(model, batch):
+    """The model's own loss, the batch (labels included) passed as keyword arguments."""
+    return model(**batch).loss
+
+
 def resnet(size: int = 1024, image: int = 64, classes: int = 10) -> Workload:
     """A small ResNet (``ResNetForImageClassification`` from a config), its own loss."""
 
@@ -88,10 +93,7 @@ def resnet(size: int = 1024, image: int = 64, classes: int = 10) -> Workload:
                            layer_type="basic", num_labels=classes)
         return ResNetForImageClassification(cfg)
 
-    def loss(model, batch):
-        return model(**batch).loss
-
-    return Workload(model=model, dataset=lambda: Images(size, image, classes), loss=loss)
+    return Workload(model=model, dataset=lambda: Images(size, image, classes), loss=_own_loss)
 
 
 def resnet50(size: int = 4096, image: int = 224, classes: int = 1000) -> Workload:
@@ -104,8 +106,5 @@ def resnet50(size: int = 4096, image: int = 224, classes: int = 1000) -> Workloa
 
         return ResNetForImageClassification(ResNetConfig(num_labels=classes))
 
-    def loss(model, batch):
-        return model(**batch).loss
-
-    return Workload(model=model, dataset=lambda: Images(size, image, classes), loss=loss,
+    return Workload(model=model, dataset=lambda: Images(size, image, classes), loss=_own_loss,
                     flops_per_sample=3 * 2 * 4.1e9 * (image / 224) ** 2)

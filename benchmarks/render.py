@@ -166,7 +166,8 @@ def _framework_speed(data: dict) -> list[str]:
 
 def _gpu(data: dict) -> list[str]:
     hw, t = data["hardware"], data["tests"]
-    out = [f"{hw.get('gpu')}, driver {hw.get('driver')}, torch {hw.get('torch')} (CUDA {hw.get('cuda')}, "
+    nvml = hw.get("nvml") or f"driver {hw.get('driver')}"  # nvml: "driver X, N device(s)"
+    out = [f"{hw.get('gpu')}, {nvml}, torch {hw.get('torch')} (CUDA {hw.get('cuda')}, "
            f"cuDNN {hw.get('cudnn')}), 16 CPU cores; Ray 2.60, Optuna 5.0. Repeat on a lent GPU with the "
            "command above (`benchmarks/gpu_wheels.sh` fetches the wheels that machine lacks).", "",
            f"**Tests** (`tests/test_gpu.py`): {t['passed']} passed, {t['failed']} failed; log in `{t['log']}`."]

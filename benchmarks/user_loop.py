@@ -103,13 +103,13 @@ def main() -> None:
             torch.cuda.synchronize()
         return time.perf_counter()
 
+    def nhwc(b):
+        return b.contiguous(memory_format=torch.channels_last) if torch.is_tensor(b) and b.dim() == 4 else b
+
     def step(batch) -> None:
         if cuda:
             batch = to_device(batch)
         if cl:  # 4-D inputs in the model's memory format, as a user's loop converts them
-            def nhwc(b):
-                return b.contiguous(memory_format=torch.channels_last) if torch.is_tensor(b) and b.dim() == 4 else b
-
             if isinstance(batch, (list, tuple)):
                 batch = [nhwc(b) for b in batch]
             elif hasattr(batch, "items"):
