@@ -110,11 +110,13 @@ def test_faulty_trials_are_recorded_and_the_search_finishes(tmp_path, ray_local)
           micro_batch_size: [8, 16, 64]
           precision: [fp32, fp16]
         sampler: grid
-        budget: {{trials: 6, trial_timeout_s: 10}}
+        baseline: {{micro_batch_size: 16}}
+        budget: {{trials: 6, trial_timeout_s: 6}}
         confirm: {{top: 0}}
         """)
     started = time.time() - 1
     summary = run_search(space, results_root=tmp_path / "r", quiet=True)
+    assert ray_local.is_initialized()  # the caller's Ray: run_search leaves it running
     records = [r for r in _records(tmp_path / "r" / "faults") if r["phase"] == "search"]
     assert len(records) == 6
     by = {(r["config"]["micro_batch_size"], r["config"]["precision"]): r for r in records}

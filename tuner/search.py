@@ -135,8 +135,10 @@ def run_search(space: spec.Space, *, results_root: Path, address: str | None = N
             raise Stopped(Stopped.signal_of(exc), str(out)) from None
         finally:
             progress.close()
-            if (started or ray.is_initialized()) and not address:
-                ray.shutdown()  # ends the trials' actors, and with them their processes
+            if started and not address:
+                # ends the trials' actors, and with them their processes; a Ray the caller
+                # started (ray.init before run_search) is the caller's to end
+                ray.shutdown()
 
 
 def _search(space: spec.Space, out: Path, progress: Progress, ray_start_s: float, sessions: int) -> dict:
