@@ -112,73 +112,14 @@ def main():
 
 
 def train(a, c, device, world):
-    if c["torch_threads"]:
-        torch.set_num_threads(c["torch_threads"])
-    if c["malloc_retain"]:  # glibc keeps freed memory for the next step
-        import ctypes
-        import os
-
-        # M_MMAP_THRESHOLD 1 GiB, M_TRIM_THRESHOLD never: the same as starting Python with
-        # MALLOC_MMAP_THRESHOLD_=1073741824 MALLOC_TRIM_THRESHOLD_=18446744073709551615
-        libc = ctypes.CDLL(None)
-        libc.mallopt(-3, 1 << 30)
-        libc.mallopt(-1, -1)
-        os.environ.update(MALLOC_MMAP_THRESHOLD_=str(1 << 30), MALLOC_TRIM_THRESHOLD_=str(2**64 - 1))
-    if device.type == "cuda":
-        torch.backends.cudnn.benchmark = c["cudnn_benchmark"]
-        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = c["tf32"]
-
+    process_settings(c, device)
     wl = load_factory()(**WORKLOAD_ARGS)
-    model = wl.model().to(device)
-    if c["channels_last"]:
-        model = model.to(memory_format=torch.channels_last)
-    if c["activation_checkpointing"]:
-        from torch.utils.checkpoint import checkpoint
-
-        for blocks in [m for m in model.modules() if isinstance(m, torch.nn.ModuleList)]:
-            for block in blocks:
-                block.forward = (lambda f: lambda *x, **k: checkpoint(f, *x, use_reentrant=False, **k))(block.forward)
-    model.train()
-    opt = wl.optimizer(model.parameters()) if wl.optimizer else torch.optim.AdamW(model.parameters(), lr=1e-3)
-    if c["fused_optimizer"]:  # the same optimizer and hyperparameters, fused kernels
-        allowed = inspect.signature(type(opt)).parameters
-        kw = {k: v for k, v in opt.defaults.items() if k in allowed and k not in ("fused", "foreach", "params")}
-        opt = type(opt)(model.parameters(), **kw, fused=True)
-    ddp = None
-    if world > 1:  # DDP before compile, as PyTorch's docs ask
-        from torch.nn.parallel import DistributedDataParallel
-
-        ddp = model = DistributedDataParallel(
-            model, device_ids=[device.index] if device.type == "cuda" else None,
-            bucket_cap_mb=c["ddp_bucket_cap_mb"], gradient_as_bucket_view=c["ddp_gradient_as_bucket_view"],
-            static_graph=c["ddp_static_graph"], find_unused_parameters=FIND_UNUSED)
-        if c["ddp_comm_hook"] != "none":
-            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-
-            model.register_comm_hook(None, getattr(default_hooks, c["ddp_comm_hook"] + "_hook"))
-    if c["compile"] != "off":
-        model = torch.compile(model, mode=None if c["compile"] == "default" else c["compile"])
+    model, ddp, opt = build_model(wl, c, device, world)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(c["precision"])
     scaler = torch.amp.GradScaler(device.type) if c["precision"] == "fp16" else None
-
-    dataset = wl.dataset()
-    kw = {"num_workers": c["num_workers"], "collate_fn": wl.collate}
-    if c["num_workers"] > 0:
-        kw["persistent_workers"] = c["persistent_workers"]
-        if c["prefetch_factor"]:
-            kw["prefetch_factor"] = c["prefetch_factor"]
-    if device.type == "cuda":
-        kw["pin_memory"] = c["pin_memory"]
-    bs = c["micro_batch_size"]
-    if c["batch_grouping"] == "by_source" and wl.groups:
-        loader = torch.utils.data.DataLoader(dataset, batch_sampler=BySource(wl.groups(dataset), bs), **kw)
-    elif world > 1:  # each rank its own shard
-        sampler = torch.utils.data.DistributedSampler(dataset, shuffle=True, drop_last=True)
-        loader = torch.utils.data.DataLoader(dataset, batch_size=bs, sampler=sampler, drop_last=True, **kw)
-    else:
-        loader = torch.utils.data.DataLoader(dataset, batch_size=bs, shuffle=True, drop_last=True, **kw)
-    non_blocking = c["non_blocking"] and device.type == "cuda"
+    loader = make_loader(wl, c, device, world)
     accum = c["grad_accum_steps"]
+    non_blocking = c["non_blocking"] and device.type == "cuda"
 
     def batches():
         for epoch in range(a.epochs if a.steps is None else 10**9):  # --steps: as many epochs as it takes
@@ -211,13 +152,87 @@ def train(a, c, device, world):
             torch.cuda.synchronize()
 
     try:
-        run_steps(a, step, sync, bs, accum, world, device)
+        run_steps(a, step, sync, c["micro_batch_size"], accum, world, device)
     finally:
         # DataLoader workers shut down before the process group goes (persistent ones
         # are held by the loader, not by the generator)
         it.close()
         if getattr(loader, "_iterator", None) is not None:
             loader._iterator._shutdown_workers()
+
+
+def process_settings(c, device):
+    """Threads, the allocator and backend flags: before any kernel runs."""
+    if c["torch_threads"]:
+        torch.set_num_threads(c["torch_threads"])
+    if c["malloc_retain"]:  # glibc keeps freed memory for the next step
+        import ctypes
+        import os
+
+        # M_MMAP_THRESHOLD 1 GiB, M_TRIM_THRESHOLD never: the same as starting Python with
+        # MALLOC_MMAP_THRESHOLD_=1073741824 MALLOC_TRIM_THRESHOLD_=18446744073709551615
+        libc = ctypes.CDLL(None)
+        libc.mallopt(-3, 1 << 30)
+        libc.mallopt(-1, -1)
+        os.environ.update(MALLOC_MMAP_THRESHOLD_=str(1 << 30), MALLOC_TRIM_THRESHOLD_=str(2**64 - 1))
+    if device.type == "cuda":
+        torch.backends.cudnn.benchmark = c["cudnn_benchmark"]
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = c["tf32"]
+
+
+def build_model(wl, c, device, world):
+    """The model on its device, its memory format, checkpointing, the optimizer over the
+    eager module, DDP, then compile over the final module."""
+    model = wl.model().to(device)
+    if c["channels_last"]:
+        model = model.to(memory_format=torch.channels_last)
+    if c["activation_checkpointing"]:
+        from torch.utils.checkpoint import checkpoint
+
+        for blocks in [m for m in model.modules() if isinstance(m, torch.nn.ModuleList)]:
+            for block in blocks:
+                block.forward = (lambda f: lambda *x, **k: checkpoint(f, *x, use_reentrant=False, **k))(block.forward)
+    model.train()
+    opt = wl.optimizer(model.parameters()) if wl.optimizer else torch.optim.AdamW(model.parameters(), lr=1e-3)
+    if c["fused_optimizer"]:  # the same optimizer and hyperparameters, fused kernels
+        allowed = inspect.signature(type(opt)).parameters
+        kw = {k: v for k, v in opt.defaults.items() if k in allowed and k not in ("fused", "foreach", "params")}
+        opt = type(opt)(model.parameters(), **kw, fused=True)
+    ddp = None
+    if world > 1:  # DDP before compile, as PyTorch's docs ask
+        from torch.nn.parallel import DistributedDataParallel
+
+        ddp = model = DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None,
+            bucket_cap_mb=c["ddp_bucket_cap_mb"], gradient_as_bucket_view=c["ddp_gradient_as_bucket_view"],
+            static_graph=c["ddp_static_graph"], find_unused_parameters=FIND_UNUSED)
+        if c["ddp_comm_hook"] != "none":
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+            model.register_comm_hook(None, getattr(default_hooks, c["ddp_comm_hook"] + "_hook"))
+    if c["compile"] != "off":
+        model = torch.compile(model, mode=None if c["compile"] == "default" else c["compile"])
+    return model, ddp, opt
+
+
+def make_loader(wl, c, device, world):
+    dataset = wl.dataset()
+    kw = {"num_workers": c["num_workers"], "collate_fn": wl.collate}
+    if c["num_workers"] > 0:
+        kw["persistent_workers"] = c["persistent_workers"]
+        if c["prefetch_factor"]:
+            kw["prefetch_factor"] = c["prefetch_factor"]
+    if device.type == "cuda":
+        kw["pin_memory"] = c["pin_memory"]
+    bs = c["micro_batch_size"]
+    if c["batch_grouping"] == "by_source" and wl.groups:
+        loader = torch.utils.data.DataLoader(dataset, batch_sampler=BySource(wl.groups(dataset), bs), **kw)
+    elif world > 1:  # each rank its own shard
+        sampler = torch.utils.data.DistributedSampler(dataset, shuffle=True, drop_last=True)
+        loader = torch.utils.data.DataLoader(dataset, batch_size=bs, sampler=sampler, drop_last=True, **kw)
+    else:
+        loader = torch.utils.data.DataLoader(dataset, batch_size=bs, shuffle=True, drop_last=True, **kw)
+    return loader
 
 
 def run_steps(a, step, sync, bs, accum, world, device):
