@@ -27,12 +27,31 @@ def _space(tmp_path, text, measure=FAST):
     return spec.load(p)
 
 
-@pytest.fixture
-def ray_local():
+@pytest.fixture(scope="module")
+def _module_ray():
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture
+def ray_local(_module_ray):
+    """One local Ray shared by this module's tests that can share it (a start and a
+    shutdown cost ~5 s here, and its workers keep their trial forkservers); a test that
+    needs its own Ray (``no_ray``) ends it first, and the next test starts another."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield ray
+
+
+@pytest.fixture
+def no_ray():
+    """No Ray in this process: the test starts its own."""
+    import ray
+
     ray.shutdown()
 
 
@@ -40,7 +59,7 @@ def _records(out: Path):
     return [json.loads(x) for x in (out / "trials.jsonl").read_text().splitlines()]
 
 
-def test_end_to_end_on_a_builtin_workload(tmp_path):
+def test_end_to_end_on_a_builtin_workload(tmp_path, no_ray):
     space = _space(tmp_path, """\
         name: e2e
         workload: conv
@@ -181,7 +200,7 @@ def test_two_objectives_write_a_pareto_front_and_a_memory_cap_excludes(tmp_path,
     assert any("exceeds max_memory_mb" in r["reason"] for r in summary["infeasible"])
 
 
-def test_a_local_ray_starts_without_the_parts_a_search_never_reads():
+def test_a_local_ray_starts_without_the_parts_a_search_never_reads(no_ray):
     """No log monitor (it reads Ray's log files every 0.1 s, for drivers that want
     workers' output; a search does not), no autoscaler monitor, metrics off, the raylet's timers rarer: CPU
     beside every trial otherwise."""
@@ -228,6 +247,7 @@ def logical_gpu_cluster():
     import ray
     from ray.cluster_utils import Cluster
 
+    ray.shutdown()  # a shared local Ray: the placement tests' driver joins this cluster
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 3, "num_gpus": 2})
     cluster.add_node(num_cpus=3, num_gpus=2)
     yield cluster
@@ -359,6 +379,7 @@ def test_a_sigterm_that_lands_while_ray_waits_still_reads_as_sigterm(ray_local):
         timer.cancel()
         restore()
         Stopped.received = None
+        ray_local.shutdown()  # the task still sleeps: the next test gets a Ray of its own
 
 
 def test_placement_on_logical_gpus_across_two_nodes(tmp_path, logical_gpu_cluster):
