@@ -86,12 +86,16 @@ def _generic(data: Any, prefix: str = "", depth: int = 0, lines: list | None = N
 def _search_replay(data: dict) -> list[str]:
     budgets = data["budgets"]
     out = [f"{data['seeds']} seeds per landscape ({data['gp_seeds']} for the GP sampler); each cell is the pick's "
-           f"recorded figure over the landscape's best: median / 10th percentile. The tuner tries N configs and "
-           f"re-measures the top ones after; stock TPE tries N and reports its best single figure.", ""]
+           f"rate over the landscape's best: median / 10th percentile. A config's rate is the mean of its three "
+           f"figures where every config within 10% of the landscape's best was measured three times on one host "
+           f"(\"means\"), and its first figure otherwise (\"first figures\"): the best config's first figure is "
+           f"the luckiest draw of many. The tuner tries N configs and re-measures the top ones after; stock TPE "
+           f"tries N and reports its best single figure.", ""]
     for name, strategies in data["results"].items():
         info = data["landscapes"][name]
+        judged = f"; judged by {info['judge']}" if info.get("judge") else ""
         out += [f"**{name}** ({info['configs']} configs, repeat CV {info['repeat_cv']:.3f}; "
-                f"{(info.get('hardware') or {}).get('cpu', '?')}, measured {info.get('measured')})", "",
+                f"{(info.get('hardware') or {}).get('cpu', '?')}, measured {info.get('measured')}{judged})", "",
                 "| strategy | " + " | ".join(f"{b} configs" for b in budgets) + " |",
                 "|---|" + "---|" * len(budgets)]
         for strategy, row in strategies.items():

@@ -5,9 +5,12 @@ A landscape (``benchmarks/landscapes/<name>.json``, next to its space ``<name>.y
 is the full grid of a space, each config measured once the way a search measures it,
 every timed window kept in order (the first windows hold the start-up transient that
 screening sees), plus a few configs measured three times for the repeat noise. Record
-one (a quiet machine: nothing else running):
+one (a quiet machine: nothing else running), then measure every config within 10% of its
+best twice more (on the same host: the VM's hosts differ by up to 2x), so that the judge
+takes the mean of three figures for each contender (``judged_rates``):
 
     python benchmarks/search_replay.py record benchmarks/landscapes/files.yaml
+    python benchmarks/search_replay.py repeat benchmarks/landscapes/files.yaml
 
 A replayed measurement of a config is its recorded windows, the first ones in their
 recorded order and the rest drawn from its later windows, all times a factor
@@ -24,8 +27,8 @@ stopping rules take (screening, the target error, clearly below the incumbent). 
   (starts, screening, confirm), as the engines the tuner could use instead;
 - ``random``: random configs in the tuner's flow.
 
-Reported per landscape and number of configs (6, 8, 12, 16, 24): the pick's recorded
-figure over the landscape's best, median and 10th percentile over the seeds; and the
+Reported per landscape and number of configs (6, 8, 12, 16, 24): the pick's judged
+rate over the landscape's best, median and 10th percentile over the seeds; and the
 screening false-negative rate: the share of screened configs whose recorded figure is
 within 3% of the final pick's.
 
@@ -49,6 +52,7 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import optuna
 
@@ -64,6 +68,7 @@ from tuner.study import Canonical, SearchSpace  # noqa: E402
 HERE = Path(__file__).parent
 LANDSCAPES = HERE / "landscapes"
 BUDGETS = (6, 8, 12, 16, 24)
+REPEAT_BAND = 0.9  # configs within this of a landscape's best are measured three times
 STRATEGIES = ("tuner", "stock-tpe", "tpe-mv", "gp", "random")
 
 
@@ -74,19 +79,12 @@ def record(space_path: Path, repeats: int = 4) -> Path:
     """Measure every distinct config of the space once (as a trial does), then ``repeats``
     configs two more times (the best two and two others) for the repeat noise."""
     from tuner.hardware import cpu_has_bf16, describe
-    from tuner.trial import make_request, run_isolated
 
     space = spec.load(space_path)
     ctx = context(space)
     canon, ss = Canonical(space, ctx), SearchSpace(space, ctx)
     settings = space.model.measure.model_dump()
-
-    def measure(config: dict) -> dict:
-        req = make_request(workload=space.model.workload, workload_args=space.model.workload_args,
-                           base_dir=str(space.base_dir), config=space.derive({**space.fixed, **config}),
-                           device="cpu", measure=settings, run=space.model.run.model_dump())
-        return run_isolated(req, timeout_s=600)
-
+    measure = _measurer(space)
     grid, seen, t0 = [], set(), time.time()
     combos = list(itertools.product(*space.searched.values()))
     for i, values in enumerate(combos):
@@ -117,6 +115,43 @@ def record(space_path: Path, repeats: int = 4) -> Path:
     return out
 
 
+def _measurer(space: spec.Space) -> Any:
+    from tuner.trial import make_request, run_isolated
+
+    def measure(config: dict) -> dict:
+        req = make_request(workload=space.model.workload, workload_args=space.model.workload_args,
+                           base_dir=str(space.base_dir), config=space.derive({**space.fixed, **config}),
+                           device="cpu", measure=space.model.measure.model_dump(), run=space.model.run.model_dump())
+        return run_isolated(req, timeout_s=600)
+
+    return measure
+
+
+def repeat(space_path: Path, within: float = REPEAT_BAND) -> Path:
+    """Measure two more times every config of a recorded landscape whose figure is within
+    ``within`` of its best and has no repeats yet: the judge's rate of a config is the
+    mean of its figures, so every contender for the best needs the same three."""
+    from tuner.hardware import cpu_has_bf16, describe
+
+    path = space_path.with_suffix(".json")
+    landscape = json.loads(path.read_text())
+    measure = _measurer(spec.load(space_path))
+    best = max(g["samples_per_sec"] or 0 for g in landscape["grid"])
+    done = {json.dumps(r["config"], sort_keys=True) for r in landscape.get("repeats", [])}
+    todo = [g for g in landscape["grid"] if (g["samples_per_sec"] or 0) >= within * best
+            and json.dumps(g["config"], sort_keys=True) not in done]
+    for g in todo:
+        figures = [g["samples_per_sec"]] + [measure(g["config"]).get("samples_per_sec") for _ in range(2)]
+        landscape.setdefault("repeats", []).append({"config": g["config"], "samples_per_sec": figures})
+        print(f"  repeat {g['config']}: {[round(f or 0, 1) for f in figures]}", flush=True)
+    landscape.setdefault("repeats_added", []).append({
+        "date": time.strftime("%Y-%m-%d %H:%M"), "within": within, "configs": len(todo),
+        "hardware": {**describe(), "cpu_has_bf16": cpu_has_bf16()}})
+    path.write_text(json.dumps(landscape, indent=1))
+    print(f"wrote {path} ({len(todo)} configs repeated)")
+    return path
+
+
 def context(space: spec.Space, bf16_native: bool | None = None) -> knobs.Context:
     """The search's knob context on the machine that measured the landscape."""
     from tuner.trial import make_request, resolve_config
@@ -139,6 +174,23 @@ def repeat_cv(landscape: dict) -> float:
 # ---- the replayed machine ----------------------------------------------------------------
 
 
+
+def judged_rates(landscape: dict, canon: Canonical, ss: SearchSpace) -> dict:
+    """Each config's rate as the judge takes it. The best config's first figure is the
+    luckiest draw of many (the winner's curse: repeated, the best configs of the grids read
+    0.91-1.01 of it), so where every config within ``REPEAT_BAND`` of the best has three
+    figures on one host (``repeat``), a config's rate is their mean; otherwise every
+    config's is its first figure (means for a few and first figures for the rest would
+    judge the two kinds differently)."""
+    first = {canon(ss.active(g["config"])): g["samples_per_sec"] or 0.0 for g in landscape["grid"]}
+    repeated = {canon(ss.active(r["config"])): [x for x in r["samples_per_sec"] if x]
+                for r in landscape.get("repeats", [])}
+    best = max(first.values())
+    if not all(repeated.get(k) for k, v in first.items() if v >= REPEAT_BAND * best):
+        return first
+    return {k: statistics.mean(repeated[k]) if repeated.get(k) else v for k, v in first.items()}
+
+
 class Machine:
     """Measurements drawn from a landscape, for one seed."""
 
@@ -148,13 +200,14 @@ class Machine:
         self.truth = {}
         for g in landscape["grid"]:
             self.truth[canon(ss.active(g["config"]))] = g
-        self.optimum = max(g["samples_per_sec"] or 0 for g in landscape["grid"])
+        self.rate = judged_rates(landscape, canon, ss)
+        self.optimum = max(self.rate.values())
         self.cv = repeat_cv(landscape)
         self.settings = landscape["measure"]
         self.rng = random.Random(seed)
 
     def value(self, key: str) -> float:
-        return self.truth[key]["samples_per_sec"] or 0.0
+        return self.rate[key]
 
     def measure(self, key: str, config: dict, screen: dict | None = None, windows: int | None = None) -> dict:
         g = self.truth[key]
@@ -180,7 +233,7 @@ class Machine:
         # measurement reports its windows' median, as the trial does)
         body = rates[self.TRANSIENT:]
         figure = (statistics.median(rates) if screened or not body else
-                  g["samples_per_sec"] * factor * statistics.median(body) / (statistics.median(steady) * factor))
+                  self.rate[key] * factor * statistics.median(body) / (statistics.median(steady) * factor))
         return {"key": key, "config": config, "status": "ok", "samples_per_sec": figure,
                 "samples_per_sec_error": median_error(rates) if len(rates) > 1 else 0.05,
                 "screened": screened}
@@ -324,6 +377,20 @@ def real_run() -> dict:
             "speedup_vs_baseline": summary["speedup_vs_baseline"]}
 
 
+def _describe() -> dict:
+    from tuner.hardware import describe
+
+    return describe()
+
+
+def judge(name: str) -> str:
+    """How the landscape's rates are judged (``judged_rates``): "means" or "first figures"."""
+    landscape, space, ctx = _load(name)
+    canon, ss = Canonical(space, ctx), SearchSpace(space, ctx)
+    first = {canon(ss.active(g["config"])): g["samples_per_sec"] or 0.0 for g in landscape["grid"]}
+    return "means" if judged_rates(landscape, canon, ss) != first else "first figures"
+
+
 def quantile(values: list[float], q: float) -> float:
     s = sorted(values)
     return s[min(len(s) - 1, max(0, math.ceil(q * len(s)) - 1))]
@@ -334,6 +401,9 @@ def main() -> None:
     sub = ap.add_subparsers(dest="cmd")
     rec = sub.add_parser("record", help="measure a landscape's full grid")
     rec.add_argument("space", nargs="+")
+    rep = sub.add_parser("repeat", help="measure the configs near a landscape's best twice more")
+    rep.add_argument("space", nargs="+")
+    rep.add_argument("--within", type=float, default=REPEAT_BAND, help="configs within this fraction of the best")
     ap.add_argument("--seeds", type=int, default=200)
     ap.add_argument("--gp-seeds", type=int, default=30, help="the GP sampler is slow: fewer seeds")
     ap.add_argument("--landscapes", nargs="*", help="names under benchmarks/landscapes (default: all recorded)")
@@ -348,9 +418,14 @@ def main() -> None:
         for s in a.space:
             record(Path(s))
         return
+    if a.cmd == "repeat":
+        for s in a.space:
+            repeat(Path(s), a.within)
+        return
     if a.real_run_only:
         data = json.loads(Path(a.out).read_text())
         data["real_run"] = real = real_run()
+        data.setdefault("hardware", _describe())
         Path(a.out).write_text(json.dumps(data, indent=1, default=str))
         print(f"quickstart, the real tuner: {real['command_wall_s']:.0f} s to its recommendation; wrote {a.out}")
         return
@@ -397,10 +472,11 @@ def main() -> None:
     Path(a.out).write_text(json.dumps({
         "real_run": real,
         "benchmark": "search_replay", "date": time.strftime("%Y-%m-%d %H:%M"), "command": " ".join(sys.argv),
+        "hardware": _describe(),
         "seeds": a.seeds, "gp_seeds": a.gp_seeds, "budgets": BUDGETS, "wall_s": time.time() - t0,
         "landscapes": {n: {"measured": _load(n)[0].get("measured"), "hardware": _load(n)[0]["hardware"],
-                           "configs": len(_load(n)[0]["grid"]), "repeat_cv": repeat_cv(_load(n)[0])}
-                       for n in names},
+                           "configs": len(_load(n)[0]["grid"]), "repeat_cv": repeat_cv(_load(n)[0]),
+                           "judge": judge(n)} for n in names},
         "results": table}, indent=1, default=str))
     print(f"\nwrote {a.out} ({time.time() - t0:.0f} s)")
 
