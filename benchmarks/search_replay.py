@@ -59,6 +59,7 @@ import optuna
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tuner import apply, knobs, spec  # noqa: E402
+from tuner.hardware import cpu_has_bf16, describe  # noqa: E402
 from tuner.measure import median_error, windows_verdict  # noqa: E402
 from tuner.records import aggregate, best_of, rank, within_noise  # noqa: E402
 from tuner.sampler import GuidedSampler  # noqa: E402
@@ -78,8 +79,6 @@ STRATEGIES = ("tuner", "stock-tpe", "tpe-mv", "gp", "random")
 def record(space_path: Path, repeats: int = 4) -> Path:
     """Measure every distinct config of the space once (as a trial does), then ``repeats``
     configs two more times (the best two and two others) for the repeat noise."""
-    from tuner.hardware import cpu_has_bf16, describe
-
     space = spec.load(space_path)
     ctx = context(space)
     canon, ss = Canonical(space, ctx), SearchSpace(space, ctx)
@@ -131,8 +130,6 @@ def repeat(space_path: Path, within: float = REPEAT_BAND) -> Path:
     """Measure two more times every config of a recorded landscape whose figure is within
     ``within`` of its best and has no repeats yet: the judge's rate of a config is the
     mean of its figures, so every contender for the best needs the same three."""
-    from tuner.hardware import cpu_has_bf16, describe
-
     path = space_path.with_suffix(".json")
     landscape = json.loads(path.read_text())
     measure = _measurer(spec.load(space_path))
@@ -174,21 +171,21 @@ def repeat_cv(landscape: dict) -> float:
 # ---- the replayed machine ----------------------------------------------------------------
 
 
-
-def judged_rates(landscape: dict, canon: Canonical, ss: SearchSpace) -> dict:
-    """Each config's rate as the judge takes it. The best config's first figure is the
-    luckiest draw of many (the winner's curse: repeated, the best configs of the grids read
-    0.91-1.01 of it), so where every config within ``REPEAT_BAND`` of the best has three
-    figures on one host (``repeat``), a config's rate is their mean; otherwise every
-    config's is its first figure (means for a few and first figures for the rest would
-    judge the two kinds differently)."""
+def judged_rates(landscape: dict, canon: Canonical, ss: SearchSpace) -> tuple[dict, str]:
+    """Each config's rate as the judge takes it, and how ("means" or "first figures").
+    The best config's first figure is the luckiest draw of many (the winner's curse:
+    repeated, the best configs of the grids read 0.92-1.01 of it on average), so where
+    every config within ``REPEAT_BAND`` of the best has three figures on one host
+    (``repeat``), a config's rate is their mean; otherwise every config's is its first
+    figure (means for a few and first figures for the rest would judge the two kinds
+    differently)."""
     first = {canon(ss.active(g["config"])): g["samples_per_sec"] or 0.0 for g in landscape["grid"]}
     repeated = {canon(ss.active(r["config"])): [x for x in r["samples_per_sec"] if x]
                 for r in landscape.get("repeats", [])}
     best = max(first.values())
     if not all(repeated.get(k) for k, v in first.items() if v >= REPEAT_BAND * best):
-        return first
-    return {k: statistics.mean(repeated[k]) if repeated.get(k) else v for k, v in first.items()}
+        return first, "first figures"
+    return {k: statistics.mean(repeated[k]) if repeated.get(k) else v for k, v in first.items()}, "means"
 
 
 class Machine:
@@ -200,7 +197,7 @@ class Machine:
         self.truth = {}
         for g in landscape["grid"]:
             self.truth[canon(ss.active(g["config"]))] = g
-        self.rate = judged_rates(landscape, canon, ss)
+        self.rate, _ = judged_rates(landscape, canon, ss)
         self.optimum = max(self.rate.values())
         self.cv = repeat_cv(landscape)
         self.settings = landscape["measure"]
@@ -233,7 +230,7 @@ class Machine:
         # measurement reports its windows' median, as the trial does)
         body = rates[self.TRANSIENT:]
         figure = (statistics.median(rates) if screened or not body else
-                  self.rate[key] * factor * statistics.median(body) / (statistics.median(steady) * factor))
+                  self.rate[key] * statistics.median(body) / statistics.median(steady))  # body holds the factor
         return {"key": key, "config": config, "status": "ok", "samples_per_sec": figure,
                 "samples_per_sec_error": median_error(rates) if len(rates) > 1 else 0.05,
                 "screened": screened}
@@ -377,18 +374,10 @@ def real_run() -> dict:
             "speedup_vs_baseline": summary["speedup_vs_baseline"]}
 
 
-def _describe() -> dict:
-    from tuner.hardware import describe
-
-    return describe()
-
-
 def judge(name: str) -> str:
-    """How the landscape's rates are judged (``judged_rates``): "means" or "first figures"."""
+    """How the landscape's rates are judged (``judged_rates``)."""
     landscape, space, ctx = _load(name)
-    canon, ss = Canonical(space, ctx), SearchSpace(space, ctx)
-    first = {canon(ss.active(g["config"])): g["samples_per_sec"] or 0.0 for g in landscape["grid"]}
-    return "means" if judged_rates(landscape, canon, ss) != first else "first figures"
+    return judged_rates(landscape, Canonical(space, ctx), SearchSpace(space, ctx))[1]
 
 
 def quantile(values: list[float], q: float) -> float:
@@ -425,7 +414,7 @@ def main() -> None:
     if a.real_run_only:
         data = json.loads(Path(a.out).read_text())
         data["real_run"] = real = real_run()
-        data.setdefault("hardware", _describe())
+        data.setdefault("hardware", describe())
         Path(a.out).write_text(json.dumps(data, indent=1, default=str))
         print(f"quickstart, the real tuner: {real['command_wall_s']:.0f} s to its recommendation; wrote {a.out}")
         return
@@ -472,7 +461,7 @@ def main() -> None:
     Path(a.out).write_text(json.dumps({
         "real_run": real,
         "benchmark": "search_replay", "date": time.strftime("%Y-%m-%d %H:%M"), "command": " ".join(sys.argv),
-        "hardware": _describe(),
+        "hardware": describe(),
         "seeds": a.seeds, "gp_seeds": a.gp_seeds, "budgets": BUDGETS, "wall_s": time.time() - t0,
         "landscapes": {n: {"measured": _load(n)[0].get("measured"), "hardware": _load(n)[0]["hardware"],
                            "configs": len(_load(n)[0]["grid"]), "repeat_cv": repeat_cv(_load(n)[0]),

@@ -14,12 +14,11 @@ lines: the model's own loss, batches passed to the model as keyword arguments.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from tuner.errors import UserError, WorkloadError
-from tuner.workloads import Workload
+from tuner.workloads import Workload, copies_of, dataset_factory
 
 
 def hf_workload(model: Any, dataset: Any, *, model_class: Any = None, labels_from: str | None = None,
@@ -44,7 +43,7 @@ def hf_workload(model: Any, dataset: Any, *, model_class: Any = None, labels_fro
         collate, optimizer, flops_per_sample: as in ``tuner.Workload`` (a
             ``DataCollatorWithPadding`` for token lists of unequal length).
     """
-    return Workload(model=_model_factory(model, model_class), dataset=_dataset_factory(dataset),
+    return Workload(model=_model_factory(model, model_class), dataset=dataset_factory(dataset),
                     loss=ModelLoss(labels_from), collate=collate, optimizer=optimizer,
                     flops_per_sample=flops_per_sample)
 
@@ -74,15 +73,11 @@ class ModelLoss:
 
 
 def _model_factory(model: Any, model_class: Any) -> Callable[[], Any]:
-    import torch
-
-    if isinstance(model, torch.nn.Module):
-        template = model
-        return lambda: copy.deepcopy(template)
     if _is_config(model):
         return lambda: _from_config(model, model_class)
-    if callable(model):
-        return model
+    factory = copies_of(model)
+    if factory is not None:
+        return factory
     raise UserError(f"hf_workload: model is a transformers config, a torch.nn.Module or a function that "
                     f"returns one; got {type(model).__name__}")
 
@@ -104,9 +99,3 @@ def _from_config(config: Any, model_class: Any) -> Any:
     if hasattr(model_class, "from_config"):
         return model_class.from_config(config)
     return model_class(config)
-
-
-def _dataset_factory(dataset: Any) -> Callable[[], Any]:
-    if callable(dataset) and not hasattr(dataset, "__getitem__") and not hasattr(dataset, "__iter__"):
-        return dataset
-    return lambda: dataset

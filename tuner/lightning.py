@@ -21,7 +21,6 @@ module the same way for the same reason).
 
 from __future__ import annotations
 
-import copy
 import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -29,7 +28,7 @@ from typing import Any
 import torch
 
 from tuner.errors import UserError, WorkloadError
-from tuner.workloads import Workload
+from tuner.workloads import Workload, copies_of, dataset_factory
 
 
 def lightning_workload(module: Any, *, datamodule: Any = None, dataset: Any = None,
@@ -52,9 +51,12 @@ def lightning_workload(module: Any, *, datamodule: Any = None, dataset: Any = No
     if datamodule is not None:
         dataset, own_collate = _from_datamodule(datamodule)
         collate = collate or own_collate
-    steps = _Steps(_module_factory(module))
-    data = dataset if callable(dataset) and not _is_dataset(dataset) else (lambda: dataset)
-    return Workload(model=steps.model, dataset=data, loss=step_loss, collate=collate,
+    factory = copies_of(module)
+    if factory is None:
+        raise UserError(f"lightning_workload: module is a LightningModule, its class or a function that "
+                        f"returns one; got {type(module).__name__}")
+    steps = _Steps(factory)
+    return Workload(model=steps.model, dataset=dataset_factory(dataset), loss=step_loss, collate=collate,
                     optimizer=steps.optimizer, flops_per_sample=flops_per_sample)
 
 
@@ -140,20 +142,6 @@ def _first_optimizer(conf: Any, name: str) -> torch.optim.Optimizer:
         raise UserError(f"lightning_workload: {name}.configure_optimizers returned {len(found)} optimizers; "
                         f"the tuner's loop steps one")
     return found[0]
-
-
-def _module_factory(module: Any) -> Callable[[], Any]:
-    if isinstance(module, torch.nn.Module):
-        template = module
-        return lambda: copy.deepcopy(template)
-    if callable(module):
-        return module
-    raise UserError(f"lightning_workload: module is a LightningModule, its class or a function that returns "
-                    f"one; got {type(module).__name__}")
-
-
-def _is_dataset(obj: Any) -> bool:
-    return hasattr(obj, "__getitem__") or hasattr(obj, "__iter__")
 
 
 def _from_datamodule(datamodule: Any) -> tuple[Any, Callable[[list], Any] | None]:

@@ -69,6 +69,26 @@ class Workload:
         return self.optimizer(params)
 
 
+def copies_of(model: Any) -> Callable[[], Any] | None:
+    """A function that returns a fresh copy of ``model`` (a ``torch.nn.Module``: each trial
+    trains its own), the function itself when ``model`` is one, None otherwise."""
+    import torch
+
+    if isinstance(model, torch.nn.Module):
+        import copy
+
+        template = model
+        return lambda: copy.deepcopy(template)
+    return model if callable(model) else None
+
+
+def dataset_factory(dataset: Any) -> Callable[[], Any]:
+    """``dataset`` (map-style or iterable) or a function that returns one, as a function."""
+    if callable(dataset) and not hasattr(dataset, "__getitem__") and not hasattr(dataset, "__iter__"):
+        return dataset
+    return lambda: dataset
+
+
 BUILTIN = {
     "conv": "tuner.workloads.builtin:conv",
     "transformer": "tuner.workloads.builtin:transformer",
