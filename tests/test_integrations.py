@@ -124,7 +124,7 @@ def test_dashboard_serves_the_study_on_loopback(searched):
         assert attrs and all({"samples_per_sec", "status"} <= a for a in attrs)
     finally:
         proc.terminate()
-        proc.wait(timeout=30)
+        assert proc.wait(timeout=30) == 0, "SIGTERM did not end the dashboard cleanly"
 
 
 def _chromium() -> str | None:
@@ -156,7 +156,7 @@ def test_dashboard_page_in_headless_chromium_shows_the_study(searched, tmp_path)
         assert "samples_per_sec" in text and "peak_host_memory_mb" in text  # the user attributes
     finally:
         proc.terminate()
-        proc.wait(timeout=30)
+        assert proc.wait(timeout=30) == 0, "SIGTERM did not end the dashboard cleanly"
 
 
 def _wait_for(url: str, timeout_s: float = 60) -> None:

@@ -15,6 +15,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
+from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from tuner.errors import NoWinner, Stopped, UserError, WorkloadError
 
@@ -377,10 +378,34 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
     except ImportError as e:
         raise UserError("dashboard needs optuna-dashboard: pip install optuna-dashboard (or the [dashboard] extra)") from e
     storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(journal)))
+    server = make_server(args.host, args.port, optuna_dashboard.wsgi(storage), handler_class=_QuietHandler)
     print(f"optuna-dashboard for {res.path.name}: http://{args.host}:{args.port}/dashboard/  (Ctrl-C stops it)",
           flush=True)
-    optuna_dashboard.run_server(storage, host=args.host, port=args.port)
+    # Ctrl-C or SIGTERM ends the serving loop between requests. The command's usual stop
+    # raises from the signal handler, which can land inside a finaliser or a library's
+    # ``except`` and be swallowed, leaving the server up; asking the loop to stop cannot.
+    stopping = threading.Event()
+
+    def stop(signum: int, frame: Any) -> None:
+        if not stopping.is_set():
+            stopping.set()
+            threading.Thread(target=server.shutdown, daemon=True).start()
+
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, stop)
+    try:
+        server.serve_forever(poll_interval=0.2)
+    finally:
+        server.server_close()
     return 0
+
+
+class _QuietHandler(WSGIRequestHandler):
+    """wsgiref's handler without a log line per request on stderr."""
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
