@@ -24,6 +24,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
+from meta import stamp  # noqa: E402
 from truth import run_bench, space_file  # noqa: E402  (the same bench runner as truth.py)
 
 CASES = {
@@ -86,7 +87,7 @@ def main() -> None:
             print(f"{workload:<12} {json.dumps(config):<110} bench {b:8.1f}  script {s:8.1f}  ratio {s / b:5.3f}",
                   flush=True)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps({"rounds": a.rounds, "rows": rows}, indent=2))
+    Path(a.out).write_text(json.dumps({**stamp(), "rounds": a.rounds, "rows": rows}, indent=2))
     print(f"wrote {a.out}")
 
 

@@ -8,6 +8,7 @@
 #   MODELS=resnet50 TRUTH_S=540 bash benchmarks/gpu_check.sh setup truth
 #   SPACES=gpu_gpt2 SEARCH_S=540 BUDGET=450 bash benchmarks/gpu_check.sh setup search
 #   SPACES=gpu_resnet50 SEARCH_S=540 BUDGET=450 bash benchmarks/gpu_check.sh setup search
+#   LANDSCAPE=gpu_resnet50 LANDSCAPE_S=500 bash benchmarks/gpu_check.sh setup landscape   (again to finish it)
 # then, here, with the files copied into benchmarks/out/gpu/: python benchmarks/gpu_collect.py
 # && python benchmarks/render.py. `setup` installs the carried wheels in .whl/ when there is
 # no Ray on the machine: Ray's wheel is over the tool's 64 MiB, so it travels as
@@ -53,6 +54,11 @@ if __name__ == '__main__':
     print({k: r.get(k) for k in ('samples_per_sec', 'steady_samples_per_sec', 'step_time_ms', 'epoch_overhead_s',
         'epoch_starts_measured', 'window_steps', 'windows', 'samples_per_sec_windows', 'data_wait_fraction')})
 " 2>&1 | tee "$OUT/sleepy.log" ;;
+    landscape)  # a GPU landscape for the search replay: record (resumes a partial file), then repeat
+      ls=${LANDSCAPE:-gpu_resnet50}
+      timeout "${LANDSCAPE_S:-500}" bash -c "python3 benchmarks/search_replay.py record benchmarks/landscapes/$ls.yaml \
+        --repeats 2 && python3 benchmarks/search_replay.py repeat benchmarks/landscapes/$ls.yaml" 2>&1 | tee "$OUT/$ls.log"
+      cp "benchmarks/landscapes/$ls.json" "$OUT/" ;;
     suite)
       python3 -m pytest -q -x -p no:cacheprovider -m "not slow" 2>&1 | tee "$OUT/suite.log" ;;
   esac

@@ -26,6 +26,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from meta import stamp  # noqa: E402
+
 from tests.helpers import hog_from_first_window  # noqa: E402
 from tuner.hardware import describe  # noqa: E402
 from tuner.trial import make_request, run_isolated  # noqa: E402
@@ -99,7 +101,7 @@ def main() -> None:
     print(f"quiet runs before/after agree (median min/max): {summary['median_quiet_agreement']:.3f}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"machine": describe(), "workload": args.workload, "config": config,
+    out.write_text(json.dumps({**stamp(), "machine": describe(), "workload": args.workload, "config": config,
                                "measure": MEASURE, "hog_s": args.hog_s, "rounds": rounds,
                                "summary": summary}, indent=1))
     print(f"wrote {out}")

@@ -31,6 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 import truth  # noqa: E402  (the plain loop, the bench runner and the interval)
+from meta import stamp  # noqa: E402
 
 
 def main() -> None:
@@ -89,7 +90,7 @@ def main() -> None:
                                                                            for s in runs[f"{side}_{v}"])
             rows.append(row)
             out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(json.dumps({"knob": a.knob, "rounds": a.rounds, "rows": rows}, indent=2))
+            out.write_text(json.dumps({**stamp(), "knob": a.knob, "rounds": a.rounds, "rows": rows}, indent=2))
     print(f"\n{a.knob}: {off} -> {on}, {a.rounds} rounds (medians; paired on/off ratio, 90% interval)")
     print(f"{'workload':<12} {'bench off':>10} {'bench on':>10} {'bench on/off':>22} "
           f"{'plain off':>10} {'plain on':>10} {'plain on/off':>22} {'bench faults off -> on':>22} {'plain faults off -> on':>22}")

@@ -49,9 +49,9 @@ def main() -> None:
     import psutil
     import ray
     import torch
+    from meta import stamp
     from torch.utils.data import DataLoader
 
-    from tuner.hardware import describe
     from tuner.localray import _is_ray_worker, start_local_ray, tuner_processes
     from tuner.workloads import load_workload
 
@@ -159,7 +159,7 @@ def main() -> None:
               f"(90% {math.exp(mean - half):.3f}-{math.exp(mean + half):.3f})  Ray's processes used "
               f"{statistics.median(ray_cores[state]):.3f} cores", flush=True)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps({"hardware": describe(), "workload": a.workload, "size": a.size,
+    Path(a.out).write_text(json.dumps({**stamp(), "workload": a.workload, "size": a.size,
                                        "batch": a.batch, "cycles": a.cycles, "window_steps": n,
                                        "threads": cores, "states": rows}, indent=2))
     print(f"wrote {a.out}")

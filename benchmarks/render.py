@@ -45,7 +45,8 @@ def _when(path: Path, data: dict) -> str:
 def _machine(data: dict) -> str:
     hw = data.get("hardware") or data.get("machine") or {}
     if isinstance(hw, dict):
-        return ", ".join(str(hw[k]) for k in ("cpu", "gpu", "cpu_count") if hw.get(k)) or "?"
+        parts = [str(hw[k]) for k in ("cpu", "gpu") if hw.get(k)]
+        return ", ".join(parts + ([f"{hw['cpu_count']} cores"] if hw.get("cpu_count") else [])) or "?"
     return str(hw)
 
 
@@ -95,7 +96,7 @@ def _search_replay(data: dict) -> list[str]:
         info = data["landscapes"][name]
         judged = f"; judged by {info['judge']}" if info.get("judge") else ""
         out += [f"**{name}** ({info['configs']} configs, repeat CV {info['repeat_cv']:.3f}; "
-                f"{(info.get('hardware') or {}).get('cpu', '?')}, measured {info.get('measured')}{judged})", "",
+                f"{_machine(info)}, measured {info.get('measured')}{judged})", "",
                 "| strategy | " + " | ".join(f"{b} configs" for b in budgets) + " |",
                 "|---|" + "---|" * len(budgets)]
         for strategy, row in strategies.items():

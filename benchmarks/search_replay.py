@@ -78,13 +78,26 @@ STRATEGIES = ("tuner", "stock-tpe", "tpe-mv", "gp", "random")
 
 def record(space_path: Path, repeats: int = 4) -> Path:
     """Measure every distinct config of the space once (as a trial does), then ``repeats``
-    configs two more times (the best two and two others) for the repeat noise."""
+    configs two more times (the best two and two others) for the repeat noise. The file
+    is written after every config, and a recording cut short (a lent GPU's time) goes on
+    where it stopped when run again."""
     space = spec.load(space_path)
-    ctx = context(space)
+    out = space_path.with_suffix(".json")
+    hardware = {**describe(), "cpu_has_bf16": cpu_has_bf16()}
+    ctx = context(space, hardware)
     canon, ss = Canonical(space, ctx), SearchSpace(space, ctx)
     settings = space.model.measure.model_dump()
     measure = _measurer(space)
-    grid, seen, t0 = [], set(), time.time()
+    previous = json.loads(out.read_text()) if out.exists() else {}
+    grid = previous.get("grid", []) if previous.get("partial") else []
+    seen, t0 = {g["key"] for g in grid}, time.time()
+
+    def save(partial: bool, repeated: list) -> None:
+        out.write_text(json.dumps({
+            "space": space_path.name, "measured": previous.get("measured") or time.strftime("%Y-%m-%d %H:%M"),
+            "command": " ".join(sys.argv), "hardware": hardware, "measure": settings, "grid": grid,
+            "repeats": repeated, **({"partial": True} if partial else {})}, indent=1))
+
     combos = list(itertools.product(*space.searched.values()))
     for i, values in enumerate(combos):
         config = ss.active(dict(zip(space.searched, values, strict=True)))
@@ -96,20 +109,17 @@ def record(space_path: Path, repeats: int = 4) -> Path:
         grid.append({"config": config, "key": key, "status": r.get("status"), "reason": r.get("reason"),
                      "samples_per_sec": r.get("samples_per_sec"), "windows": r.get("samples_per_sec_windows"),
                      "trial_wall_s": r.get("trial_wall_s")})
+        save(True, [])
         print(f"  {i + 1}/{len(combos)} {config}: {r.get('samples_per_sec') or 0:.1f} ({time.time() - t0:.0f} s)",
               flush=True)
     ok = sorted((g for g in grid if g["samples_per_sec"]), key=lambda g: -g["samples_per_sec"])
-    chosen = ok[:2] + random.Random(0).sample(ok[2:], min(len(ok) - 2, max(0, repeats - 2)))
+    chosen = ok[:min(2, repeats)] + random.Random(0).sample(ok[2:], min(len(ok) - 2, max(0, repeats - 2)))
     repeated = []
     for g in chosen:
         figures = [g["samples_per_sec"]] + [measure(g["config"]).get("samples_per_sec") for _ in range(2)]
         repeated.append({"config": g["config"], "samples_per_sec": figures})
         print(f"  repeat {g['config']}: {[round(f or 0, 1) for f in figures]}", flush=True)
-    out = space_path.with_suffix(".json")
-    out.write_text(json.dumps({
-        "space": space_path.name, "measured": time.strftime("%Y-%m-%d %H:%M"),
-        "command": " ".join(sys.argv), "hardware": {**describe(), "cpu_has_bf16": cpu_has_bf16()},
-        "measure": settings, "grid": grid, "repeats": repeated}, indent=1))
+    save(False, repeated)
     print(f"wrote {out} ({len(grid)} configs, {time.time() - t0:.0f} s)")
     return out
 
@@ -120,7 +130,8 @@ def _measurer(space: spec.Space) -> Any:
     def measure(config: dict) -> dict:
         req = make_request(workload=space.model.workload, workload_args=space.model.workload_args,
                            base_dir=str(space.base_dir), config=space.derive({**space.fixed, **config}),
-                           device="cpu", measure=space.model.measure.model_dump(), run=space.model.run.model_dump())
+                           device=space.model.device, measure=space.model.measure.model_dump(),
+                           run=space.model.run.model_dump())
         return run_isolated(req, timeout_s=600)
 
     return measure
@@ -140,6 +151,7 @@ def repeat(space_path: Path, within: float = REPEAT_BAND) -> Path:
     for g in todo:
         figures = [g["samples_per_sec"]] + [measure(g["config"]).get("samples_per_sec") for _ in range(2)]
         landscape.setdefault("repeats", []).append({"config": g["config"], "samples_per_sec": figures})
+        path.write_text(json.dumps(landscape, indent=1))  # kept if the run is cut short
         print(f"  repeat {g['config']}: {[round(f or 0, 1) for f in figures]}", flush=True)
     landscape.setdefault("repeats_added", []).append({
         "date": time.strftime("%Y-%m-%d %H:%M"), "within": within, "configs": len(todo),
@@ -149,15 +161,19 @@ def repeat(space_path: Path, within: float = REPEAT_BAND) -> Path:
     return path
 
 
-def context(space: spec.Space, bf16_native: bool | None = None) -> knobs.Context:
-    """The search's knob context on the machine that measured the landscape."""
+def context(space: spec.Space, hardware: dict | None = None) -> knobs.Context:
+    """The search's knob context on the machine that measured the landscape (``hardware``
+    as recorded; None: this machine), so that a GPU landscape replays here as on its GPU."""
     from tuner.trial import make_request, resolve_config
 
     resolved = resolve_config(make_request(workload=space.model.workload, workload_args=space.model.workload_args,
                                            base_dir=str(space.base_dir), device="cpu"))
     ctx = apply.context_for(resolved.device, has_groups=resolved.workload.groups is not None)
-    ctx = dataclasses.replace(ctx, cpu_count=2)  # the landscapes were measured on 2 cores
-    return ctx if bf16_native is None else dataclasses.replace(ctx, bf16_native=bf16_native)
+    hardware = hardware or {}
+    gpu = space.model.device == "cuda"
+    return dataclasses.replace(ctx, device="cuda" if gpu else "cpu",
+                               cpu_count=hardware.get("cpu_count") or ctx.cpu_count,
+                               bf16_native=gpu or hardware.get("cpu_has_bf16", ctx.bf16_native))
 
 
 def repeat_cv(landscape: dict) -> float:
@@ -349,7 +365,7 @@ def _load(name: str) -> tuple[dict, spec.Space, knobs.Context]:
     if name not in _CACHE:
         landscape = json.loads((LANDSCAPES / f"{name}.json").read_text())
         space = spec.load(LANDSCAPES / landscape["space"])
-        ctx = context(space, landscape["hardware"].get("cpu_has_bf16"))
+        ctx = context(space, landscape["hardware"])
         _CACHE[name] = (landscape, space, ctx)
     return _CACHE[name]
 
@@ -390,6 +406,7 @@ def main() -> None:
     sub = ap.add_subparsers(dest="cmd")
     rec = sub.add_parser("record", help="measure a landscape's full grid")
     rec.add_argument("space", nargs="+")
+    rec.add_argument("--repeats", type=int, default=4, help="configs measured twice more (the best two, then random)")
     rep = sub.add_parser("repeat", help="measure the configs near a landscape's best twice more")
     rep.add_argument("space", nargs="+")
     rep.add_argument("--within", type=float, default=REPEAT_BAND, help="configs within this fraction of the best")
@@ -405,7 +422,7 @@ def main() -> None:
     a = ap.parse_args()
     if a.cmd == "record":
         for s in a.space:
-            record(Path(s))
+            record(Path(s), a.repeats)
         return
     if a.cmd == "repeat":
         for s in a.space:

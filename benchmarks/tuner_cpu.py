@@ -177,7 +177,7 @@ def main() -> None:
         print("RESULT " + json.dumps(one(a.one, a.window_s)), flush=True)
         return
 
-    from tuner.hardware import describe
+    from meta import stamp
 
     runs: list[dict] = []
     for cycle in range(a.cycles):
@@ -209,8 +209,8 @@ def main() -> None:
         print(f"{k:<24}" + "".join(f"{table[s][k]:14.4f}" + (f"{woken[s][k]:9.0f}" if k in woken[s] else " " * 9)
                                    for s in table))
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps({"hardware": describe(), "window_s": a.window_s, "cycles": a.cycles,
-                                       "table": table, "wakeups_per_s": woken, "runs": runs, "when": time.strftime("%Y-%m-%d %H:%M")},
+    Path(a.out).write_text(json.dumps({**stamp(), "window_s": a.window_s, "cycles": a.cycles,
+                                       "table": table, "wakeups_per_s": woken, "runs": runs},
                                       indent=2))
     print(f"wrote {a.out}")
 
