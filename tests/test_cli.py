@@ -19,6 +19,23 @@ def tuner(*args, cwd=None, timeout=180):
                           cwd=cwd, timeout=timeout)
 
 
+def in_process(*args, cwd, capsys, monkeypatch):
+    """``python -m tuner ARGS`` as ``__main__`` runs it, in this process: for inputs refused
+    before any work, where a fresh interpreter per case (2 s each here) checks nothing more.
+    The entry point itself is run as a subprocess by every other test here."""
+    from tuner.cli import main
+
+    monkeypatch.chdir(cwd)
+    monkeypatch.setenv("TUNE_DISABLE_SIGINT_HANDLER", "1")  # main() sets it; undone after the test
+    capsys.readouterr()
+    try:
+        code = main(list(args))
+    except SystemExit as exc:  # argparse's refusals exit
+        code = exc.code
+    out = capsys.readouterr()
+    return subprocess.CompletedProcess(args, code, out.out, out.err)
+
+
 def _space(tmp_path, workload, extra=""):
     p = tmp_path / "space.yaml"
     p.write_text(f"name: t\nworkload: {workload}\n" + FAST + textwrap.dedent(extra))
@@ -125,11 +142,11 @@ def _results_folder(tmp_path):
     (["frobnicate"], "invalid choice: 'frobnicate'"),
     ([], "required: command"),
 ])
-def test_flags_are_checked_in_one_place(tmp_path, args, says):
+def test_flags_are_checked_in_one_place(tmp_path, args, says, capsys, monkeypatch):
     space = _space(tmp_path, "conv")
     results = _results_folder(tmp_path)
     argv = [a.format(space=space, results=results, tmp=tmp_path) for a in args]
-    r = tuner(*argv, cwd=tmp_path)
+    r = in_process(*argv, cwd=tmp_path, capsys=capsys, monkeypatch=monkeypatch)
     assert r.returncode == 2, (r.stdout, r.stderr)
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and says in lines[0], r.stderr
@@ -138,13 +155,14 @@ def test_flags_are_checked_in_one_place(tmp_path, args, says):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("text,match", BAD_SPACES)
-def test_every_bad_space_through_the_command_line(tmp_path, text, match):
+def test_every_bad_space_through_the_command_line(tmp_path, text, match, capsys, monkeypatch):
     """What a user sees for each broken space: exit 2, at most 3 lines, no traceback,
     nothing written."""
     import re
 
     (tmp_path / "space.yaml").write_text(text)
-    r = tuner("run", str(tmp_path / "space.yaml"), "--results-dir", str(tmp_path / "results"), cwd=tmp_path)
+    r = in_process("run", str(tmp_path / "space.yaml"), "--results-dir", str(tmp_path / "results"), cwd=tmp_path,
+                   capsys=capsys, monkeypatch=monkeypatch)
     assert r.returncode == 2, (r.stdout, r.stderr)
     lines = r.stderr.strip().splitlines()
     assert 1 <= len(lines) <= 3 and "Traceback" not in r.stderr and re.search(match, r.stderr), r.stderr
@@ -159,7 +177,7 @@ def test_debug_is_accepted_anywhere_and_shows_the_traceback(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("broken", ["summary.json", "meta.json", "space.yaml", "trials.jsonl"])
-def test_a_torn_results_file_is_one_line_naming_it(tmp_path, broken):
+def test_a_torn_results_file_is_one_line_naming_it(tmp_path, broken, capsys, monkeypatch):
     folder = _results_folder(tmp_path)
     (folder / "summary.json").write_text("{}")
     (folder / "meta.json").write_text("{}")
@@ -167,7 +185,7 @@ def test_a_torn_results_file_is_one_line_naming_it(tmp_path, broken):
                                   "space.yaml": "name: [unclosed\n",
                                   "trials.jsonl": "{}\n{}\n"}[broken])
     for command in (["show", str(folder)], ["export", str(folder)], ["report", str(folder)]):
-        r = tuner(*command)
+        r = in_process(*command, cwd=tmp_path, capsys=capsys, monkeypatch=monkeypatch)
         assert r.returncode == 2, (command, r.stderr)
         lines = r.stderr.strip().splitlines()
         assert len(lines) == 1 and broken in lines[0], (command, r.stderr)
@@ -218,3 +236,31 @@ def test_the_workload_is_checked_before_ray_and_before_any_write(tmp_path, extra
     assert r.returncode == 2 and says in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "results").exists()  # nothing written, no Ray started
+
+
+def test_a_stop_swallowed_by_a_finaliser_is_delivered_again(monkeypatch):
+    """SIGTERM whose handler runs inside a finaliser (seen: logging's lock release while
+    Ray started) raises where Python can only print the exception: the stop must still
+    end the command, not be lost while the search runs on."""
+    import signal
+
+    from tuner.cli import _stop_on_signals
+    from tuner.errors import Stopped
+
+    monkeypatch.setenv("TUNE_DISABLE_SIGINT_HANDLER", "1")
+
+    class SignalledWhileFinalised:
+        def __del__(self):
+            signal.raise_signal(signal.SIGTERM)
+            sum(range(1000))  # the handler runs here, inside the finaliser
+
+    restore = _stop_on_signals()
+    try:
+        with pytest.raises(Stopped) as caught:
+            SignalledWhileFinalised()  # finalised at once
+            deadline = time.time() + 5
+            while time.time() < deadline:
+                time.sleep(0.01)
+        assert caught.value.signum == signal.SIGTERM
+    finally:
+        restore()

@@ -600,10 +600,27 @@ def _stop_on_signals() -> Callable[[], None]:
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
     before = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    hook_before = sys.unraisablehook
+
+    def redeliver(unraisable: Any) -> None:
+        # The handler runs wherever the main thread is, and where an exception cannot
+        # propagate (a finaliser, logging's lock release after a fork) Python prints it
+        # and goes on: the stop would be lost and the search run to its end. The signal is
+        # sent again a moment later, from another thread (sent here, its handler would run
+        # inside this hook, which swallows too), to land where it can unwind.
+        if isinstance(unraisable.exc_value, Stopped):
+            again = threading.Timer(0.05, os.kill, (os.getpid(), unraisable.exc_value.signum))
+            again.daemon = True
+            again.start()
+            return
+        hook_before(unraisable)
+
+    sys.unraisablehook = redeliver
 
     def restore() -> None:
         for signum, handler in before.items():
             signal.signal(signum, handler)
+        sys.unraisablehook = hook_before
 
     return restore
 
