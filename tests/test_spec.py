@@ -175,3 +175,29 @@ def test_on_a_cpu_the_guides_start_takes_the_largest_micro_batch_listed(tmp_path
         constraints: {effective_batch_size: 128}
         """)
     assert [(p["micro_batch_size"], p["grad_accum_steps"]) for p in fixed.start_points(cpu)] == [(16, 8), (64, 2)]
+
+
+def test_on_a_cpu_the_starts_cover_each_split_of_the_cores(tmp_path):
+    """Threads and DataLoader workers share the cores, and which split wins depends on the
+    workload: after the guides' split (1 worker, the threads it leaves), the search starts
+    every core on threads with the fewest workers, and the most workers listed with the
+    guides' threads (workers tolerate sharing cores: a conv net's best on 2 cores had 2)."""
+    from tuner import knobs
+
+    s = _load(tmp_path, """\
+        name: t
+        workload: conv
+        knobs:
+          torch_threads: [1, 2]
+          num_workers: [0, 1, 2]
+        """)
+    starts = s.start_points(knobs.Context(device="cpu", cpu_count=2))
+    assert [(p["torch_threads"], p["num_workers"]) for p in starts][1:] == [(1, 1), (2, 0), (1, 2)]
+    no_more = _load(tmp_path, """\
+        name: t
+        workload: conv
+        knobs:
+          torch_threads: [1, 2]
+          num_workers: [0, 1]
+        """)
+    assert len(no_more.start_points(knobs.Context(device="cpu", cpu_count=2))) == 3

@@ -191,10 +191,13 @@ class Space:
 
     def start_points(self, ctx: knobs.Context) -> list[dict]:
         """The guided search's first configs: PyTorch's defaults, the guides' advice, and on
-        CPUs where both threads and workers are searched, the advice with the other split
+        CPUs where both threads and workers are searched, the advice with the other splits
         of the cores (threads and workers share them, and which side wins depends on the
         workload: of 9 landscapes recorded on 2 cores, 4 were best with 1 thread and
-        workers, 3 with 2 threads and no worker, 2 with 2 threads and 1 worker).
+        workers, 3 with 2 threads and no worker, 2 with 2 threads and 1 worker): every core
+        to threads with the fewest workers, and, where the advice has the fewest threads,
+        the most workers listed (workers tolerate sharing cores; a conv net on 2 cores was
+        best with 2, which a search starting from 1 worker rarely reached).
 
         On a CPU the advice starts at the largest micro-batch listed (the guides: a small
         batch leaves the device underused; a larger one spreads each step's fixed costs
@@ -216,6 +219,8 @@ class Space:
             else:
                 other.update(torch_threads=min(threads), num_workers=max(workers))
             starts.append(self.derive(other))
+            if rec["torch_threads"] == min(threads) and max(workers) > rec["num_workers"]:
+                starts.append(self.derive({**rec, "num_workers": max(workers)}))
         return starts
 
     def default_point(self, ctx: knobs.Context) -> dict:
