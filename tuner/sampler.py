@@ -3,8 +3,8 @@ the config a model of the measurements so far expects to improve on the best one
 
 Strategy (DESIGN.md, "Searching well with few trials"): the first trials are the given
 starting points (PyTorch's defaults, the guides' recommended config, and on CPUs the
-same advice with the other split of the cores between intra-op threads and DataLoader
-workers). Each next trial is the untried config of highest expected improvement under
+same advice with the other splits of the cores between intra-op threads and DataLoader
+workers: ``Space.start_points``). Each next trial is the untried config of highest expected improvement under
 a Bayesian ridge model of log-throughput: one effect per (knob, value), one per pair of
 knob values, and, on CPUs, a term for intra-op threads that DataLoader workers leave
 without cores (``oversubscription``). Pairs are shrunk harder than single knobs, so that

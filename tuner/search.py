@@ -8,7 +8,7 @@ Order of a search:
 4. ``Tuner.fit`` with ``OptunaSearch`` (our ``GuidedSampler`` by default, Optuna's
    study kept in a journal file); the first trials are PyTorch's defaults in the
    optimized loop and the guides' recommended config (and, on CPUs, the same with the
-   other split of the cores); one trial per config,
+   other splits of the cores); one trial per config,
    resources from the config;
    every trial runs in its own process (``tuner.trial.run_isolated``) so that a
    hang, crash or OOM is a result, and is written to ``trials.jsonl`` as it lands;
