@@ -202,8 +202,7 @@ def main() -> None:
     a = ap.parse_args()
 
     import ray
-
-    from tuner.hardware import describe
+    from meta import stamp
 
     kinds = a.frameworks.split(",")
     tmp = Path(tempfile.mkdtemp(prefix="framework-speed-"))
@@ -240,9 +239,7 @@ def main() -> None:
         for k, f in row["frameworks"].items():
             print(f"{row['workload']:<12} {k:<10} {f['pick_over_tuner']:>10.3f} {f['default_over_tuner']:>13.3f} "
                   f"{f['realized_speedup']:>9.2f} {row['promised_speedup']:>9.2f} {f['realized_over_promised']:>6.3f}")
-    out = {"date": time.strftime("%Y-%m-%d %H:%M"), "hardware": describe(),
-           "command": "python benchmarks/framework_speed.py " + " ".join(sys.argv[1:]),
-           "rounds": a.rounds, "epochs": a.epochs, "warmup": a.warmup, "rows": rows}
+    out = {**stamp(), "rounds": a.rounds, "epochs": a.epochs, "warmup": a.warmup, "rows": rows}
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(out, indent=2))
     print(f"wrote {a.out}")

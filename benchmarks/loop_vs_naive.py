@@ -23,15 +23,14 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
+from meta import stamp
 from torch.utils.data import default_collate
 
 from tuner import apply, knobs
-from tuner.hardware import describe
 from tuner.loop import Trainer, synchronize
 from tuner.trial import make_request, run_isolated
 from tuner.workloads import load_workload
@@ -180,9 +179,7 @@ def main() -> None:
     a = ap.parse_args()
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     results = [run(w, ARGS.get(w, {}), a.repeats, Path(a.out).parent / "results") for w in a.workloads.split(",")]
-    Path(a.out).write_text(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M"),
-                                       "command": "python benchmarks/loop_vs_naive.py " + " ".join(sys.argv[1:]),
-                                       "hardware": describe(), "measure": MEASURE, "results": results},
+    Path(a.out).write_text(json.dumps({**stamp(), "measure": MEASURE, "results": results},
                                       indent=2, default=str))
     print(f"\n{'workload':<12} {'naive':>8} {'good':>8} {'limit':>8} {'good/naive':>10} {'good/limit':>10} "
           f"{'steady/limit':>12} {'cv':>6}")

@@ -29,7 +29,6 @@ import argparse
 import json
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -146,8 +145,7 @@ def main() -> None:
     a = ap.parse_args()
 
     import ray
-
-    from tuner.hardware import describe
+    from meta import stamp
 
     tmp = Path(tempfile.mkdtemp(prefix="search-cost-"))
     ray.init(include_dashboard=False, log_to_driver=False, logging_level="ERROR")
@@ -210,9 +208,7 @@ def main() -> None:
                   , flush=True)
             # after every workload: a long run stopped part-way keeps what it measured
             Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-            Path(a.out).write_text(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M"), "hardware": describe(),
-                                               "command": "python benchmarks/search_cost.py " + " ".join(sys.argv[1:]),
-                                               "rows": rows}, indent=2, default=str))
+            Path(a.out).write_text(json.dumps({**stamp(), "rows": rows}, indent=2, default=str))
     finally:
         ray.shutdown()
     print(f"\n{'workload':<12} {'trials':>6} {'tuner s':>8} {'stock s':>8} {'wall ratio':>10} {'screened':>8} "

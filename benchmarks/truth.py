@@ -638,7 +638,7 @@ def main() -> None:
         print(json.dumps(plain_loop(*json.loads(a.plain))))
         return
 
-    from tuner.hardware import describe
+    from meta import stamp
 
     cases = GPU_CASES if a.device == "cuda" else CASES
     overrides = {k: json.loads(v) for k, v in (x.split("=", 1) for x in a.set)}
@@ -650,9 +650,7 @@ def main() -> None:
 
     def save() -> None:  # after every row: an interrupted run keeps what it measured
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.out).write_text(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M"), "hardware": describe(),
-                                           "command": "python benchmarks/truth.py " + " ".join(sys.argv[1:]),
-                                           "tolerance": a.tolerance, "rounds": a.rounds, "plain_epochs": a.epochs,
+        Path(a.out).write_text(json.dumps({**stamp(), "tolerance": a.tolerance, "rounds": a.rounds, "plain_epochs": a.epochs,
                                            "rows": rows, "across_rows": across_rows(rows, a.tolerance),
                                            "persistence": persistence, "search": search_rows},
                                           indent=2, default=str))
