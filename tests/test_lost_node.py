@@ -53,7 +53,10 @@ def test_nodes_lost_during_a_search_idle_mid_trial_and_all_of_them(tmp_path, mon
     from ray._private.state import available_resources_per_node
     from ray.cluster_utils import Cluster
 
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 0})
+    # Ray declares a node dead after missed health checks (by default 5 of one every 3 s,
+    # over 15 s per lost node): checked every 0.5 s here, a lost node is seen in ~2 s.
+    quick_death = {"health_check_period_ms": 500, "health_check_timeout_ms": 500, "health_check_failure_threshold": 3}
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 0, "_system_config": quick_death})
     gpu_nodes = {n.node_id: n for n in (cluster.add_node(num_cpus=2, num_gpus=1) for _ in range(2))}
     out = tmp_path / "r" / "lost"
     space = _space(tmp_path, f"""\
@@ -66,7 +69,7 @@ def test_nodes_lost_during_a_search_idle_mid_trial_and_all_of_them(tmp_path, mon
         confirm: {{top: 0}}
         resources: {{max_concurrent: 1}}
         budget: {{trials: 4, trial_timeout_s: 15}}
-        """, measure="measure: {warmup_steps: 2, window_s: 0.5, min_windows: 10, max_windows: 10, max_timed_s: 10}\n")
+        """, measure="measure: {warmup_steps: 2, window_s: 0.3, min_windows: 8, max_windows: 8, max_timed_s: 10}\n")
     monkeypatch.setenv("TUNE_DISABLE_SIGINT_HANDLER", "1")
     ray.shutdown()  # a session another test left: this test's driver joins its own cluster
     ray.init(address=cluster.address, log_to_driver=False)
@@ -78,7 +81,7 @@ def test_nodes_lost_during_a_search_idle_mid_trial_and_all_of_them(tmp_path, mon
         outcome: dict = {}
         searcher = _in_thread(outcome, space=space, results_root=tmp_path / "r", address=cluster.address, quiet=True)
 
-        # 1. the first search trial recorded, the second under way (~6 s): its node holds
+        # 1. the first search trial recorded, the second under way (~5 s): its node holds
         #    its GPU; the other GPU node is idle and is lost
         def busy() -> set:
             free = available_resources_per_node()
