@@ -107,9 +107,9 @@ def test_after_screened_trials_in_a_row_the_incumbent_is_measured_again():
     board = Board(recheck_after=2)
     assert board.screen() is None  # nothing measured yet
     board.update(_full(220.0, {"x": 1}))
-    # 5% at least, and twice the incumbent's own error on top: it is the highest of
-    # several noisy figures, so likely one read high
-    assert board.screen() == {"below": 220.0, "margin": pytest.approx(0.07)}
+    # 10% at least (drift between trials), and twice the incumbent's own error on top:
+    # it is the highest of several noisy figures, so likely one read high
+    assert board.screen() == {"below": 220.0, "margin": pytest.approx(0.12)}
     # the machine slowed: two configs screened out against 220 in a row
     for value in (150.0, 148.0):
         board.update({**_full(value, {"x": 2}), "screened": True})
@@ -144,7 +144,7 @@ def test_after_screened_trials_in_a_row_the_incumbent_is_measured_again():
     noisy = Board()
     noisy.update(_full(100.0, {"x": 1}, error=0.01))
     noisy.update(_full(120.0, {"x": 2}, error=0.06))  # the incumbent now, read on noisy windows
-    assert noisy.screen()["margin"] == pytest.approx(max(0.05, 3 * 0.035) + 2 * 0.06)
+    assert noisy.screen()["margin"] == pytest.approx(3 * 0.035 + 2 * 0.06)  # 3x the median error: over 10%
     never = Board(recheck_after=0)
     never.update(_full(220.0, {"x": 1}))
     for _ in range(5):
