@@ -151,6 +151,10 @@ def _truth_default(data: dict) -> list[str]:
     x = data.get("across_rows")
     if x:
         out += ["", f"Across the rows: {x['geomean']:.3f} (90% {x['interval_90'][0]:.3f}-{x['interval_90'][1]:.3f})."]
+    for loop, y in (data.get("across_loops") or {}).items():
+        if y:
+            out += ["", f"Across the `{loop}` rows ({y['rows']}): {y['geomean']:.3f} "
+                        f"(90% {y['interval_90'][0]:.3f}-{y['interval_90'][1]:.3f})."]
     return out
 
 

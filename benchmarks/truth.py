@@ -563,6 +563,14 @@ def across_rows(rows: list[dict], tolerance: float) -> dict | None:
             "within_tolerance": sum(1 - tolerance <= g <= 1 + tolerance for g in geos)}
 
 
+def across_loops(rows: list[dict], tolerance: float) -> dict:
+    """``across_rows`` for each kind of loop apart: a user's loop and a framework's differ
+    by the framework's own per-step work (Trainer clips the gradients every step), which
+    pooled rows would spread over both."""
+    loops = sorted({r.get("loop", "plain") for r in rows})
+    return {loop: across_rows([r for r in rows if r.get("loop", "plain") == loop], tolerance) for loop in loops}
+
+
 def settled(r: int, a: argparse.Namespace, xs: list[float], ys: list[float]) -> bool:
     """Whether a row stops before round ``r``: ``--rounds`` done, and then as soon as the
     interval of the paired ratios is no longer unresolved (``--max-rounds``)."""
@@ -652,6 +660,7 @@ def main() -> None:
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         Path(a.out).write_text(json.dumps({**stamp(), "tolerance": a.tolerance, "rounds": a.rounds, "plain_epochs": a.epochs,
                                            "rows": rows, "across_rows": across_rows(rows, a.tolerance),
+                                           "across_loops": across_loops(rows, a.tolerance),
                                            "persistence": persistence, "search": search_rows},
                                           indent=2, default=str))
 
