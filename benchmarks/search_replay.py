@@ -58,6 +58,8 @@ import optuna
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from meta import stamp  # noqa: E402
+
 from tuner import apply, knobs, spec  # noqa: E402
 from tuner.hardware import cpu_has_bf16, describe  # noqa: E402
 from tuner.measure import median_error, windows_verdict  # noqa: E402
@@ -477,8 +479,7 @@ def main() -> None:
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps({
         "real_run": real,
-        "benchmark": "search_replay", "date": time.strftime("%Y-%m-%d %H:%M"), "command": " ".join(sys.argv),
-        "hardware": describe(),
+        "benchmark": "search_replay", **stamp(),
         "seeds": a.seeds, "gp_seeds": a.gp_seeds, "budgets": BUDGETS, "wall_s": time.time() - t0,
         "landscapes": {n: {"measured": _load(n)[0].get("measured"), "hardware": _load(n)[0]["hardware"],
                            "configs": len(_load(n)[0]["grid"]), "repeat_cv": repeat_cv(_load(n)[0]),

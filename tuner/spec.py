@@ -213,14 +213,12 @@ class Space:
         threads, workers = self.domain.get("torch_threads"), self.domain.get("num_workers")
         if ctx.device == "cpu" and threads and workers and len(threads) > 1 and len(workers) > 1 \
                 and None not in threads:
-            other = dict(rec)
             if rec["torch_threads"] == min(threads):
-                other.update(torch_threads=max(threads), num_workers=min(workers))
+                starts.append(self.derive({**rec, "torch_threads": max(threads), "num_workers": min(workers)}))
+                if max(workers) > rec["num_workers"]:
+                    starts.append(self.derive({**rec, "num_workers": max(workers)}))
             else:
-                other.update(torch_threads=min(threads), num_workers=max(workers))
-            starts.append(self.derive(other))
-            if rec["torch_threads"] == min(threads) and max(workers) > rec["num_workers"]:
-                starts.append(self.derive({**rec, "num_workers": max(workers)}))
+                starts.append(self.derive({**rec, "torch_threads": min(threads), "num_workers": max(workers)}))
         return starts
 
     def default_point(self, ctx: knobs.Context) -> dict:
