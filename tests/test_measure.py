@@ -52,6 +52,20 @@ def test_windows_are_sized_by_time_when_the_warm_up_only_drains_prefetched_batch
     assert r["samples_per_sec"] == pytest.approx(8 / 0.020, rel=0.25)
 
 
+def test_epochs_shorter_than_a_window_keep_the_window_to_window_s_of_wall_time():
+    # 8 steps an epoch, two DataLoader workers started at each (~30 ms, against ~3 ms of
+    # steps): sized on the steady time alone, a 0.2 s window ran 0.8-0.9 s (0.3 s sized
+    # on its wall time, pauses included), and the trial as long.
+    r = _run("linear", {}, {"micro_batch_size": 8, "num_workers": 2, "persistent_workers": False})
+    assert r["status"] == "ok", r.get("reason")
+    c0, c1 = r["timed_clock_s"]
+    windows = r["windows"] + r["disturbed_windows_dropped"]  # what ran, redos included
+    assert (c1 - c0) / windows < 3 * FAST_MEASURE["window_s"]
+    # the figure still counts the boundaries, which cost most of an epoch here
+    assert r["epoch_overhead_from"] == "pauses" and r["epoch_starts_measured"] >= 3 * r["windows"]
+    assert r["samples_per_sec"] < 0.5 * r["steady_samples_per_sec"]
+
+
 def _plain_epochs(name: str, args: dict, config: dict, epochs: int = 2) -> float:
     """The user's own loop over whole epochs of fixture workload ``name`` (one untimed
     first), in a fresh process as the user's script runs: samples/sec. Not in pytest's

@@ -739,7 +739,11 @@ def _timed_windows(trainer: Trainer, settings: MeasureSettings, plan: WindowPlan
         before = window.boundaries
         redo = bool(busy) and len(t.disturbed) < settings.max_windows
         if not plan.sized and not redo:
-            plan.resize(steps, wall - paused, say)
+            # Epochs shorter than a window put their boundaries in every window: then
+            # window_s is the wall time, pauses included (sized on the steady time alone,
+            # windows of 8-step epochs, a DataLoader worker started at each, ran 10-30x
+            # window_s, and the trial as long). One boundary is the timed phase's start.
+            plan.resize(steps, wall if window.boundaries >= 2 else wall - paused, say)
         if redo:
             t.disturbed.append(_rate(window, t.fetch_s()))
             say(f"window disturbed ({load.other_cores:.2f} cores used outside the trial, "

@@ -20,7 +20,9 @@ class MeasureSettings(Strict):
     """Optimizer steps before timing (compile and worker start happen here)."""
     window_s: float = Field(1.0, gt=0)
     """Target seconds per timed window. The step count is derived from the warm-up, and
-    from the first window when the warm-up read fast (workers' prefetched batches)."""
+    from the first window when the warm-up read fast (workers' prefetched batches). Epoch
+    boundaries' pauses are not counted, except where epochs are shorter than a window:
+    then every window holds boundaries, and this is its wall time."""
     min_windows: int = Field(5, ge=1)
     """The timed phase starts on an epoch start: the first window holds that boundary, the
     second may hold its catch-up, the epoch cost needs two steady windows after them, and
