@@ -21,8 +21,9 @@ def tuner(*args, cwd=None, timeout=180):
 
 def in_process(*args, cwd, capsys, monkeypatch):
     """``python -m tuner ARGS`` as ``__main__`` runs it, in this process: for inputs refused
-    before any work, where a fresh interpreter per case (2 s each here) checks nothing more.
-    The entry point itself is run as a subprocess by every other test here."""
+    before a search starts (a bench's trial still runs in its own process), where a fresh
+    interpreter per case (1-2 s each here) checks nothing more. The entry point itself is
+    run as a subprocess by every other test here."""
     from tuner.cli import main
 
     monkeypatch.chdir(cwd)
@@ -84,10 +85,11 @@ def test_bench_baseline_table(tmp_path):
     ([], f"{FIXTURES}:raises", "raised: RuntimeError: my dataset path does not exist"),
     ([], f"{FIXTURES}:raises_in_loss", "KeyError"),
 ])
-def test_bad_input_is_one_line_and_exit_2(tmp_path, args, workload, match):
+def test_bad_input_is_one_line_and_exit_2(tmp_path, args, workload, match, capsys, monkeypatch):
     import re
 
-    r = tuner("bench", str(_space(tmp_path, workload)), *args)
+    r = in_process("bench", str(_space(tmp_path, workload)), *args, cwd=tmp_path, capsys=capsys,
+                   monkeypatch=monkeypatch)
     assert r.returncode == 2, (r.stdout, r.stderr)
     lines = [x for x in r.stderr.splitlines() if x.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
@@ -225,17 +227,20 @@ def test_two_runs_on_one_name_one_runs_one_is_refused(tmp_path):
     assert phases.count("baseline") == 1 and phases.count("search") == 1  # one search's records
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("extra, workload, says", [
     ("workload_args: {size: big}\n", "conv", "workload_args.size: 'big' is not int"),
     ("", "{fixtures}:not_a_workload", "returned int, not tuner.Workload"),
 ])
-def test_the_workload_is_checked_before_ray_and_before_any_write(tmp_path, extra, workload, says):
+def test_the_workload_is_checked_before_ray_and_before_any_write(tmp_path, extra, workload, says, capsys,
+                                                                 monkeypatch):
+    import ray
+
+    ray.shutdown()  # none in this process: one started by the command would be seen
     space = _space(tmp_path, workload.format(fixtures=FIXTURES), extra)
-    r = tuner("run", str(space), "--trials", "1", cwd=tmp_path)
+    r = in_process("run", str(space), "--trials", "1", cwd=tmp_path, capsys=capsys, monkeypatch=monkeypatch)
     assert r.returncode == 2 and says in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
-    assert not (tmp_path / "results").exists()  # nothing written, no Ray started
+    assert not (tmp_path / "results").exists() and not ray.is_initialized()  # nothing written, no Ray started
 
 
 def test_a_stop_swallowed_by_a_finaliser_is_delivered_again(monkeypatch):
