@@ -155,6 +155,18 @@ def _truth_default(data: dict) -> list[str]:
         if y:
             out += ["", f"Across the `{loop}` rows ({y['rows']}): {y['geomean']:.3f} "
                         f"(90% {y['interval_90'][0]:.3f}-{y['interval_90'][1]:.3f})."]
+    again = data.get("measured_again") or []
+    if again:
+        out += ["", "Rows measured again, with more rounds (each run's machine and command are in the JSON's "
+                    "`measured_again`; `truth.py --again` adds a run there):", "",
+                "| date | workload | config | loop | bench | loop rate | bench / loop | 90% interval | rounds |",
+                "|---|---|---|---|---|---|---|---|---|"]
+        for run in again:
+            for r in run["rows"]:
+                lo, hi = r["paired_interval_90"]
+                out.append(f"| {run['date']} | {r['workload']} | {_short(r['config'])} | {r['loop']} | "
+                           f"{r['bench_samples_per_sec']:.1f} | {r['plain_samples_per_sec']:.1f} | "
+                           f"{r['paired_geomean']:.3f} | {lo:.3f}-{hi:.3f} | {r['rounds']} |")
     return out
 
 

@@ -636,6 +636,9 @@ def main() -> None:
                     help="at default settings: each config with the threads of the space's defaults (no "
                          "torch_threads), compared with the user's loop and a Trainer "
                          "(--loops user,hf), into benchmarks/out/truth_default.json")
+    ap.add_argument("--again", action="store_true",
+                    help="rows measured again (more rounds, another day): added to the out file's "
+                         "measured_again, with this run's date, machine and command, its other rows kept")
     ap.add_argument("--plain", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.default:
@@ -656,8 +659,15 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="truth-"))
     rows, search_rows, persistence = [], [], []
 
+    kept = json.loads(Path(a.out).read_text()) if a.again and Path(a.out).exists() else None
+    if kept is not None:  # this run's entry, filled as its rows come
+        kept.setdefault("measured_again", []).append({**stamp(), "rows": rows})
+
     def save() -> None:  # after every row: an interrupted run keeps what it measured
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        if kept is not None:
+            Path(a.out).write_text(json.dumps(kept, indent=2, default=str))
+            return
         Path(a.out).write_text(json.dumps({**stamp(), "tolerance": a.tolerance, "rounds": a.rounds, "plain_epochs": a.epochs,
                                            "rows": rows, "across_rows": across_rows(rows, a.tolerance),
                                            "across_loops": across_loops(rows, a.tolerance),
