@@ -53,9 +53,9 @@ def test_windows_are_sized_by_time_when_the_warm_up_only_drains_prefetched_batch
 
 
 def test_epochs_shorter_than_a_window_keep_the_window_to_window_s_of_wall_time():
-    # 8 steps an epoch, two DataLoader workers started at each (~30 ms, against ~3 ms of
-    # steps): sized on the steady time alone, a 0.2 s window ran 0.8-0.9 s (0.3 s sized
-    # on its wall time, pauses included), and the trial as long.
+    # 8 steps an epoch, two DataLoader workers started at each, which costs several times
+    # the 8 steps: sized on the steady time alone, a 0.2 s window ran 0.8-0.9 s here (0.3 s
+    # sized on its wall time, pauses included), and the trial as long.
     r = _run("linear", {}, {"micro_batch_size": 8, "num_workers": 2, "persistent_workers": False})
     assert r["status"] == "ok", r.get("reason")
     c0, c1 = r["timed_clock_s"]

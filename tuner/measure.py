@@ -741,8 +741,9 @@ def _timed_windows(trainer: Trainer, settings: MeasureSettings, plan: WindowPlan
         if not plan.sized and not redo:
             # Epochs shorter than a window put their boundaries in every window: then
             # window_s is the wall time, pauses included (sized on the steady time alone,
-            # windows of 8-step epochs, a DataLoader worker started at each, ran 10-30x
-            # window_s, and the trial as long). One boundary is the timed phase's start.
+            # windows of 8-step epochs, a DataLoader worker started at each, ran 3-15x
+            # window_s, and the trial as long). The first window holds one boundary
+            # however long the epochs are: the timed phase starts on an epoch start.
             plan.resize(steps, wall if window.boundaries >= 2 else wall - paused, say)
         if redo:
             t.disturbed.append(_rate(window, t.fetch_s()))
