@@ -167,6 +167,11 @@ def _truth_default(data: dict) -> list[str]:
                 out.append(f"| {run['date']} | {r['workload']} | {_short(r['config'])} | {r['loop']} | "
                            f"{r['bench_samples_per_sec']:.1f} | {r['plain_samples_per_sec']:.1f} | "
                            f"{r['paired_geomean']:.3f} | {lo:.3f}-{hi:.3f} | {r['rounds']} |")
+        for loop, y in (data.get("measured_again_across_loops") or {}).items():
+            if y:
+                out += ["", f"Across the `{loop}` rows measured again ({y['rows']}): {y['geomean']:.3f} "
+                            f"(90% {y['interval_90'][0]:.3f}-{y['interval_90'][1]:.3f}); "
+                            f"{y['within_tolerance']} within ±{data.get('tolerance', 0.03):.0%}."]
     return out
 
 

@@ -571,6 +571,13 @@ def across_loops(rows: list[dict], tolerance: float) -> dict:
     return {loop: across_rows([r for r in rows if r.get("loop", "plain") == loop], tolerance) for loop in loops}
 
 
+def again_across_loops(runs: list[dict], tolerance: float) -> dict:
+    """``across_loops`` over the rows measured again (``--again``): each config's latest."""
+    latest = {json.dumps([r["workload"], r["config"], r.get("loop")], sort_keys=True): r
+              for run in runs for r in run["rows"]}
+    return across_loops(list(latest.values()), tolerance)
+
+
 def settled(r: int, a: argparse.Namespace, xs: list[float], ys: list[float]) -> bool:
     """Whether a row stops before round ``r``: ``--rounds`` done, and then as soon as the
     interval of the paired ratios is no longer unresolved (``--max-rounds``)."""
@@ -666,6 +673,7 @@ def main() -> None:
     def save() -> None:  # after every row: an interrupted run keeps what it measured
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         if kept is not None:
+            kept["measured_again_across_loops"] = again_across_loops(kept["measured_again"], a.tolerance)
             Path(a.out).write_text(json.dumps(kept, indent=2, default=str))
             return
         Path(a.out).write_text(json.dumps({**stamp(), "tolerance": a.tolerance, "rounds": a.rounds, "plain_epochs": a.epochs,
