@@ -151,10 +151,7 @@ def _truth_default(data: dict) -> list[str]:
     x = data.get("across_rows")
     if x:
         out += ["", f"Across the rows: {x['geomean']:.3f} (90% {x['interval_90'][0]:.3f}-{x['interval_90'][1]:.3f})."]
-    for loop, y in (data.get("across_loops") or {}).items():
-        if y:
-            out += ["", f"Across the `{loop}` rows ({y['rows']}): {y['geomean']:.3f} "
-                        f"(90% {y['interval_90'][0]:.3f}-{y['interval_90'][1]:.3f})."]
+    out += _across_loops(data.get("across_loops"), "rows")
     again = data.get("measured_again") or []
     if again:
         out += ["", "Rows measured again, with more rounds (each run's machine and command are in the JSON's "
@@ -167,11 +164,19 @@ def _truth_default(data: dict) -> list[str]:
                 out.append(f"| {run['date']} | {r['workload']} | {_short(r['config'])} | {r['loop']} | "
                            f"{r['bench_samples_per_sec']:.1f} | {r['plain_samples_per_sec']:.1f} | "
                            f"{r['paired_geomean']:.3f} | {lo:.3f}-{hi:.3f} | {r['rounds']} |")
-        for loop, y in (data.get("measured_again_across_loops") or {}).items():
-            if y:
-                out += ["", f"Across the `{loop}` rows measured again ({y['rows']}): {y['geomean']:.3f} "
-                            f"(90% {y['interval_90'][0]:.3f}-{y['interval_90'][1]:.3f}); "
-                            f"{y['within_tolerance']} within ±{data.get('tolerance', 0.03):.0%}."]
+        out += _across_loops(data.get("measured_again_across_loops"), "rows measured again",
+                             data.get("tolerance", 0.03))
+    return out
+
+
+def _across_loops(by_loop: dict | None, what: str, tolerance: float | None = None) -> list[str]:
+    """One line per loop: the bias across its rows (``truth.across_loops``)."""
+    out = []
+    for loop, y in (by_loop or {}).items():
+        if y:
+            within = f"; {y['within_tolerance']} within ±{tolerance:.0%}" if tolerance else ""
+            out += ["", f"Across the `{loop}` {what} ({y['rows']}): {y['geomean']:.3f} "
+                        f"(90% {y['interval_90'][0]:.3f}-{y['interval_90'][1]:.3f}){within}."]
     return out
 
 
