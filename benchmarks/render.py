@@ -152,18 +152,19 @@ def _truth_default(data: dict) -> list[str]:
     if x:
         out += ["", f"Across the rows: {x['geomean']:.3f} (90% {x['interval_90'][0]:.3f}-{x['interval_90'][1]:.3f})."]
     out += _across_loops(data.get("across_loops"), "rows")
-    again = data.get("measured_again") or []
-    if again:
-        out += ["", "Rows measured again, with more rounds (each run's machine and command are in the JSON's "
-                    "`measured_again`; `truth.py --again` adds a run there):", "",
-                "| date | workload | config | loop | bench | loop rate | bench / loop | 90% interval | rounds |",
+    pooled = data.get("measured_again_pooled") or []
+    if pooled:
+        out += ["", "Rows measured again with more rounds (`truth.py --again`), each config's rounds pooled "
+                    "over every run that measured it (the runs, with their dates, machines and commands, are "
+                    "the JSON's `measured_again`):", "",
+                "| workload | config | loop | bench | loop rate | bench / loop | 90% interval | rounds (runs) | verdict |",
                 "|---|---|---|---|---|---|---|---|---|"]
-        for run in again:
-            for r in run["rows"]:
-                lo, hi = r["paired_interval_90"]
-                out.append(f"| {run['date']} | {r['workload']} | {_short(r['config'])} | {r['loop']} | "
-                           f"{r['bench_samples_per_sec']:.1f} | {r['plain_samples_per_sec']:.1f} | "
-                           f"{r['paired_geomean']:.3f} | {lo:.3f}-{hi:.3f} | {r['rounds']} |")
+        for r in pooled:
+            lo, hi = r["paired_interval_90"]
+            out.append(f"| {r['workload']} | {_short(r['config'])} | {r['loop']} | "
+                       f"{r['bench_samples_per_sec']:.1f} | {r['plain_samples_per_sec']:.1f} | "
+                       f"{r['paired_geomean']:.3f} | {lo:.3f}-{hi:.3f} | {r['rounds']} ({r['runs']}) | "
+                       f"{r['verdict']} |")
         out += _across_loops(data.get("measured_again_across_loops"), "rows measured again",
                              data.get("tolerance", 0.03))
     return out

@@ -66,6 +66,12 @@ driver, this process, stays free); the swaps pin them, so those rows need
     python benchmarks/truth.py [--workloads conv,transformer,multisource,files] [--rounds 3]
     python benchmarks/truth.py --workloads conv --pick 0,1 --rounds 3 --max-rounds 8
     python benchmarks/truth.py --device cuda      # GPU cases: pinning, non_blocking, fp16
+    python benchmarks/truth.py --default --loops user --rounds 8 --no-search --workloads conv --pick 0,1,2 --again
+
+``--again`` adds its rows to the out file's ``measured_again``, as a run of their own (its
+date, machine, command); ``measured_again_pooled`` pools each config's rounds over every
+such run (``pooled_again``), and the bias across those pooled rows is
+``measured_again_across_loops``.
 
 On a GPU the plain loop also moves each batch itself (``.to(device, non_blocking=...)``),
 synchronizes before reading the clock and reports ``torch.cuda.max_memory_allocated``,
@@ -571,11 +577,33 @@ def across_loops(rows: list[dict], tolerance: float) -> dict:
     return {loop: across_rows([r for r in rows if r.get("loop", "plain") == loop], tolerance) for loop in loops}
 
 
+def pooled_again(runs: list[dict], tolerance: float) -> list[dict]:
+    """Each config of the rows measured again (``--again``), over every round of every run
+    that measured it: a round's ratio is paired within the round, so a host that ran
+    faster one day moves both of its sides, and rounds of several runs pool. One row per
+    (workload, config, loop), in the order first measured."""
+    pooled: dict[str, dict] = {}
+    for run in runs:
+        for r in run["rows"]:
+            key = json.dumps([r["workload"], r["config"], r.get("loop")], sort_keys=True)
+            row = pooled.setdefault(key, {"workload": r["workload"], "config": r["config"], "loop": r.get("loop"),
+                                          "bench_runs": [], "plain_runs": [], "dates": []})
+            row["bench_runs"] += r["bench_runs"]
+            row["plain_runs"] += r["plain_runs"]
+            row["dates"].append(run["date"])
+    for row in pooled.values():
+        geo, lo, hi = paired_interval(row["bench_runs"], row["plain_runs"])
+        row.update(rounds=len(row["bench_runs"]), runs=len(row["dates"]),
+                   bench_samples_per_sec=statistics.median(row["bench_runs"]),
+                   plain_samples_per_sec=statistics.median(row["plain_runs"]), paired_geomean=geo,
+                   paired_interval_90=[lo, hi], verdict=verdict(lo, hi, tolerance))
+    return list(pooled.values())
+
+
 def again_across_loops(runs: list[dict], tolerance: float) -> dict:
-    """``across_loops`` over the rows measured again (``--again``): each config's latest."""
-    latest = {json.dumps([r["workload"], r["config"], r.get("loop")], sort_keys=True): r
-              for run in runs for r in run["rows"]}
-    return across_loops(list(latest.values()), tolerance)
+    """``across_loops`` over the rows measured again (``--again``), each config's rounds
+    pooled (``pooled_again``)."""
+    return across_loops(pooled_again(runs, tolerance), tolerance)
 
 
 def settled(r: int, a: argparse.Namespace, xs: list[float], ys: list[float]) -> bool:
@@ -673,6 +701,7 @@ def main() -> None:
     def save() -> None:  # after every row: an interrupted run keeps what it measured
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         if kept is not None:
+            kept["measured_again_pooled"] = pooled_again(kept["measured_again"], a.tolerance)
             kept["measured_again_across_loops"] = again_across_loops(kept["measured_again"], a.tolerance)
             Path(a.out).write_text(json.dumps(kept, indent=2, default=str))
             return
