@@ -148,7 +148,7 @@ def main() -> None:
     from meta import stamp
 
     tmp = Path(tempfile.mkdtemp(prefix="search-cost-"))
-    ray.init(include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    ray.init(address="local", include_dashboard=False, log_to_driver=False, logging_level="ERROR")  # never a running head
     rows = []
     try:
         for workload in a.workloads.split(","):

@@ -126,7 +126,7 @@ def one(state: str, window_s: float) -> dict:
     hush = None
     callbacks = []
     if state == "before":
-        ray.init(include_dashboard=False, **kwargs)
+        ray.init(address="local", include_dashboard=False, **kwargs)  # never a running head
 
         class Board:
             def pid(self) -> int:

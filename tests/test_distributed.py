@@ -114,7 +114,9 @@ def test_no_sync_accumulation_gives_the_gradients_of_an_all_reduce_per_micro_bat
 def ray_4cpu():
     import ray
 
-    ray.init(num_cpus=4, include_dashboard=False, configure_logging=False)
+    # a new Ray: with no address, ray.init joins the newest one on the machine (a head a
+    # developer left running from `ray start`)
+    ray.init(address="local", num_cpus=4, include_dashboard=False, configure_logging=False)
     yield
     ray.shutdown()
 

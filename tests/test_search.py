@@ -43,7 +43,9 @@ def ray_local(_module_ray):
     import ray
 
     if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        # a new Ray: with no address, ray.init joins the newest one on the machine (a head
+        # a developer left running from `ray start`)
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield ray
 
 
