@@ -600,12 +600,6 @@ def pooled_again(runs: list[dict], tolerance: float) -> list[dict]:
     return list(pooled.values())
 
 
-def again_across_loops(runs: list[dict], tolerance: float) -> dict:
-    """``across_loops`` over the rows measured again (``--again``), each config's rounds
-    pooled (``pooled_again``)."""
-    return across_loops(pooled_again(runs, tolerance), tolerance)
-
-
 def settled(r: int, a: argparse.Namespace, xs: list[float], ys: list[float]) -> bool:
     """Whether a row stops before round ``r``: ``--rounds`` done, and then as soon as the
     interval of the paired ratios is no longer unresolved (``--max-rounds``)."""
@@ -701,8 +695,8 @@ def main() -> None:
     def save() -> None:  # after every row: an interrupted run keeps what it measured
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         if kept is not None:
-            kept["measured_again_pooled"] = pooled_again(kept["measured_again"], a.tolerance)
-            kept["measured_again_across_loops"] = again_across_loops(kept["measured_again"], a.tolerance)
+            pooled = kept["measured_again_pooled"] = pooled_again(kept["measured_again"], a.tolerance)
+            kept["measured_again_across_loops"] = across_loops(pooled, a.tolerance)
             Path(a.out).write_text(json.dumps(kept, indent=2, default=str))
             return
         Path(a.out).write_text(json.dumps({**stamp(), "tolerance": a.tolerance, "rounds": a.rounds, "plain_epochs": a.epochs,
