@@ -358,6 +358,29 @@ def test_a_results_disk_that_fills_mid_search_is_one_line_and_keeps_what_was_mea
 
 
 @pytest.mark.slow
+def test_a_study_journal_that_cannot_be_written_is_one_line_and_keeps_what_was_measured(tmp_path):
+    """The Optuna journal failing before trials.jsonl does (Tune calls the searcher after the
+    callbacks): the search still ends in one line, not Tune's logged traceback."""
+    space = _space_file(tmp_path, "journal", 6, "confirm: {top: 0}\n")
+    out = tmp_path / "r" / "journal"
+    proc = subprocess.Popen([sys.executable, "-m", "tuner", "run", str(space), "--results-dir", str(out.parent),
+                             "--quiet"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for(lambda: sum(r.get("phase") == "search" for r in _searched(out)) >= 2, 240, "two trials")
+        journal = out / "optuna.journal"
+        journal.unlink()
+        journal.mkdir()  # every append to it now fails (IsADirectoryError), even as root
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 2, err
+    lines = [x for x in err.strip().splitlines() if x.strip()]
+    assert len(lines) == 1 and "optuna.journal: cannot write (Is a directory)" in lines[0], err
+    assert "tuner resume" in lines[0] and sum(r.get("phase") == "search" for r in _searched(out)) >= 2
+
+
+@pytest.mark.slow
 def test_a_read_only_results_disk_is_one_line_before_anything_runs(tmp_path):
     with _tmpfs(tmp_path / "ro", "1m",
                 "cannot mount a small tmpfs here (needs root)") as disk:

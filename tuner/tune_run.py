@@ -18,7 +18,7 @@ from typing import Any
 
 from tuner import knobs, spec
 from tuner.capacity import Watch
-from tuner.errors import UserError
+from tuner.errors import ResultsUnwritable, UserError
 from tuner.records import aggregate, apply_constraints, logged_metrics, objective_values, rank
 from tuner.screening import BOARD_KEY, Board, rescreen, with_compile_cost
 from tuner.study import Canonical, Recorder, SearchSpace, make_sampler
@@ -277,7 +277,24 @@ def _searcher(run: SearchRun, start: list[dict], storage: Any, remaining: int, p
     screened = {r["key"] for r in previous if r.get("screened")}
 
     class Searcher(OptunaSearch):
+        # Each of these writes to the journal. Where it cannot be written, Tune would log
+        # the raise as a traceback and go on, or end in its own error: the failure is kept
+        # instead, and the next step ends the fit with one line (``on_step_end``).
+        def on_trial_result(self, trial_id: str, result: dict) -> None:
+            if run.failure is None:
+                try:
+                    super().on_trial_result(trial_id, result)
+                except OSError as exc:
+                    run.failure = unwritable_study(run, exc)
+
         def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
+            if run.failure is None:
+                try:
+                    self._tell(trial_id, result, error)
+                except OSError as exc:
+                    run.failure = unwritable_study(run, exc)
+
+        def _tell(self, trial_id: str, result: dict | None, error: bool) -> None:
             ot = self._ot_trials.get(trial_id)
             if ot is not None and result and "record" in result:
                 rec = json.loads(result["record"])
@@ -292,7 +309,7 @@ def _searcher(run: SearchRun, start: list[dict], storage: Any, remaining: int, p
             super().on_trial_complete(trial_id, result=result, error=error)
 
         def suggest(self, trial_id: str) -> dict | str | None:
-            if len(tried) >= remaining + len(done):
+            if run.failure is not None or len(tried) >= remaining + len(done):
                 return Searcher.FINISHED  # N configs tried: Tune's extra samples are for retries
             recheck = run.board.recheck_due() and next_trial_fits(run, recheck=True)
             if not recheck and not next_trial_fits(run, recheck=False):
@@ -300,7 +317,11 @@ def _searcher(run: SearchRun, start: list[dict], storage: Any, remaining: int, p
                 # its measurement lost: the time goes to the confirm round instead (a
                 # recheck of the incumbent that does not fit is left out)
                 return Searcher.FINISHED
-            config = super().suggest(trial_id)
+            try:
+                config = super().suggest(trial_id)
+            except OSError as exc:
+                run.failure = unwritable_study(run, exc)
+                return Searcher.FINISHED
             if isinstance(config, dict):  # the Board as it stands when this trial starts
                 key = canon({k: v for k, v in config.items() if k != BOARD_KEY})
                 tried.add(key)
@@ -310,6 +331,14 @@ def _searcher(run: SearchRun, start: list[dict], storage: Any, remaining: int, p
     return Searcher(space=SearchSpace(space, ctx), metric=metric_names, mode=modes,
                     sampler=make_sampler(space, ctx, start), storage=storage, study_name=m.name,
                     points_to_evaluate=points or None, seed=m.seed)
+
+
+def unwritable_study(run: SearchRun, exc: OSError) -> ResultsUnwritable:
+    """The Optuna journal could not be written (a full or read-only disk), in one line."""
+    return ResultsUnwritable(
+        f"{run.out / 'optuna.journal'}: cannot write ({exc.strerror or exc}); the "
+        f"{len(run.recorder.records)} measurements before it are kept; make room, then "
+        f"`python -m tuner resume {run.out}`")
 
 
 def _on_result(run: SearchRun) -> Any:
@@ -336,6 +365,8 @@ def _on_result(run: SearchRun) -> Any:
             from tuner.measure import wait_while_timed
 
             wait_while_timed(run.job.hush_dir)  # Tune's loop otherwise wakes 10 times a second
+            if run.failure is not None:  # kept by the searcher (the study cannot be written)
+                raise run.failure
             waiting = [t.placement_group_factory.required_resources for t in trials if t.status == "PENDING"]
             try:
                 run.watch.check(waiting, len(recorder.records))
