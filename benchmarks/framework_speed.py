@@ -14,6 +14,9 @@ fresh process, interleaved (the order turns every round), ``--rounds`` rounds, m
   the Trainer and the DataLoader), then ``trainer.fit`` on a LightningModule around the
   workload.
 
+Each process starts as the export tells the user to start it: with glibc's variables set
+where the config has ``malloc_retain`` (the exported script sets them itself).
+
 The frameworks' rates are read from a callback's clock at the end of every optimizer
 step: ``--warmup`` steps, then the rate over the next ``--epochs`` epochs of steps
 (epoch boundaries included, as the tuner's figure includes them). Each framework's
@@ -38,13 +41,14 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from truth import REFS, run_bench, space_file  # noqa: E402  (the same bench runner as truth.py)
+from truth import REFS, plain_env, run_bench, space_file  # noqa: E402  (the same bench runner as truth.py)
 
 ARGS = {"conv": {"size": 1024}, "transformer": {"size": 512}, "hf_gpt2": {"size": 1024}}
 # The pick comes from a search over the knobs that matter on a CPU, as a user's first
-# search would run it.
+# search would run it (the shipped CPU spaces search malloc_retain too: without it, each
+# process draws its own heap behaviour, and its rate with it).
 KNOBS = {"precision": ["fp32", "bf16"], "micro_batch_size": [16, 32, 64], "num_workers": [0, 1],
-         "torch_threads": [1, 2], "fused_optimizer": [False, True]}
+         "torch_threads": [1, 2], "fused_optimizer": [False, True], "malloc_retain": [False, True]}
 FRAMEWORKS = ("tuner", "python", "user", "hf", "lightning")
 
 
@@ -146,7 +150,7 @@ def in_process(kind: str, workload: str, args: dict, payload: dict, steps: int, 
     with tempfile.TemporaryDirectory(prefix=f"framework-{kind}-") as cwd:
         out = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--one", kind, workload,
                               json.dumps(args), json.dumps(payload), str(steps), str(warmup)],
-                             capture_output=True, text=True, cwd=cwd)
+                             capture_output=True, text=True, cwd=cwd, env=plain_env(payload["config"]))
     if out.returncode != 0:
         raise RuntimeError(f"{kind} failed: {out.stderr.strip()[-800:]}")
     return float(out.stdout.strip().splitlines()[-1])
@@ -168,7 +172,7 @@ def measure(kind: str, workload: str, args: dict, config: dict, space: Path, tmp
         return run_bench(space, config)["samples_per_sec"]
     if kind == "user":
         out = subprocess.run([sys.executable, str(Path(__file__).with_name("user_loop.py")), ref, json.dumps(args),
-                              json.dumps(config)], capture_output=True, text=True, check=True)
+                              json.dumps(config)], capture_output=True, text=True, check=True, env=plain_env(config))
         return json.loads(out.stdout.strip().splitlines()[-1])["samples_per_sec"]
     if kind == "python":
         script = tmp / f"train_{workload}.py"

@@ -185,7 +185,10 @@ def _framework_speed(data: dict) -> list[str]:
     out = [f"Each framework in a fresh process, interleaved, {data['rounds']} rounds, medians; the "
            f"frameworks' rates over {data['epochs']} epochs after {data['warmup']} warm-up steps. "
            "`pick`: the tuner's search's pick; `default`: PyTorch's defaults. Promised: the tuner's "
-           "pick / default; realized: the framework's.", ""]
+           "pick / default; realized: the framework's. Each process starts as the export says (glibc's "
+           "variables set where the config has `malloc_retain`). Where a framework reads below the "
+           "tuner, its own per-step work is the gap the export's comments name: the Trainer's gradient "
+           "clipping and scheduler step, Lightning's progress bar and logger.", ""]
     for row in data["rows"]:
         out += [f"**{row['workload']}**: pick {_short(row['configs']['pick'])}; promised speed-up "
                 f"{row['promised_speedup']:.2f}x", "",

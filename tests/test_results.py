@@ -331,26 +331,38 @@ def _tmpfs(where: Path, size: str, why: str):
         subprocess.run(["umount", "-l", str(where)], capture_output=True)
 
 
+def _search_broken_after_two_trials(space: Path, out: Path, break_it) -> tuple[int, str]:
+    """``tuner run`` into ``out``'s parent; ``break_it()`` once two trials are recorded.
+    The exit code and stderr."""
+    proc = subprocess.Popen([sys.executable, "-m", "tuner", "run", str(space), "--results-dir", str(out.parent),
+                             "--quiet"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for(lambda: sum(r.get("phase") == "search" for r in _searched(out)) >= 2, 240, "two trials")
+        break_it()
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return proc.returncode, err
+
+
 @pytest.mark.slow
 def test_a_results_disk_that_fills_mid_search_is_one_line_and_keeps_what_was_measured(tmp_path):
     with _tmpfs(tmp_path / "disk", "4m",
                 "cannot mount a small tmpfs here (needs root); the Recorder test covers ENOSPC") as disk:
-        space = _space_file(tmp_path, "full", 6, "confirm: {top: 0}\n")
         out = disk / "full"
-        proc = subprocess.Popen([sys.executable, "-m", "tuner", "run", str(space), "--results-dir", str(disk),
-                                 "--quiet"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        try:
-            _wait_for(lambda: sum(r.get("phase") == "search" for r in _searched(out)) >= 2, 240, "two trials")
-            with open(disk / "filler", "wb") as f:  # the disk fills up
+        kept = {}
+
+        def fill() -> None:
+            with open(disk / "filler", "wb") as f:
                 with contextlib.suppress(OSError):
                     while True:
                         f.write(b"\0" * 65536)
-            kept = (out / "trials.jsonl").read_text()
-            _, err = proc.communicate(timeout=120)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-        assert proc.returncode == 2, err
+            kept["text"] = (out / "trials.jsonl").read_text()
+
+        code, err = _search_broken_after_two_trials(_space_file(tmp_path, "full", 6, "confirm: {top: 0}\n"), out, fill)
+        assert code == 2, err
+        kept = kept["text"]
         lines = [x for x in err.strip().splitlines() if x.strip()]
         assert len(lines) == 1 and "cannot write" in lines[0] and "No space left on device" in lines[0], err
         after = (out / "trials.jsonl").read_text()
@@ -361,20 +373,16 @@ def test_a_results_disk_that_fills_mid_search_is_one_line_and_keeps_what_was_mea
 def test_a_study_journal_that_cannot_be_written_is_one_line_and_keeps_what_was_measured(tmp_path):
     """The Optuna journal failing before trials.jsonl does (Tune calls the searcher after the
     callbacks): the search still ends in one line, not Tune's logged traceback."""
-    space = _space_file(tmp_path, "journal", 6, "confirm: {top: 0}\n")
     out = tmp_path / "r" / "journal"
-    proc = subprocess.Popen([sys.executable, "-m", "tuner", "run", str(space), "--results-dir", str(out.parent),
-                             "--quiet"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        _wait_for(lambda: sum(r.get("phase") == "search" for r in _searched(out)) >= 2, 240, "two trials")
-        journal = out / "optuna.journal"
+    journal = out / "optuna.journal"
+
+    def replace_journal() -> None:
         journal.unlink()
         journal.mkdir()  # every append to it now fails (IsADirectoryError), even as root
-        _, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 2, err
+
+    code, err = _search_broken_after_two_trials(_space_file(tmp_path, "journal", 6, "confirm: {top: 0}\n"), out,
+                                                replace_journal)
+    assert code == 2, err
     lines = [x for x in err.strip().splitlines() if x.strip()]
     assert len(lines) == 1 and "optuna.journal: cannot write (Is a directory)" in lines[0], err
     assert "tuner resume" in lines[0] and sum(r.get("phase") == "search" for r in _searched(out)) >= 2
