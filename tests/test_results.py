@@ -331,19 +331,20 @@ def _tmpfs(where: Path, size: str, why: str):
         subprocess.run(["umount", "-l", str(where)], capture_output=True)
 
 
-def _search_broken_after_two_trials(space: Path, out: Path, break_it) -> tuple[int, str]:
+def _search_broken_after_two_trials(space: Path, out: Path, break_it) -> tuple[int, str, str]:
     """``tuner run`` into ``out``'s parent; ``break_it()`` once two trials are recorded.
-    The exit code and stderr."""
+    The exit code, stderr, and trials.jsonl as it was just after ``break_it()``."""
     proc = subprocess.Popen([sys.executable, "-m", "tuner", "run", str(space), "--results-dir", str(out.parent),
                              "--quiet"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         _wait_for(lambda: sum(r.get("phase") == "search" for r in _searched(out)) >= 2, 240, "two trials")
         break_it()
+        kept = (out / "trials.jsonl").read_text()
         _, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
-    return proc.returncode, err
+    return proc.returncode, err, kept
 
 
 @pytest.mark.slow
@@ -351,18 +352,16 @@ def test_a_results_disk_that_fills_mid_search_is_one_line_and_keeps_what_was_mea
     with _tmpfs(tmp_path / "disk", "4m",
                 "cannot mount a small tmpfs here (needs root); the Recorder test covers ENOSPC") as disk:
         out = disk / "full"
-        kept = {}
 
         def fill() -> None:
             with open(disk / "filler", "wb") as f:
                 with contextlib.suppress(OSError):
                     while True:
                         f.write(b"\0" * 65536)
-            kept["text"] = (out / "trials.jsonl").read_text()
 
-        code, err = _search_broken_after_two_trials(_space_file(tmp_path, "full", 6, "confirm: {top: 0}\n"), out, fill)
+        code, err, kept = _search_broken_after_two_trials(_space_file(tmp_path, "full", 6, "confirm: {top: 0}\n"),
+                                                          out, fill)
         assert code == 2, err
-        kept = kept["text"]
         lines = [x for x in err.strip().splitlines() if x.strip()]
         assert len(lines) == 1 and "cannot write" in lines[0] and "No space left on device" in lines[0], err
         after = (out / "trials.jsonl").read_text()
@@ -380,8 +379,8 @@ def test_a_study_journal_that_cannot_be_written_is_one_line_and_keeps_what_was_m
         journal.unlink()
         journal.mkdir()  # every append to it now fails (IsADirectoryError), even as root
 
-    code, err = _search_broken_after_two_trials(_space_file(tmp_path, "journal", 6, "confirm: {top: 0}\n"), out,
-                                                replace_journal)
+    code, err, _ = _search_broken_after_two_trials(_space_file(tmp_path, "journal", 6, "confirm: {top: 0}\n"), out,
+                                                   replace_journal)
     assert code == 2, err
     lines = [x for x in err.strip().splitlines() if x.strip()]
     assert len(lines) == 1 and "optuna.journal: cannot write (Is a directory)" in lines[0], err

@@ -19,6 +19,15 @@ from tuner.errors import ResultsUnwritable, UserError
 from tuner.records import objective_values, read_trials
 from tuner.tables import Progress
 
+JOURNAL = "optuna.journal"  # the Optuna study's journal, in the results folder
+
+
+def cannot_write(path: Path, exc: OSError, kept: int, out: Path) -> ResultsUnwritable:
+    """A results file (``trials.jsonl``, the journal) that a full or read-only disk
+    refused, in one line: what is kept, and how to go on."""
+    return ResultsUnwritable(f"{path}: cannot write ({exc.strerror or exc}); the {kept} measurements before "
+                             f"it are kept; make room, then `python -m tuner resume {out}`")
+
 
 def canonical(config: dict, ctx: knobs.Context) -> str:
     """A key of what a config really runs: inactive knobs held at their default."""
@@ -58,9 +67,7 @@ class Recorder:
         except OSError as exc:
             with contextlib.suppress(OSError):  # no torn line left behind
                 os.truncate(self.path, size)
-            self.failure = ResultsUnwritable(
-                f"{self.path}: cannot write ({exc.strerror or exc}); the {len(self.records)} measurements before "
-                f"it are kept; make room, then `python -m tuner resume {self.path.parent}`")
+            self.failure = cannot_write(self.path, exc, len(self.records), self.path.parent)
             raise self.failure from None
         self.records.append(record)
         return record
@@ -150,13 +157,13 @@ def open_journal(space: spec.Space, out: Path, progress: Progress) -> Any:
     from optuna.storages import JournalStorage
     from optuna.storages.journal import JournalFileBackend
 
-    path = out / "optuna.journal"
+    path = out / JOURNAL
     try:
         storage = JournalStorage(JournalFileBackend(str(path)))
         storage.get_all_studies()  # replays the whole log: a bad line raises here
         return storage
     except Exception as exc:  # noqa: BLE001 - whatever Optuna raises, the records rebuild it
-        aside = path.with_name(f"optuna.journal.unreadable-{time.strftime('%Y%m%d-%H%M%S')}")
+        aside = path.with_name(f"{JOURNAL}.unreadable-{time.strftime('%Y%m%d-%H%M%S')}")
         path.rename(aside)
         progress.close()  # a line of its own, also with --quiet
         print(f"note: {path}: unreadable ({type(exc).__name__}: {str(exc)[:80]}); moved to "

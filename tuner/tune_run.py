@@ -18,10 +18,10 @@ from typing import Any
 
 from tuner import knobs, spec
 from tuner.capacity import Watch
-from tuner.errors import ResultsUnwritable, UserError
+from tuner.errors import UserError
 from tuner.records import aggregate, apply_constraints, logged_metrics, objective_values, rank
 from tuner.screening import BOARD_KEY, Board, rescreen, with_compile_cost
-from tuner.study import Canonical, Recorder, SearchSpace, make_sampler
+from tuner.study import JOURNAL, Canonical, Recorder, SearchSpace, cannot_write, make_sampler
 from tuner.tables import Progress
 
 
@@ -277,22 +277,12 @@ def _searcher(run: SearchRun, start: list[dict], storage: Any, remaining: int, p
     screened = {r["key"] for r in previous if r.get("screened")}
 
     class Searcher(OptunaSearch):
-        # Each of these writes to the journal. Where it cannot be written, Tune would log
-        # the raise as a traceback and go on, or end in its own error: the failure is kept
-        # instead, and the next step ends the fit with one line (``on_step_end``).
+        # Each of these writes to the journal (``journal_write``).
         def on_trial_result(self, trial_id: str, result: dict) -> None:
-            if run.failure is None:
-                try:
-                    super().on_trial_result(trial_id, result)
-                except OSError as exc:
-                    run.failure = unwritable_study(run, exc)
+            journal_write(run, super().on_trial_result, trial_id, result)
 
         def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
-            if run.failure is None:
-                try:
-                    self._tell(trial_id, result, error)
-                except OSError as exc:
-                    run.failure = unwritable_study(run, exc)
+            journal_write(run, self._tell, trial_id, result, error)
 
         def _tell(self, trial_id: str, result: dict | None, error: bool) -> None:
             ot = self._ot_trials.get(trial_id)
@@ -317,10 +307,8 @@ def _searcher(run: SearchRun, start: list[dict], storage: Any, remaining: int, p
                 # its measurement lost: the time goes to the confirm round instead (a
                 # recheck of the incumbent that does not fit is left out)
                 return Searcher.FINISHED
-            try:
-                config = super().suggest(trial_id)
-            except OSError as exc:
-                run.failure = unwritable_study(run, exc)
+            config = journal_write(run, super().suggest, trial_id)
+            if run.failure is not None:
                 return Searcher.FINISHED
             if isinstance(config, dict):  # the Board as it stands when this trial starts
                 key = canon({k: v for k, v in config.items() if k != BOARD_KEY})
@@ -333,12 +321,19 @@ def _searcher(run: SearchRun, start: list[dict], storage: Any, remaining: int, p
                     points_to_evaluate=points or None, seed=m.seed)
 
 
-def unwritable_study(run: SearchRun, exc: OSError) -> ResultsUnwritable:
-    """The Optuna journal could not be written (a full or read-only disk), in one line."""
-    return ResultsUnwritable(
-        f"{run.out / 'optuna.journal'}: cannot write ({exc.strerror or exc}); the "
-        f"{len(run.recorder.records)} measurements before it are kept; make room, then "
-        f"`python -m tuner resume {run.out}`")
+def journal_write(run: SearchRun, write: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``write(*args, **kwargs)``, a searcher call that writes to the Optuna journal,
+    inside Tune: where a full or read-only disk refuses it, Tune would log the raise as a
+    traceback and go on, or end in its own error. The failure is kept instead (None is
+    returned, and no later write is tried) and the next step ends the fit with one line
+    (``on_step_end``)."""
+    if run.failure is not None:
+        return None
+    try:
+        return write(*args, **kwargs)
+    except OSError as exc:
+        run.failure = cannot_write(run.out / JOURNAL, exc, len(run.recorder.records), run.out)
+        return None
 
 
 def _on_result(run: SearchRun) -> Any:
