@@ -182,12 +182,14 @@ def test_peak_rss_and_median_error():
 
 
 def test_short_lived_peak_in_the_trial_process_is_counted():
-    # 300 MB allocated and freed while the model is built: the kernel's high-water
-    # mark keeps it; a sampler every 250 ms would usually miss it.
+    # 800 MB allocated and freed in the first loss call: the kernel's high-water mark
+    # keeps it; a sampler every 250 ms would usually miss it. What the process grows by
+    # after that call (tens of MB where torch loads its CUDA libraries) hides under the
+    # ballast, hence the 10% margin on a block large enough to dwarf it.
     small = _run("main_ballast", {"mb": 0}, {"micro_batch_size": 8})
-    big = _run("main_ballast", {"mb": 300}, {"micro_batch_size": 8})
+    big = _run("main_ballast", {"mb": 800}, {"micro_batch_size": 8})
     assert small["status"] == big["status"] == "ok"
-    assert big["peak_host_memory_mb"] - small["peak_host_memory_mb"] > 0.9 * 300
+    assert big["peak_host_memory_mb"] - small["peak_host_memory_mb"] > 0.9 * 800
 
 
 @pytest.mark.slow
