@@ -93,3 +93,31 @@ def test_readers_work_while_a_search_holds_the_lock(tmp_path):
         res = open_results(folder)
         assert len(res.records) == 1
     time.sleep(0)  # nothing to wait for: readers take no lock
+
+
+def test_a_journal_lock_left_by_a_killed_search_does_not_hold_up_the_next(tmp_path):
+    """A kill during a journal write leaves Optuna's lock link behind; Optuna would wait
+    30 s for it, warning every 10 s, at the resume's first write."""
+    import optuna
+
+    from tuner import spec
+    from tuner.study import JOURNAL, open_journal
+
+    space_file = tmp_path / "s.yaml"
+    space_file.write_text("name: j\nworkload: conv\n")
+    space = spec.load(space_file)
+    out = tmp_path / "out"
+    out.mkdir()
+
+    class Progress:
+        def close(self) -> None:
+            pass
+
+    with writer_lock(out):
+        optuna.create_study(storage=open_journal(space, out, Progress()), study_name="j")
+    (out / f"{JOURNAL}.lock").symlink_to(out / JOURNAL)  # the lock as a killed writer left it
+    t0 = time.monotonic()
+    with writer_lock(out):
+        optuna.load_study(study_name="j", storage=open_journal(space, out, Progress())).ask()  # a write
+    assert time.monotonic() - t0 < 5
+    assert not (out / f"{JOURNAL}.lock").is_symlink()

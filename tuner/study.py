@@ -152,12 +152,17 @@ def make_sampler(space: spec.Space, ctx: knobs.Context, start: list[dict]) -> An
 def open_journal(space: spec.Space, out: Path, progress: Progress) -> Any:
     """The Optuna study's journal storage. ``trials.jsonl`` is the record of truth: a
     journal that cannot be read (a torn or edited line) is moved aside and the study
-    rebuilt from the records (``repair_study``), with one line to say so."""
+    rebuilt from the records (``repair_study``), with one line to say so. The caller
+    holds the folder's writer lock (``records.writer_lock``)."""
     import optuna
     from optuna.storages import JournalStorage
     from optuna.storages.journal import JournalFileBackend
 
     path = out / JOURNAL
+    # A search killed during a journal write leaves Optuna's lock (a link beside the
+    # journal) behind, and Optuna breaks a lock only after 30 s, logging a warning every
+    # 10 s. No other process writes this journal: the caller holds the folder's lock.
+    path.with_name(JOURNAL + ".lock").unlink(missing_ok=True)
     try:
         storage = JournalStorage(JournalFileBackend(str(path)))
         storage.get_all_studies()  # replays the whole log: a bad line raises here
