@@ -61,6 +61,7 @@ def _records(out: Path):
     return [json.loads(x) for x in (out / "trials.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.alone
 def test_end_to_end_on_a_builtin_workload(tmp_path, no_ray):
     space = _space(tmp_path, """\
         name: e2e
