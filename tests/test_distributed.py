@@ -133,7 +133,6 @@ def _spy(tmp_path, config, measure=None, **args):
     return record, [c for c in lines if c["ddp"]]
 
 
-@pytest.mark.alone
 @pytest.mark.slow
 def test_two_ranks_train_ddp_with_the_knobs_and_agree_on_every_window(ray_4cpu, tmp_path):
     config = {"world_size": 2, "micro_batch_size": 8, "grad_accum_steps": 2, "ddp_bucket_cap_mb": 50,
@@ -208,7 +207,6 @@ def test_a_rank_that_raises_or_hangs_is_named_and_leaves_no_process(ray_4cpu, tm
     assert not any(psutil.pid_exists(p) for p in pids)
 
 
-@pytest.mark.alone
 @pytest.mark.slow
 def test_a_search_over_world_size_reports_scaling_efficiency(ray_4cpu, tmp_path):
     from tests.test_search import _records, _space

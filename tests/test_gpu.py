@@ -15,7 +15,7 @@ from tuner.measure import NvmlSampler
 from tuner.trial import make_request, run_isolated
 from tuner.workloads import load_workload
 
-pytestmark = [pytest.mark.gpu, pytest.mark.alone,
+pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 CUDA = torch.device("cuda") if torch.cuda.is_available() else None
 ROOT = Path(__file__).resolve().parent.parent

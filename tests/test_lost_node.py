@@ -38,7 +38,6 @@ def _wait(searcher: threading.Thread, outcome: dict, until, timeout_s: float = 1
         time.sleep(0.1)
 
 
-@pytest.mark.alone
 def test_nodes_lost_during_a_search_idle_mid_trial_and_all_of_them(tmp_path, monkeypatch):
     """Each trial needs a GPU node (the head has none), one trial at a time:
 

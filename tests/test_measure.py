@@ -14,7 +14,6 @@ def _run(name, args=None, config=None, timeout=120, measure=None, progress=None,
     return run_isolated(req, timeout_s=timeout, progress=progress)
 
 
-@pytest.mark.alone
 @pytest.mark.slow
 def test_known_step_time_is_reported_at_the_true_rate():
     # 50 ms of sleep per micro-batch of 4 samples, plus the tiny model's own step (1-2 ms
@@ -39,7 +38,6 @@ def test_known_step_time_is_reported_at_the_true_rate():
     assert t0 < c0 < c1 < t1 and c1 - c0 >= r["timed_s"]
 
 
-@pytest.mark.alone
 def test_windows_are_sized_by_time_when_the_warm_up_only_drains_prefetched_batches():
     # Two workers each load a batch in 40 ms; the step takes 5 ms. The warm-up's last
     # steps read batches the workers prefetched meanwhile (~5 ms), so warm-up alone would
@@ -54,7 +52,6 @@ def test_windows_are_sized_by_time_when_the_warm_up_only_drains_prefetched_batch
     assert r["samples_per_sec"] == pytest.approx(8 / 0.020, rel=0.25)
 
 
-@pytest.mark.alone
 def test_epochs_shorter_than_a_window_keep_the_window_to_window_s_of_wall_time():
     # 8 steps an epoch, two DataLoader workers started at each, which costs several times
     # the 8 steps: sized on the steady time alone, a 0.2 s window ran 0.8-0.9 s here (0.3 s
@@ -133,7 +130,6 @@ def _plain_epochs_here(name: str, args: dict, config: dict, epochs: int) -> floa
     return n / (time.perf_counter() - t0)
 
 
-@pytest.mark.alone
 @pytest.mark.slow
 @pytest.mark.parametrize("persistent", [False, True])
 def test_many_workers_input_bound_agrees_with_whole_epochs_of_a_plain_loop(persistent):
@@ -239,7 +235,6 @@ def test_forked_trial_counts_the_pages_it_shares_with_its_server():
     assert "peak RSS" in r["host_memory_measure"]
 
 
-@pytest.mark.alone
 @pytest.mark.slow
 def test_cpu_hog_mid_measurement_is_detected():
     """A hog on every core starts after the first window of a measurement: the windows
@@ -281,7 +276,6 @@ def test_a_window_the_hypervisor_took_a_quarter_of_the_machine_from_is_disturbed
     assert not stolen.disturbed(s.max_interference, 4, s.max_steal)  # a share of the machine's cores
 
 
-@pytest.mark.alone
 def test_screening_stops_a_config_that_cannot_reach_the_incumbent():
     # 80 samples/s (sleep-bound): against an incumbent of 1000 it stops after the start-up
     # window and the 2 screening windows
@@ -301,7 +295,6 @@ def test_screening_stops_a_config_that_cannot_reach_the_incumbent():
     assert full["below_incumbent"] is False
 
 
-@pytest.mark.alone
 @pytest.mark.slow
 def test_a_config_clearly_below_the_incumbent_stops_at_min_windows():
     # A wide screening margin lets it past the first 2 windows; at min_windows its figure
@@ -346,7 +339,6 @@ def test_the_windows_around_an_epoch_boundary_are_not_steady():
     assert _steady([a, b, drain, redo, c, last]) == [a, b, c]
 
 
-@pytest.mark.alone
 @pytest.mark.slow
 def test_steps_of_unequal_cost_read_at_their_average():
     # Batches of one source each, a slow one (36 ms) and a fast one (4 ms), as many of
@@ -374,7 +366,6 @@ def test_steps_of_unequal_cost_read_at_their_average():
     assert r["samples_per_sec"] == pytest.approx(plain, rel=0.05), (plain, r["samples_per_sec_windows"])
 
 
-@pytest.mark.alone
 @pytest.mark.slow
 def test_the_driver_sleeps_while_a_trial_is_in_its_windows_and_not_after(tmp_path, monkeypatch):
     """A trial in its timed windows marks a folder of the driver's (``hushed``), and the

@@ -9,7 +9,6 @@ import pytest
 from tests.helpers import ref
 
 
-@pytest.mark.alone
 @pytest.mark.slow
 def test_profile_writes_a_trace_and_honest_figures(tmp_path):
     space = tmp_path / "s.yaml"

@@ -127,7 +127,6 @@ def _descendants(pid):
         return []
 
 
-@pytest.mark.alone
 @pytest.mark.slow
 def test_kill_and_resume_loses_nothing_and_runs_nothing_twice(tmp_path):
     """A search killed hard (SIGKILL: nothing of it runs to clean up), its Optuna journal

@@ -61,7 +61,6 @@ def _records(out: Path):
     return [json.loads(x) for x in (out / "trials.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.alone
 def test_end_to_end_on_a_builtin_workload(tmp_path, no_ray):
     space = _space(tmp_path, """\
         name: e2e
@@ -136,8 +135,8 @@ def test_faulty_trials_are_recorded_and_the_search_finishes(tmp_path, ray_local,
         budget: {{trials: 6, trial_timeout_s: 6}}
         confirm: {{top: 0}}
         """)
-    # the driver's temporary folders in one of the test's own: another test's search
-    # (pytest -n) makes its own beside it
+    # the driver's temporary folders in one of the test's own: a search run beside this one
+    # (another test run, a developer's own) makes its own in the shared /tmp
     own_tmp = tmp_path / "tmp"
     own_tmp.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(own_tmp))
@@ -161,7 +160,6 @@ def test_faulty_trials_are_recorded_and_the_search_finishes(tmp_path, ray_local,
     assert not list(own_tmp.glob("tuner-hush-*"))
 
 
-@pytest.mark.alone
 def test_screened_trials_in_a_row_send_the_incumbent_to_be_measured_again(tmp_path, ray_local):
     # sleep-bound: samples/s follows the micro-batch, so the first (8) leads and each
     # smaller one is screened out against it; after each, the incumbent is re-measured
