@@ -431,3 +431,29 @@ def test_a_lost_trial_is_shown_and_is_never_a_result(tmp_path):
     shown = io.StringIO()
     print_show(open_results(folder), out=shown)
     assert "lost: micro_batch_size=4" in shown.getvalue() and "tried again" in shown.getvalue()
+
+
+def test_a_trial_lost_again_after_its_retry_is_left_to_resume(tmp_path):
+    """Tune gives up on a trial whose retry was lost too: the Tune callback records it as
+    lost, not as an infeasible search result, so that resume measures the config."""
+    from types import SimpleNamespace
+
+    from tuner.knobs import Context
+    from tuner.study import Recorder
+    from tuner.tune_run import _on_result
+
+    lost, crashed = tmp_path / "lost.txt", tmp_path / "crashed.txt"
+    lost.write_text("ray.exceptions.ActorUnavailableError: The actor abc is unavailable: RpcError\n")
+    crashed.write_text("RuntimeError: something else\n")
+    recorder = Recorder(tmp_path / "trials.jsonl", Context(device="cpu", cpu_count=2))
+    run = SimpleNamespace(recorder=recorder, progress=SimpleNamespace(update=lambda *a, **k: None),
+                          space=SimpleNamespace(model=None), job=SimpleNamespace(knob_config=dict))
+    callback = _on_result(run)
+    callback.on_trial_error(0, [], SimpleNamespace(error_file=str(lost), config={"micro_batch_size": 8}))
+    callback.on_trial_error(0, [], SimpleNamespace(error_file=str(crashed), config={"micro_batch_size": 16}))
+    first, second = recorder.records
+    assert first["phase"] == "lost" and first["reason"].endswith("run again on resume")
+    assert (second["phase"], second["status"]) == ("search", "infeasible")
+    assert second["reason"].startswith("trial crashed in Ray")
+    # what resume counts as measured (tuner.search: the search records)
+    assert [r["config"]["micro_batch_size"] for r in recorder.records if r["phase"] == "search"] == [16]

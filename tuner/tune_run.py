@@ -378,8 +378,17 @@ def _on_result(run: SearchRun) -> Any:
             progress.update(msg=f"a trial was lost ({rec['reason']})")
 
         def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-            rec = {"phase": "search", "status": "infeasible", "reason": ray_failure(trial),
-                   "config": run.job.knob_config(trial.config), "samples_per_sec": None}
+            reason, config = ray_failure(trial), run.job.knob_config(trial.config)
+            if reason.startswith("lost:"):
+                # lost again after Tune's retry: the node's fault, not the config's, so no
+                # result; `resume` measures the config (a search record would skip it)
+                rec = {"phase": "lost", "status": "lost", "config": config,
+                       "reason": f"{reason}; run again on resume", "samples_per_sec": None}
+                recorder.add(rec)
+                progress.update(msg=f"a trial was lost ({rec['reason']})")
+                return
+            rec = {"phase": "search", "status": "infeasible", "reason": reason, "config": config,
+                   "samples_per_sec": None}
             recorder.add(rec)
             progress.update(rec)
 
