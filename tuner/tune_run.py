@@ -342,6 +342,14 @@ def _on_result(run: SearchRun) -> Any:
 
     recorder, progress, m = run.recorder, run.progress, run.space.model
 
+    def lost(trial: Any, reason: str, then: str) -> None:
+        # Ray lost the trial with its node or worker: said in trials.jsonl and by `show`,
+        # never a result (a search record would keep `resume` from the config)
+        rec = {"phase": "lost", "status": "lost", "config": run.job.knob_config(trial.config),
+               "reason": f"{reason}; {then}", "samples_per_sec": None}
+        recorder.add(rec)
+        progress.update(msg=f"a trial was lost ({rec['reason']})")
+
     class OnResult(tune.Callback):
         def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
             if "recheck" in result:  # the incumbent re-measured before this trial
@@ -370,25 +378,15 @@ def _on_result(run: SearchRun) -> Any:
                 raise
 
         def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-            # Ray lost the trial (its node or worker died) and Tune runs it again: said in
-            # trials.jsonl and by `show`, never a result
-            rec = {"phase": "lost", "status": "lost", "config": run.job.knob_config(trial.config),
-                   "reason": f"{ray_failure(trial)}; tried again", "samples_per_sec": None}
-            recorder.add(rec)
-            progress.update(msg=f"a trial was lost ({rec['reason']})")
+            lost(trial, ray_failure(trial), "tried again")  # Tune runs it again
 
         def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-            reason, config = ray_failure(trial), run.job.knob_config(trial.config)
-            if reason.startswith("lost:"):
-                # lost again after Tune's retry: the node's fault, not the config's, so no
-                # result; `resume` measures the config (a search record would skip it)
-                rec = {"phase": "lost", "status": "lost", "config": config,
-                       "reason": f"{reason}; run again on resume", "samples_per_sec": None}
-                recorder.add(rec)
-                progress.update(msg=f"a trial was lost ({rec['reason']})")
+            reason = ray_failure(trial)
+            if reason.startswith("lost:"):  # lost again after Tune's retry: the node's fault, not the config's
+                lost(trial, reason, "run again on resume")
                 return
-            rec = {"phase": "search", "status": "infeasible", "reason": reason, "config": config,
-                   "samples_per_sec": None}
+            rec = {"phase": "search", "status": "infeasible", "reason": reason,
+                   "config": run.job.knob_config(trial.config), "samples_per_sec": None}
             recorder.add(rec)
             progress.update(rec)
 
