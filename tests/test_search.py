@@ -43,9 +43,11 @@ def ray_local(_module_ray):
     import ray
 
     if not ray.is_initialized():
-        # a new Ray: with no address, ray.init joins the newest one on the machine (a head
-        # a developer left running from `ray start`)
-        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+        # a new Ray, as a search starts one (quiet; idle workers kept with their trial
+        # forkservers), never one a developer left running from `ray start`
+        from tuner.localray import start_local_ray
+
+        start_local_ray(num_cpus=2, log_to_driver=False)
     yield ray
 
 
@@ -243,6 +245,32 @@ def test_a_local_ray_starts_without_the_parts_a_search_never_reads(no_ray):
     from ray._private import parameter
 
     assert parameter.RayParams.__name__ == "RayParams"  # put back for whoever starts Ray next
+
+
+def _pid() -> int:
+    import os
+
+    return os.getpid()
+
+
+def test_the_worker_that_measured_the_baseline_outlives_the_tune_run(ray_local):
+    """Idle while two actors (Tune's trials) hold the cores, the worker that ran a task
+    (the baseline) is still there for the next (the confirm rounds), with its trial
+    forkserver: a Ray with its default settings ends an idle worker beyond one per CPU
+    after 1 s, and the next task started a new one."""
+    first = ray_local.get(ray_local.remote(num_cpus=2)(_pid).remote())
+
+    @ray_local.remote(num_cpus=1)
+    class Trial:
+        def pid(self) -> int:
+            return _pid()
+
+    trials = [Trial.remote() for _ in range(2)]
+    assert first not in ray_local.get([t.pid.remote() for t in trials])
+    time.sleep(3)  # the raylet looks for idle workers to end every second
+    for t in trials:
+        ray_local.kill(t)
+    assert ray_local.get(ray_local.remote(num_cpus=2)(_pid).remote()) == first
 
 
 @pytest.fixture(scope="module")
