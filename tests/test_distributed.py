@@ -114,9 +114,12 @@ def test_no_sync_accumulation_gives_the_gradients_of_an_all_reduce_per_micro_bat
 def ray_4cpu():
     import ray
 
-    # a new Ray: with no address, ray.init joins the newest one on the machine (a head a
-    # developer left running from `ray start`)
-    ray.init(address="local", num_cpus=4, include_dashboard=False, configure_logging=False)
+    from tuner.localray import start_local_ray
+
+    # a new Ray, never one a developer left running from `ray start`, and quiet as a
+    # search starts one: the search in this module measures what runs beside its trials,
+    # and Ray's daemons with their default timers used ~0.1 cores beside every window here
+    start_local_ray(num_cpus=4, configure_logging=False)
     yield
     ray.shutdown()
 

@@ -1,5 +1,6 @@
 import os
 import time
+from pathlib import Path
 
 import pytest
 
@@ -399,3 +400,38 @@ def test_the_driver_sleeps_while_a_trial_is_in_its_windows_and_not_after(tmp_pat
     monkeypatch.delenv(HUSH_ENV)
     with hushed() as made:
         assert not made
+
+
+def test_a_process_of_the_trial_that_starts_while_it_runs_is_its_own_not_load():
+    """A multi-rank trial's helpers that Ray Train starts once the ranks run (its dataset
+    manager, preemption watcher, the workers Ray starts to host them) are looked for
+    again before every window: a process found then is the trial's, not load beside it.
+    Here a spinning process that is not this one's child (its parent has exited)."""
+    import subprocess
+    import sys
+
+    from tuner.measure import LoadMeter, TreeProbe
+    from tuner.trial import kill_tree
+
+    root = str(Path(__file__).resolve().parents[1])
+    spin = f"import sys; sys.path.insert(0, {root!r}); from tests.helpers import spin; spin(30)"
+    out = subprocess.run(["sh", "-c", f'{sys.executable} -c "{spin}" >/dev/null 2>&1 & echo $!'],
+                         capture_output=True, text=True, check=True)
+    pid = int(out.stdout.strip())
+    try:
+        time.sleep(0.3)  # spinning
+        found: list[int] = []
+        probe = TreeProbe()
+        probe.find_peers = lambda: found
+        meter = LoadMeter(probe)
+        meter.start()
+        time.sleep(0.5)
+        outside = meter.stop(0.5)
+        found.append(pid)  # it is found before the next window
+        meter.start()
+        time.sleep(0.5)
+        own = meter.stop(0.5)
+        assert outside.other_cores > 0.6  # a core's worth, not yet known
+        assert own.other_cores < outside.other_cores - 0.5
+    finally:
+        kill_tree(pid)

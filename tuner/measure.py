@@ -215,11 +215,19 @@ class TreeProbe:
         self.server = server
         self.observers = [p for p in (_process(pid) for pid in observers or []) if p is not None]
         self.peers: list[psutil.Process] = []
+        # looked for again before each window (``refresh_peers``): processes of the
+        # trial that start while it runs
+        self.find_peers: Callable[[], list[int]] | None = None
 
     def add_peers(self, pids: list[int]) -> None:
         """The other ranks of this trial on this node: their CPU (and their workers')
         is the trial's own, not load beside it."""
-        self.peers += [p for p in (_process(pid) for pid in pids) if p is not None]
+        known = {p.pid for p in self.peers}
+        self.peers += [p for p in (_process(pid) for pid in pids if pid not in known) if p is not None]
+
+    def refresh_peers(self) -> None:
+        if self.find_peers is not None:
+            self.add_peers(self.find_peers())
 
     def children(self) -> list[psutil.Process]:
         try:
@@ -261,9 +269,12 @@ def ray_workers_beside(probe: TreeProbe) -> list[int]:
     workers, and stay outside."""
     known = {probe.proc.pid, *(p.pid for p in probe.peers), *(c.pid for c in probe.children())}
     out = []
-    for p in psutil.process_iter(["name"]):
+    for p in psutil.process_iter(["name", "cmdline"]):
         name = p.info.get("name") or ""
-        if p.pid not in known and name.startswith("ray::") and not name.startswith(("ray::Dashboard", "ray::RuntimeEnv")):
+        # a worker Ray is starting has not yet taken its "ray::" title
+        starting = any(a.endswith("default_worker.py") for a in (p.info.get("cmdline") or [])[:2])
+        if p.pid not in known and (name.startswith("ray::") or starting) and not name.startswith(
+                ("ray::Dashboard", "ray::RuntimeEnv")):
             out.append(p.pid)
     return out
 
@@ -301,6 +312,7 @@ class LoadMeter:
         self._start: tuple | None = None
 
     def start(self) -> None:
+        self.probe.refresh_peers()
         self._start = (machine_cpu(), self.probe.tree_cpu_s(), self.probe.observers_cpu_s())
 
     def stop(self, wall_s: float) -> Load | None:
@@ -521,7 +533,11 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
         # Ray Train's controller, the trial's driver and its result box run beside the
         # ranks as Ray workers: they are how a multi-rank trial runs, not load beside it
         # (counted as outside load, a quiet 2-rank search here marked 2 of 4 disturbed).
-        probe.add_peers(ray_workers_beside(probe))
+        # Ray Train starts more of them once the ranks run (its dataset manager,
+        # preemption watcher, and the workers Ray starts to host them), so they are
+        # looked for again before every window.
+        probe.find_peers = lambda: ray_workers_beside(probe)
+        probe.refresh_peers()
     if trainer.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(trainer.device)
     warm = _warm_up(trainer, settings, say)
