@@ -247,6 +247,20 @@ def test_a_local_ray_starts_without_the_parts_a_search_never_reads(no_ray):
     assert parameter.RayParams.__name__ == "RayParams"  # put back for whoever starts Ray next
 
 
+def test_the_node_s_facts_start_the_trial_forkserver_in_the_worker_that_answers():
+    """The worker that tells the driver whether its CPU runs bf16 measures the baseline
+    next: it starts its trial forkserver (torch imported) while the driver imports the
+    workload, rather than at the baseline's start."""
+    import subprocess
+    import sys
+
+    code = ("import psutil; from tuner.search import _cpu_facts; _cpu_facts(); "
+            "print(any('forkserver' in ' '.join(c.cmdline()) for c in psutil.Process().children()))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip().splitlines()[-1] == "True"
+
+
 def _pid() -> int:
     import os
 

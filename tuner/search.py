@@ -152,19 +152,23 @@ def _search(space: spec.Space, out: Path, progress: Progress, ray_start_s: float
 
     from tuner.trial import make_request, resolve_config
 
-    # The knob context of the trial machines: device kind, cores, whether the workload has sources.
-    workload = resolve_config(make_request(
-        workload=m.workload, workload_args=m.workload_args, base_dir=str(space.base_dir), device="cpu")).workload
     # bf16 where the trials run (a V100 or T4 has none: the guides' bf16 start would be a
     # wasted trial), asked of a GPU node, not of this driver.
     # On CPUs: whether they run bf16 in hardware (without, the guides' bf16 start ran conv at
     # 18 samples/s against fp32's 293 here, and that one trial made the search's model
     # blame every other knob of that start).
+    # Asked first: the worker that answers starts its trial forkserver meanwhile, while this
+    # driver imports the workload, and measures the baseline next.
+    facts = (ray.remote(num_gpus=gpus_per_trial)(_gpu_facts) if device == "cuda"
+             else ray.remote(num_cpus=1)(_cpu_facts)).remote()
+    # The knob context of the trial machines: device kind, cores, whether the workload has sources.
+    workload = resolve_config(make_request(
+        workload=m.workload, workload_args=m.workload_args, base_dir=str(space.base_dir), device="cpu")).workload
     bf16_ok, cuda_ok, bf16_native = True, device == "cuda", True
     if device == "cuda":
-        bf16_ok, cuda_ok = ray.get(ray.remote(num_gpus=gpus_per_trial)(_gpu_facts).remote())
+        bf16_ok, cuda_ok = ray.get(facts)
     else:
-        bf16_native = ray.get(ray.remote(num_cpus=1)(_cpu_facts).remote())
+        bf16_native = ray.get(facts)
     ctx = knobs.Context(device=device, cpu_count=shape["max_node_cpus"], has_groups=workload.groups is not None,
                         bf16_ok=bf16_ok, bf16_native=bf16_native)
     for name, values in space.domain.items():  # a GPU knob searched on CPUs is a wasted trial
@@ -309,6 +313,10 @@ def _gpu_facts() -> tuple[bool, bool]:
     and the ranks of a multi-rank trial talk over gloo, not NCCL."""
     import torch
 
+    from tuner.trial import warm_forkserver
+
+    warm_forkserver()
+
     if not torch.cuda.is_available():
         return True, False
     return bool(torch.cuda.is_bf16_supported()), True
@@ -318,7 +326,9 @@ def _cpu_facts() -> bool:
     """On a trial node's CPU: whether it runs bf16 in hardware. A plain function, because
     Ray's remote() takes functions and classes, not the lru_cache wrapper."""
     from tuner.hardware import cpu_has_bf16
+    from tuner.trial import warm_forkserver
 
+    warm_forkserver()
     return cpu_has_bf16()
 
 

@@ -292,9 +292,23 @@ def stall_limit(gaps: list[float]) -> float | None:
     return max(STALL_MIN_S, STALL_FACTOR * max(gaps)) if gaps else None
 
 
-def _run_once(request: TrialRequest, timeout_s: float, progress: Callable[[str], None] | None) -> dict:
+def _forkserver() -> Any:
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(_PRELOAD)
+    return ctx
+
+
+def warm_forkserver() -> None:
+    """Start this process's trial forkserver (torch imported) ahead of its first trial,
+    where something else can run meanwhile."""
+    from multiprocessing import forkserver
+
+    _forkserver()
+    forkserver.ensure_running()
+
+
+def _run_once(request: TrialRequest, timeout_s: float, progress: Callable[[str], None] | None) -> dict:
+    ctx = _forkserver()
     recv, send = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_child, args=(send, request), daemon=False)
     t0 = time.perf_counter()
