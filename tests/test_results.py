@@ -376,8 +376,12 @@ def test_a_study_journal_that_cannot_be_written_is_one_line_and_keeps_what_was_m
     journal = out / "optuna.journal"
 
     def replace_journal() -> None:
-        journal.unlink()
-        journal.mkdir()  # every append to it now fails (IsADirectoryError), even as root
+        # in one step (an unlink, then a mkdir, let a write land between them): a link to
+        # a folder, so every append to it now fails (IsADirectoryError), even as root
+        folder, link = out / "journal-folder", out / "journal-link"
+        folder.mkdir()
+        link.symlink_to(folder)
+        os.replace(link, journal)
 
     code, err, _ = _search_broken_after_two_trials(_space_file(tmp_path, "journal", 6, "confirm: {top: 0}\n"), out,
                                                    replace_journal)
