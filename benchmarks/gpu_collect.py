@@ -16,6 +16,7 @@ import json
 import re
 import statistics
 import sys
+import time
 from pathlib import Path
 
 HERE = Path(__file__).parent
@@ -33,13 +34,20 @@ PUBLISHED = {
 }
 
 
+def _doctor_gpu(folder: Path) -> str | None:
+    """The GPU the last `setup` stage saw (``doctor.log``'s "gpu 0" line): the tests ran there."""
+    text = (folder / "doctor.log").read_text() if (folder / "doctor.log").is_file() else ""
+    found = re.search(r"gpu 0\s+(.+?), [\d.]+ GiB", text)
+    return found.group(1) if found else None
+
+
 def _tests(folder: Path) -> dict:
     text = (folder / "test_gpu.log").read_text() if (folder / "test_gpu.log").is_file() else ""
     passed = re.search(r"(\d+) passed", text)
     failed = re.search(r"(\d+) failed", text)
     known = re.search(r"known rate ([\d.]+), tuner ([\d.]+), plain loop ([\d.]+)", text)
     out = {"passed": int(passed.group(1)) if passed else 0, "failed": int(failed.group(1)) if failed else 0,
-           "log": "benchmarks/out/gpu/test_gpu.log"}
+           "log": "benchmarks/out/gpu/test_gpu.log", "gpu": _doctor_gpu(folder)}
     if known:
         ideal, tuner, plain = map(float, known.groups())
         out["known_rate"] = {"ideal": ideal, "tuner": tuner, "plain_loop": plain, "tuner_over_plain": tuner / plain}
@@ -75,7 +83,10 @@ def _search(folder: Path, space: str) -> dict | None:
         xs = [r[key] for r in pick if r.get(key) is not None]
         return statistics.median(xs) if xs else None
 
-    out = {"space": f"search_spaces/gpu_{space}.yaml", "configs_measured": len(searched),
+    # parts of this page may come from different lent machines: each search names its own
+    out = {"space": f"search_spaces/gpu_{space}.yaml", "gpu": summary.get("hardware", {}).get("gpu"),
+           "date": time.strftime("%Y-%m-%d", time.gmtime(min(r["started_at"] for r in records))),
+           "configs_measured": len(searched),
            "measurements": len(records), "baseline_samples_per_sec": summary["baseline"]["samples_per_sec"],
            "pick_samples_per_sec": best["samples_per_sec"], "speedup": summary["speedup_vs_baseline"],
            "pick": {k: v for k, v in best["config"].items() if k in (
@@ -91,8 +102,8 @@ def _search(folder: Path, space: str) -> dict | None:
     wall = re.search(r"(\d+) trials, (\d+) measurements, (\d+) s", log.read_text()) if log.is_file() else None
     if wall:
         out["wall_s"] = int(wall.group(3))
-    if space in PUBLISHED:
-        out["published"] = PUBLISHED[space]
+    if f"gpu_{space}" in PUBLISHED:
+        out["published"] = PUBLISHED[f"gpu_{space}"]
     return out
 
 

@@ -203,11 +203,16 @@ def _framework_speed(data: dict) -> list[str]:
 
 def _gpu(data: dict) -> list[str]:
     hw, t = data["hardware"], data["tests"]
+
+    def on_gpu(part: dict) -> str:  # the parts may come from different lent machines
+        return f", on an {part['gpu']}" if part.get("gpu") and part["gpu"] != hw.get("gpu") else ""
+
     nvml = hw.get("nvml") or f"driver {hw.get('driver')}"  # nvml: "driver X, N device(s)"
     out = [f"{hw.get('gpu')}, {nvml}, torch {hw.get('torch')} (CUDA {hw.get('cuda')}, "
            f"cuDNN {hw.get('cudnn')}), 16 CPU cores; Ray 2.60, Optuna 5.0. Repeat on a lent GPU with the "
            "command above (`benchmarks/gpu_wheels.sh` fetches the wheels that machine lacks).", "",
-           f"**Tests** (`tests/test_gpu.py`): {t['passed']} passed, {t['failed']} failed; log in `{t['log']}`."]
+           f"**Tests** (`tests/test_gpu.py`{on_gpu(t)}): {t['passed']} passed, {t['failed']} failed; "
+           f"log in `{t['log']}`."]
     k = t.get("known_rate")
     if k:
         out.append(f"A 50 ms host sleep per step of a tiny model (known rate {k['ideal']:.0f} samples/s): the "
@@ -215,7 +220,7 @@ def _gpu(data: dict) -> list[str]:
                    f"({k['tuner_over_plain']:.3f}): the gap to {k['ideal']:.0f} is the model's own kernel "
                    "launches and optimizer step, which the plain loop pays too; the tuner's loop adds no "
                    "per-step sync or host allocation.")
-    out += ["", "**bench against a plain loop** (`benchmarks/gpu_truth.py`): each side in a fresh process, "
+    out += ["", f"**bench against a plain loop** (`benchmarks/gpu_truth.py`, on the {hw.get('gpu')}): each side in a fresh process, "
             "interleaved, the order turned each round. `plain`: `benchmarks/user_loop.py --device cuda`; "
             "`windows`: the median of 5 windows of 6 steps inside epochs, `N epochs`: N whole epochs end "
             "to end (what a run gets where a boundary costs). Goal ±3%.", "",
@@ -239,25 +244,25 @@ def _gpu(data: dict) -> list[str]:
     out += ["", "**Searches** (`tuner run search_spaces/gpu_<model>.yaml`, one trial at a time on the GPU). "
             "Baseline: a plain PyTorch loop at PyTorch's defaults (fp32, no workers, a `loss.item()` per "
             "step). MFU: model FLOPs (`flops_per_sample`) per second over the dense peak of the pick's "
-            "precision (989 TFLOP/s bf16 on an H100; 67 fp32 without TF32, so the fp32 baseline's MFU is "
+            "precision (989 TFLOP/s bf16 on an H100 or H200; 67 fp32 without TF32, so the fp32 baseline's MFU is "
             "against that).", "",
-            "| model | configs | wall s | baseline | pick | speed-up | pick MFU | TFLOP/s | GPU util | power W | "
-            "peak MB | pick |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "| model | GPU, date | configs | wall s | baseline | pick | speed-up | pick MFU | TFLOP/s | GPU util | "
+            "power W | peak MB | pick |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, r in data["searches"].items():
-        out.append(f"| {name} | {r['configs_measured']} | {r.get('wall_s', '?')} | {r['baseline_samples_per_sec']:.1f} | "
+        out.append(f"| {name} | {r.get('gpu') or hw.get('gpu')}, {r.get('date', '?')} | {r['configs_measured']} | {r.get('wall_s', '?')} | {r['baseline_samples_per_sec']:.1f} | "
                    f"{r['pick_samples_per_sec']:.1f} | {r['speedup']:.2f}x | {r['pick_mfu']:.1%} | "
                    f"{r['pick_tflops']:.0f} | {r['gpu_util_pct']:.0f}% | {r['gpu_power_w']:.0f} | "
                    f"{r['peak_device_memory_mb']:,.0f} | {_short(r['pick'])} |")
     for name, r in data["searches"].items():
         best = max((t for t in data["truth"] if t["model"] == name), key=lambda t: t["bench"], default=None)
-        if best and best["bench"] > r["pick_samples_per_sec"]:
+        if best and r.get("gpu", hw.get("gpu")) == hw.get("gpu") and best["bench"] > r["pick_samples_per_sec"]:
             same = sorted(t["bench"] for t in data["truth"] if t["model"] == name and t["config"] == best["config"])
             out.append(f"\n{name}: the pick reads {r['pick_samples_per_sec'] / same[-1]:.2f}-"
                        f"{r['pick_samples_per_sec'] / same[0]:.2f} of a config bench measured in the table above "
                        f"({', '.join(f'{x:.0f}' for x in same)} in {len(same)} runs: {_short(best['config'])}): "
                        f"in {r.get('wall_s', '?')} s the search measured {r['configs_measured']} configs.")
         if r.get("published"):
-            out.append(f"\n{name}: the pick's MFU {r['pick_mfu']:.1%} against {r['published']['mfu']:.0%} "
+            out.append(f"\n{name}: the pick's MFU {r['pick_mfu']:.1%}{on_gpu(r)} against {r['published']['mfu']:.0%} "
                        f"published: {r['published']['what']}.")
     return out
 
