@@ -39,7 +39,7 @@ import psutil
 import torch
 
 from tuner.loop import Trainer, synchronize
-from tuner.settings import MeasureSettings, RunPlan
+from tuner.settings import HUSH_ENV, MeasureSettings, RunPlan
 
 perf_counter = time.perf_counter
 # Windows per measured epoch: one holds the boundary, the next may hold its catch-up, two
@@ -140,9 +140,6 @@ def own_peak_rss_bytes() -> int:
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
-
-
-HUSH_ENV = "TUNER_HUSH_DIR"
 
 
 @contextlib.contextmanager

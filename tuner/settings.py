@@ -6,6 +6,11 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+# Where a trial says it is in its timed windows (``measure.hushed``): set by the Tune
+# actor, which never imports torch itself (its trials do, in their own processes), so the
+# name lives here and not in ``measure``.
+HUSH_ENV = "TUNER_HUSH_DIR"
+
 
 class Strict(BaseModel):
     """A section of space.yaml: unknown keys are errors."""

@@ -85,7 +85,7 @@ def measure_config(knob_config: dict, job: TrialJob, baseline: bool = False, scr
     if "CUDA_VISIBLE_DEVICES" in os.environ:
         env["CUDA_VISIBLE_DEVICES"] = os.environ["CUDA_VISIBLE_DEVICES"]
     if job.hush_dir:
-        from tuner.measure import HUSH_ENV
+        from tuner.settings import HUSH_ENV
 
         env[HUSH_ENV] = job.hush_dir
     request = make_request(workload=job.workload, workload_args=job.workload_args,
