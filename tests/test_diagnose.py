@@ -45,3 +45,22 @@ def test_gpu_idle_with_little_data_wait_is_host_sync_bound():
            "hardware": {"gpu_memory_mb": 80000}, "data_wait_fraction": 0.02, "gpu_util_pct": 35.0}
     d = diagnose(rec)
     assert d.verdict == "host-sync-bound" and ".item()" in d.recommendations[0]
+
+
+def test_a_churning_host_heap_is_flagged_with_the_knob_that_fixes_it():
+    from tuner import knobs
+
+    rec = {"status": "ok", "samples_per_sec": 800.0, "config": {"micro_batch_size": 32},
+           "peak_host_memory_mb": 900.0, "peak_device_memory_mb": None, "hardware": {"host_memory_mb": 64000},
+           "data_wait_fraction": 0.0, "page_faults_per_step": 4660.0}
+    flagged = [f for f in diagnose(rec).flags if "page faults" in f]
+    if not knobs.GLIBC:  # the knob, and this flag, exist where glibc's malloc does
+        assert not flagged
+        return
+    assert len(flagged) == 1 and "4,660 page faults per step" in flagged[0] and "malloc_retain=true" in flagged[0]
+    retained = {**rec, "config": {"micro_batch_size": 32, "malloc_retain": True}, "page_faults_per_step": 30.0}
+    assert not [f for f in diagnose(retained).flags if "page faults" in f]
+    settled = {**rec, "page_faults_per_step": 40.0}  # glibc's own thresholds settled high
+    assert not [f for f in diagnose(settled).flags if "page faults" in f]
+    on_gpu = {**rec, "peak_device_memory_mb": 5000.0, "hardware": {"gpu_memory_mb": 80000}}
+    assert not [f for f in diagnose(on_gpu).flags if "page faults" in f]

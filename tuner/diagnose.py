@@ -3,8 +3,8 @@ trial, and recommendations mapped to knobs and to the guides' recipes.
 
 Signals (all in a trial's record): ``data_wait_fraction`` (time blocked on the
 DataLoader), ``gpu_util_pct`` (NVML, GPU runs only), memory against the device's
-capacity or ``max_memory_mb``, ``compile_s`` against the planned run, and the
-window spread. Each recommendation quotes the figure that triggered it.
+capacity or ``max_memory_mb``, ``compile_s`` against the planned run, the page
+faults per step (a churning host heap), and the window spread. Each recommendation quotes the figure that triggered it.
 """
 
 from __future__ import annotations
@@ -27,6 +27,9 @@ GPU_IDLE = 60.0  # % utilization below this with little data wait: the host hold
 MEMORY_NEAR = 0.90  # peak above this share of capacity (or of max_memory_mb)
 COMPILE_HEAVY = 0.25  # compile above this share of the projected run
 NOISY = 0.20  # windows spread above this
+# Page faults per step above this, with glibc moving its thresholds by itself: the heap
+# churns, and where those thresholds settle is drawn per process (tens with malloc_retain).
+CHURN_FAULTS = 1000
 
 
 @dataclass
@@ -108,6 +111,11 @@ def diagnose(record: dict, max_memory_mb: float | None = None) -> Diagnosis:
     if run_s and compile_s / run_s >= COMPILE_HEAVY:
         flags.append(f"compile takes {compile_s:.0f} s, {compile_s / run_s:.0%} of the planned run: "
                      f"compile=off or a longer run")
+    faults = record.get("page_faults_per_step")
+    if not on_gpu and knobs.GLIBC and not c["malloc_retain"] and faults and faults >= CHURN_FAULTS:
+        flags.append(f"{faults:,.0f} page faults per step: glibc returns each step's buffers to the kernel, "
+                     "and where its thresholds settle is drawn per process, so another run of this config "
+                     "may read several percent faster or slower; malloc_retain=true fixes them")
     spread = record.get("samples_per_sec_spread")
     if spread is not None and spread >= NOISY:
         flags.append(f"timing windows spread {spread:.0%}: another process may share this machine")
