@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # The GPU checks, run on a lent GPU machine (the workplace's device tool) from the repo root.
 # Each stage writes its log and figures to $OUT (default benchmarks/out/gpu), flat (the
-# device tool brings back 8 files, 2 folders down). Within 30 minutes of device time, in
-# calls of at most 10 minutes (each names `carry: [".whl"]`; `bash benchmarks/gpu_wheels.sh`
-# fetches the wheels here first):
-#   bash benchmarks/gpu_check.sh setup tests; MODELS=gpt2_124m TRUTH_S=320 bash benchmarks/gpu_check.sh truth
+# device tool brings back 8 files, 2 folders down). Each call names `carry: [".whl"]`
+# (`bash benchmarks/gpu_wheels.sh` fetches the wheels here first) and `OUT=$OUT` in front.
+# What fits 15 minutes of device time (a machine's start takes 1-2 of them; measured on an
+# H200: the first call 267 s, the second 219 s):
+#   bash benchmarks/gpu_check.sh setup tests suite
+#   SPACES=gpu_gpt2 SEARCH_S=330 BUDGET=260 bash benchmarks/gpu_check.sh search
+# and, in another session, one of:
+#   MODELS=gpt2_124m TRUTH_S=320 bash benchmarks/gpu_check.sh setup truth
 #   MODELS=resnet50 TRUTH_S=540 bash benchmarks/gpu_check.sh setup truth
-#   SPACES=gpu_gpt2 SEARCH_S=540 BUDGET=450 bash benchmarks/gpu_check.sh setup search
 #   SPACES=gpu_resnet50 SEARCH_S=540 BUDGET=450 bash benchmarks/gpu_check.sh setup search
 #   LANDSCAPE=gpu_resnet50 LANDSCAPE_S=500 bash benchmarks/gpu_check.sh setup landscape   (again to finish it)
 # then, here, with the files copied into benchmarks/out/gpu/: python benchmarks/gpu_collect.py
