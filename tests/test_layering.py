@@ -66,13 +66,13 @@ def test_the_process_that_runs_trials_never_imports_torch(tmp_path):
     """A Tune trial's actor (or the baseline's worker) only hands each config to a fresh
     process: importing torch itself (about a second) would hold up a search's first trial."""
     code = (
-        "import sys, json\n"
+        "import sys\n"
         "from tests.helpers import FAST_MEASURE, ref\n"
         "from tuner.spec import Constraints\n"
         "from tuner.tune_run import TrialJob, measure_config\n"
-        f"job = TrialJob(workload=ref('sleepy'), workload_args={{'step_s': 0.01}}, base_dir='.', device='cpu',\n"
+        "job = TrialJob(workload=ref('sleepy'), workload_args={'step_s': 0.01}, base_dir='.', device='cpu',\n"
         "               measure=FAST_MEASURE, run={}, seed=0, trial_timeout_s=60, constraints=Constraints(),\n"
-        f"               objective=None, fixed={{}}, derive=dict, cpus_per_trial=lambda c: 1, gpus_per_rank=0,\n"
+        "               objective=None, fixed={}, derive=dict, cpus_per_trial=lambda c: 1, gpus_per_rank=0,\n"
         f"               hush_dir={str(tmp_path)!r})\n"
         "record = measure_config({'micro_batch_size': 4}, job)\n"
         "assert record['status'] == 'ok' and record['samples_per_sec'] > 0, record\n"

@@ -4,7 +4,8 @@ trial, and recommendations mapped to knobs and to the guides' recipes.
 Signals (all in a trial's record): ``data_wait_fraction`` (time blocked on the
 DataLoader), ``gpu_util_pct`` (NVML, GPU runs only), memory against the device's
 capacity or ``max_memory_mb``, ``compile_s`` against the planned run, the page
-faults per step (a churning host heap), and the window spread. Each recommendation quotes the figure that triggered it.
+faults per step (a churning host heap), and the window spread. Each recommendation
+quotes the figure that triggered it.
 """
 
 from __future__ import annotations
