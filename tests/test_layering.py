@@ -83,6 +83,28 @@ def test_the_process_that_runs_trials_never_imports_torch(tmp_path):
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-2000:]
 
 
+def test_a_search_does_not_import_every_logger_integration_to_count_its_callbacks():
+    """Tune counts a run's callbacks for its usage report by importing each logger
+    integration it knows (MLflow's imports MLflow, where it is installed, as here), before
+    every search's first trial; the search's Tune run goes without the count. Run where
+    Tune's own count does import it, so the test fails if the installed Ray counts some
+    other way."""
+    code = (
+        "import sys\n"
+        "from ray.tune import tune\n"
+        "from ray.tune.logger import TBXLoggerCallback\n"
+        "from tuner.tune_run import _callbacks_uncounted\n"
+        "with _callbacks_uncounted():\n"
+        "    tune.air_usage.tag_callbacks([TBXLoggerCallback()])\n"
+        "print('ray.air.integrations.mlflow' in sys.modules)\n"
+        "tune.air_usage.tag_callbacks([TBXLoggerCallback()])\n"
+        "print('ray.air.integrations.mlflow' in sys.modules)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       cwd=PACKAGE.parent)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["False", "True"]
+
+
 def test_no_import_cycle_in_the_package():
     """Module-level and function-level imports alike: a lazy import is still a cycle."""
     modules = {p: "tuner." + ".".join(p.relative_to(PACKAGE).with_suffix("").parts) for p in PACKAGE.rglob("*.py")}
