@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from truth import REFS, plain_env, run_bench, space_file  # noqa: E402  (the same bench runner as truth.py)
+from truth import REFS, paired_interval, plain_env, run_bench, space_file  # noqa: E402  (truth.py's bench runner)
 
 ARGS = {"conv": {"size": 1024}, "transformer": {"size": 512}, "hf_gpt2": {"size": 1024}}
 # The pick comes from a search over the knobs that matter on a CPU, as a user's first
@@ -194,6 +194,35 @@ def search_pick(workload: str, args: dict, trials: int, results: Path) -> dict:
     return {k: summary["best"]["config"][k] for k in KNOBS}
 
 
+def scored(runs: dict) -> dict:
+    """The medians, the promised speed-up (the tuner's pick / default) and each framework's
+    realized speed-up against it: from the medians, and paired by round (each round's
+    pick / default of the framework against the same round's of the tuner, their geometric
+    mean and 90% interval), which cancels a drift of the machine that lasts a round."""
+    med = {name: {k: statistics.median(v) for k, v in kinds.items()} for name, kinds in runs.items()}
+    promised = med["pick"]["tuner"] / med["default"]["tuner"]
+    promised_by_round = [p / d for p, d in zip(runs["pick"]["tuner"], runs["default"]["tuner"], strict=True)]
+    frameworks = {}
+    for k in runs["pick"]:
+        realized = med["pick"][k] / med["default"][k]
+        by_round = [p / d for p, d in zip(runs["pick"][k], runs["default"][k], strict=True)]
+        paired, lo, hi = paired_interval(by_round, promised_by_round)
+        frameworks[k] = {"realized_speedup": realized, "realized_over_promised": realized / promised,
+                         "realized_over_promised_paired": paired, "paired_interval_90": [lo, hi],
+                         "pick_over_tuner": med["pick"][k] / med["pick"]["tuner"],
+                         "default_over_tuner": med["default"][k] / med["default"]["tuner"]}
+    return {"median": med, "promised_speedup": promised, "frameworks": frameworks}
+
+
+def rescore(path: Path) -> None:
+    """Score a written file's runs again (``scored``), without measuring anything."""
+    data = json.loads(path.read_text())
+    for row in data["rows"]:
+        row.update(scored(row["runs"]))
+    path.write_text(json.dumps(data, indent=2))
+    print(f"rescored {path}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workloads", default=",".join(ARGS))
@@ -203,7 +232,11 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=2, help="epochs the frameworks' timed steps cover")
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--out", default="benchmarks/out/framework_speed.json")
+    ap.add_argument("--rescore", action="store_true", help="score --out's runs again; measure nothing")
     a = ap.parse_args()
+    if a.rescore:
+        rescore(Path(a.out))
+        return
 
     import ray
     from meta import stamp
@@ -227,22 +260,15 @@ def main() -> None:
                     runs[name][kind].append(measure(kind, workload, args, config, space, tmp, steps, a.warmup))
             print(f"{workload} round {r + 1}: " + "; ".join(
                 f"{name} " + " ".join(f"{k} {runs[name][k][-1]:.0f}" for k in kinds) for name in configs), flush=True)
-        med = {name: {k: statistics.median(v) for k, v in runs[name].items()} for name in configs}
-        promised = med["pick"]["tuner"] / med["default"]["tuner"]
-        row = {"workload": workload, "args": args, "configs": configs, "runs": runs, "median": med,
-               "promised_speedup": promised, "frameworks": {}}
-        for k in kinds:
-            realized = med["pick"][k] / med["default"][k]
-            row["frameworks"][k] = {"realized_speedup": realized, "realized_over_promised": realized / promised,
-                                    "pick_over_tuner": med["pick"][k] / med["pick"]["tuner"],
-                                    "default_over_tuner": med["default"][k] / med["default"]["tuner"]}
-        rows.append(row)
+        rows.append({"workload": workload, "args": args, "configs": configs, "runs": runs, **scored(runs)})
     print(f"\n{'workload':<12} {'framework':<10} {'pick/tuner':>10} {'default/tuner':>13} {'realized':>9} "
-          f"{'promised':>9} {'ratio':>6}")
+          f"{'promised':>9} {'ratio':>6} {'paired (90%)':>20}")
     for row in rows:
         for k, f in row["frameworks"].items():
             print(f"{row['workload']:<12} {k:<10} {f['pick_over_tuner']:>10.3f} {f['default_over_tuner']:>13.3f} "
-                  f"{f['realized_speedup']:>9.2f} {row['promised_speedup']:>9.2f} {f['realized_over_promised']:>6.3f}")
+                  f"{f['realized_speedup']:>9.2f} {row['promised_speedup']:>9.2f} {f['realized_over_promised']:>6.3f} "
+                  f"{f['realized_over_promised_paired']:>6.3f} ({f['paired_interval_90'][0]:.3f}-"
+                  f"{f['paired_interval_90'][1]:.3f})")
     out = {**stamp(), "rounds": a.rounds, "epochs": a.epochs, "warmup": a.warmup, "rows": rows}
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(out, indent=2))

@@ -182,7 +182,10 @@ def _across_loops(by_loop: dict | None, what: str, tolerance: float | None = Non
 
 
 def _framework_speed(data: dict) -> list[str]:
-    out = [f"Each framework in a fresh process, interleaved, {data['rounds']} rounds, medians; the "
+    out = [f"Each framework in a fresh process, interleaved, {data['rounds']} rounds, medians (realized / "
+           "promised also paired by round: each round's pick / default of the framework against the same "
+           "round's of the tuner, their geometric mean and 90% interval, which cancels a drift of the "
+           "machine that lasts a round); the "
            f"frameworks' rates over {data['epochs']} epochs after {data['warmup']} warm-up steps. "
            "`pick`: the tuner's search's pick; `default`: PyTorch's defaults. Promised: the tuner's "
            "pick / default; realized: the framework's. Each process starts as the export says (glibc's "
@@ -193,10 +196,12 @@ def _framework_speed(data: dict) -> list[str]:
         out += [f"**{row['workload']}**: pick {_short(row['configs']['pick'])}; promised speed-up "
                 f"{row['promised_speedup']:.2f}x", "",
                 "| framework | default, rate / tuner's | pick, rate / tuner's | realized speed-up | "
-                "realized / promised |", "|---|---|---|---|---|"]
+                "realized / promised, medians | paired by round (90%) |", "|---|---|---|---|---|---|"]
         for k, f in row["frameworks"].items():
+            paired = (f"{f['realized_over_promised_paired']:.3f} ({f['paired_interval_90'][0]:.3f}-"
+                      f"{f['paired_interval_90'][1]:.3f})" if "paired_interval_90" in f else "-")
             out.append(f"| {k} | {f['default_over_tuner']:.3f} | {f['pick_over_tuner']:.3f} | "
-                       f"{f['realized_speedup']:.2f}x | {f['realized_over_promised']:.3f} |")
+                       f"{f['realized_speedup']:.2f}x | {f['realized_over_promised']:.3f} | {paired} |")
         out.append("")
     return out
 
