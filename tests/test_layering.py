@@ -78,8 +78,7 @@ def test_the_process_that_runs_trials_never_imports_torch(tmp_path):
         "assert record['status'] == 'ok' and record['samples_per_sec'] > 0, record\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
         "print('ok')\n")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                       cwd=PACKAGE.parent)
+    r = _python(code)
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-2000:]
 
 
@@ -99,10 +98,15 @@ def test_a_search_does_not_import_every_logger_integration_to_count_its_callback
         "print('ray.air.integrations.mlflow' in sys.modules)\n"
         "tune.air_usage.tag_callbacks([TBXLoggerCallback()])\n"
         "print('ray.air.integrations.mlflow' in sys.modules)\n")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                       cwd=PACKAGE.parent)
+    r = _python(code)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.split() == ["False", "True"]
+
+
+def _python(code: str) -> subprocess.CompletedProcess:
+    """``code`` in a fresh ``python -c``, from the repository's root."""
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          cwd=PACKAGE.parent)
 
 
 def test_no_import_cycle_in_the_package():

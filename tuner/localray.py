@@ -17,6 +17,21 @@ from tuner.errors import UserError
 
 
 @contextlib.contextmanager
+def ray_internal_replaced(module: Any, name: str, stand_in: Any) -> Iterator[None]:
+    """``module.name`` (one of Ray's internals) replaced by ``stand_in`` for the block and
+    put back after; left alone where this Ray has no such attribute."""
+    original = getattr(module, name, None)
+    if original is None:
+        yield
+        return
+    setattr(module, name, stand_in)
+    try:
+        yield
+    finally:
+        setattr(module, name, original)
+
+
+@contextlib.contextmanager
 def keep_sigterm() -> Iterator[None]:
     """Keep the command's SIGTERM handler (a stop that cleans up and says to resume)
     through ``ray.init``: Ray installs its own, in Python (exit 15, or 1 after killing
@@ -27,13 +42,10 @@ def keep_sigterm() -> Iterator[None]:
         return
     import ray._private.utils as ray_utils
 
-    setter = getattr(ray_utils, "set_sigterm_handler", None)
-    ray_utils.set_sigterm_handler = lambda _handler: None
     try:
-        yield
+        with ray_internal_replaced(ray_utils, "set_sigterm_handler", lambda _handler: None):
+            yield
     finally:
-        if setter is not None:
-            ray_utils.set_sigterm_handler = setter
         signal.signal(signal.SIGTERM, handler)  # over the core worker's
 
 

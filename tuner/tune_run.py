@@ -235,24 +235,18 @@ def fit(run: SearchRun, start: list[dict], storage: Any, remaining: int, previou
         raise failure from None
 
 
-@contextlib.contextmanager
-def _callbacks_uncounted() -> Any:
+def _callbacks_uncounted() -> contextlib.AbstractContextManager:
     """Tune without its usage count of the callbacks: to count them it imports every
     logger integration it knows, MLflow's among them, which imports MLflow itself where
     it is installed (0.6-0.9 s here), between the baseline and each search's first
     trial. The count only feeds Ray's usage report."""
+    from tuner.localray import ray_internal_replaced
+
     try:
         from ray.air._internal import usage
     except ImportError:  # another Ray: it counts, as it would
-        yield
-        return
-    counting = getattr(usage, "tag_callbacks", None)
-    usage.tag_callbacks = lambda callbacks: False
-    try:
-        yield
-    finally:
-        if counting is not None:
-            usage.tag_callbacks = counting
+        return contextlib.nullcontext()
+    return ray_internal_replaced(usage, "tag_callbacks", lambda callbacks: False)
 
 
 def first_points(space: spec.Space, ctx: knobs.Context, start: list[dict], previous: list[dict],
