@@ -242,7 +242,8 @@ def _searched(out):
 def test_a_stopped_search_ends_its_processes_and_resumes(tmp_path, when, signum):
     import psutil
 
-    space = _space_file(tmp_path, "stopme", 4, "confirm: {top: 1}\n")
+    trials = 2 if when == "confirm" else 4  # the confirm round follows however many
+    space = _space_file(tmp_path, "stopme", trials, "confirm: {top: 1}\n")
     out = tmp_path / "r" / "stopme"
     proc = subprocess.Popen([sys.executable, "-m", "tuner", "run", str(space), "--results-dir", str(tmp_path / "r"),
                              "--quiet"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -254,7 +255,7 @@ def test_a_stopped_search_ends_its_processes_and_resumes(tmp_path, when, signum)
             _wait_for(lambda: sum(r.get("phase") == "search" for r in _searched(out)) >= 1, 240, "a trial")
             time.sleep(1.0)  # the next trial is running
         else:
-            _wait_for(lambda: sum(r.get("phase") == "search" for r in _searched(out)) >= 4, 300, "the search")
+            _wait_for(lambda: sum(r.get("phase") == "search" for r in _searched(out)) >= trials, 300, "the search")
             time.sleep(0.5)  # the confirm round is running
         tree = _descendants(proc.pid)
         before = (out / "trials.jsonl").read_text() if (out / "trials.jsonl").exists() else ""
