@@ -19,8 +19,10 @@ from typing import Any
 from tuner import knobs, spec
 from tuner.capacity import Watch
 from tuner.errors import UserError
+from tuner.localray import ray_internal_replaced
 from tuner.records import aggregate, apply_constraints, logged_metrics, objective_values, rank
 from tuner.screening import BOARD_KEY, Board, rescreen, with_compile_cost
+from tuner.settings import HUSH_ENV
 from tuner.study import JOURNAL, Canonical, Recorder, SearchSpace, cannot_write, make_sampler
 from tuner.tables import Progress
 
@@ -85,8 +87,6 @@ def measure_config(knob_config: dict, job: TrialJob, baseline: bool = False, scr
     if "CUDA_VISIBLE_DEVICES" in os.environ:
         env["CUDA_VISIBLE_DEVICES"] = os.environ["CUDA_VISIBLE_DEVICES"]
     if job.hush_dir:
-        from tuner.settings import HUSH_ENV
-
         env[HUSH_ENV] = job.hush_dir
     request = make_request(workload=job.workload, workload_args=job.workload_args,
                            base_dir=job.base_dir, config=knob_config, baseline=baseline,
@@ -240,8 +240,6 @@ def _callbacks_uncounted() -> contextlib.AbstractContextManager:
     logger integration it knows, MLflow's among them, which imports MLflow itself where
     it is installed (0.6-0.9 s here), between the baseline and each search's first
     trial. The count only feeds Ray's usage report."""
-    from tuner.localray import ray_internal_replaced
-
     try:
         from ray.air._internal import usage
     except ImportError:  # another Ray: it counts, as it would
