@@ -210,8 +210,9 @@ def test_two_objectives_write_a_pareto_front_and_a_memory_cap_excludes(tmp_path,
 
 def test_a_local_ray_starts_without_the_parts_a_search_never_reads(no_ray):
     """No log monitor (it reads Ray's log files every 0.1 s, for drivers that want
-    workers' output; a search does not), no autoscaler monitor, metrics off, the raylet's timers rarer: CPU
-    beside every trial otherwise."""
+    workers' output; a search does not), no autoscaler monitor, no dashboard head where
+    no trial has ranks, metrics off, the raylet's timers rarer: CPU beside every trial
+    otherwise."""
     import base64
     import json
     import os
@@ -222,12 +223,13 @@ def test_a_local_ray_starts_without_the_parts_a_search_never_reads(no_ray):
     from tuner.localray import QUIET_RAY_CONFIG, QUIET_RAY_ENV, start_local_ray
 
     unset = [k for k in QUIET_RAY_ENV if k not in os.environ]
-    start_local_ray(num_cpus=1, log_to_driver=False)
+    start_local_ray(num_cpus=1, log_to_driver=False, state_api=False)
     try:
         assert ray.get(ray.remote(lambda: 7).remote()) == 7
         cmds = [" ".join(p.cmdline()) for p in psutil.Process().children(recursive=True)]
         assert any("gcs_server" in c for c in cmds) and any("raylet" in c for c in cmds)
         assert not [c for c in cmds if "log_monitor.py" in c or "autoscaler/_private/monitor.py" in c]
+        assert not [c for c in cmds if "dashboard/dashboard.py" in c]  # no head process without ranks
         node = ray._private.worker._global_node  # the config the head was started with
         assert all(node._config.get(k) == v for k, v in QUIET_RAY_CONFIG.items())
         # ...and the GCS, from which the raylet and every worker take theirs
@@ -242,9 +244,10 @@ def test_a_local_ray_starts_without_the_parts_a_search_never_reads(no_ray):
         ray.shutdown()
         for k in unset:  # this process's environment as it was, for the tests after
             os.environ.pop(k, None)
-    from ray._private import parameter
+    from ray._private import node, parameter
 
-    assert parameter.RayParams.__name__ == "RayParams"  # put back for whoever starts Ray next
+    # put back for whoever starts Ray next
+    assert parameter.RayParams.__name__ == "RayParams" and node.Node.start_api_server.__name__ == "start_api_server"
 
 
 def test_the_node_s_facts_start_the_trial_forkserver_in_the_worker_that_answers():

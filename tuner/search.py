@@ -125,7 +125,8 @@ def run_search(space: spec.Space, *, results_root: Path, address: str | None = N
         started = False
         try:
             with keep_sigterm():
-                started = start_ray(address)
+                # Ray Train, which runs a trial's ranks, reads Ray's state API
+                started = start_ray(address, state_api=max(space.domain.get("world_size", [1])) > 1)
             ray_start_s = time.time() - t_ray
             link_ray_logs(out)
             return _search(space, out, progress, ray_start_s, sessions)
