@@ -110,21 +110,26 @@ def test_the_exported_data_parallel_script_exits_cleanly_with_the_cores_busy(tmp
     hogs = [ctx.Process(target=spin, args=(600,)) for _ in range(os.cpu_count() or 2)]
     for h in hogs:
         h.start()
+    runs = []
     try:
-        codes = []
-        for args in (["--steps", "3"], [], ["--steps", "3"], [], ["--steps", "3"]):
-            r = _torchrun(script, tmp_path, *args)
-            codes.append(r.returncode)
-            assert r.returncode == 0, f"run {len(codes)}: {r.stderr[-2000:]}"
+        # at once: each run's exit meets the others' start-up and training, as well as the spinners
+        for n, args in enumerate((["--steps", "3"], [], ["--steps", "3"], [], ["--steps", "3"])):
+            (tmp_path / f"run{n}").mkdir()
+            runs.append(_torchrun(script, tmp_path / f"run{n}", *args, wait=False))
+        for n, run in enumerate(runs):
+            run.wait(timeout=300)
+            assert run.returncode == 0, f"run {n + 1}: {(tmp_path / f'run{n}' / 'stderr').read_text()[-2000:]}"
     finally:
-        for h in hogs:
-            kill_tree(h.pid)
-    assert codes == [0] * 5
+        for p in [*hogs, *runs]:
+            kill_tree(p.pid)
 
 
-def _torchrun(script, cwd, *args):
-    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                           str(script), *args], capture_output=True, text=True, timeout=300, cwd=cwd)
+def _torchrun(script, cwd, *args, wait=True):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script), *args]
+    if not wait:
+        # stderr to a file: runs read one after another must not block on a full pipe
+        return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(cwd / "stderr", "w"), cwd=cwd)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=cwd)
 
 
 def test_data_parallel_knobs_reach_hugging_face_and_lightning(tmp_path, monkeypatch):
