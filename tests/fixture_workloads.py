@@ -49,6 +49,22 @@ def sleepy(step_s: float = 0.02, size: int = 256) -> Workload:
     return Workload(model=lambda: nn.Linear(8, 1), dataset=lambda: Numbers(size), loss=loss)
 
 
+def sleepy_where(path: str, step_s: float = 0.01) -> Workload:
+    """``sleepy``, whose trial writes to ``path`` the process that started its trial
+    forkserver (the trial's parent's parent)."""
+    import os
+
+    import psutil
+
+    def dataset():
+        with open(path, "a") as f:
+            f.write(f"{psutil.Process(os.getppid()).ppid()}\n")
+        return Numbers(256)
+
+    base = sleepy(step_s)
+    return Workload(model=base.model, dataset=dataset, loss=base.loss)
+
+
 _HELD = []
 
 

@@ -264,6 +264,27 @@ def test_the_node_s_facts_start_the_trial_forkserver_in_the_worker_that_answers(
     assert r.stdout.strip().splitlines()[-1] == "True"
 
 
+def test_tune_s_trials_measure_in_the_worker_that_measured_the_baseline(tmp_path, ray_local):
+    """One trial forkserver per node: Tune's trials hand their measurements to an idle
+    worker of their node, the baseline's, whose forkserver has torch imported, rather
+    than start one in each trial's actor (2 s before each search's first trial)."""
+    where = tmp_path / "where"
+    space = _space(tmp_path, f"""\
+        name: where
+        workload: {FIXTURES}:sleepy_where
+        workload_args: {{path: "{where}"}}
+        knobs:
+          micro_batch_size: [4, 8]
+        sampler: grid
+        budget: {{trials: 2}}
+        confirm: {{top: 0}}
+        """)
+    summary = run_search(space, results_root=tmp_path / "r", quiet=True)
+    assert summary["trials"] == 2
+    servers = where.read_text().split()
+    assert len(servers) == 3 and len(set(servers)) == 1, servers  # the baseline's and both trials'
+
+
 def _pid() -> int:
     import os
 

@@ -76,23 +76,37 @@ def compile_group_key(knob_config: dict, workload: str, workload_args: dict) -> 
     return hashlib.sha1(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def measure_config(knob_config: dict, job: TrialJob, baseline: bool = False, screen: dict | None = None) -> dict:
+@dataclass
+class Placement:
+    """What Ray gave the Tune trial that hands its measurement to another worker
+    (``_measure``): that worker holds no GPU and no CPU of its own."""
+
+    gpu_ids: list[str]
+    visible: str | None  # CUDA_VISIBLE_DEVICES
+    holder: int  # the trial actor's process, idle beside the trial: not load
+
+
+def measure_config(knob_config: dict, job: TrialJob, baseline: bool = False, screen: dict | None = None,
+                   placement: Placement | None = None) -> dict:
     """Measure one config in a child process, or through Ray Train when it has several
-    ranks; returns the record (never raises)."""
+    ranks; returns the record (never raises). ``placement``: the resources of the Tune
+    trial this measures for, when that is not this process."""
     from tuner.trial import make_request, run_isolated
 
     env = {}
     cpus = job.cpus_per_trial(knob_config)
     env["OMP_NUM_THREADS"] = str(int(cpus))
-    if "CUDA_VISIBLE_DEVICES" in os.environ:
-        env["CUDA_VISIBLE_DEVICES"] = os.environ["CUDA_VISIBLE_DEVICES"]
+    visible = placement.visible if placement else os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        env["CUDA_VISIBLE_DEVICES"] = visible
     if job.hush_dir:
         env[HUSH_ENV] = job.hush_dir
     request = make_request(workload=job.workload, workload_args=job.workload_args,
                            base_dir=job.base_dir, config=knob_config, baseline=baseline,
                            device=job.device, measure=job.measure, run=job.run,
                            seed=job.seed, env=env,
-                           observers=[os.getpid(), *job.observers], screen=screen,
+                           observers=[os.getpid(), *([placement.holder] if placement else []), *job.observers],
+                           screen=screen,
                            compile_cache=_compile_cache(knob_config, job), nice=job.nice)
     started = time.time()
     world = int(knob_config.get("world_size", 1))
@@ -110,7 +124,7 @@ def measure_config(knob_config: dict, job: TrialJob, baseline: bool = False, scr
 
         record["node"] = ray.get_runtime_context().get_node_id()
         record["node_ip"] = ray.util.get_node_ip_address()
-        record["gpu_ids"] = [str(g) for g in ray.get_gpu_ids()]
+        record["gpu_ids"] = placement.gpu_ids if placement else [str(g) for g in ray.get_gpu_ids()]
     except Exception:  # outside Ray (tests of this function)
         record["node"], record["gpu_ids"] = None, []
     record["cpus_reserved"] = cpus if world == 1 else world * knobs.process_cpus(knob_config)
@@ -119,6 +133,25 @@ def measure_config(knob_config: dict, job: TrialJob, baseline: bool = False, scr
     hw = record.get("hardware") or {}
     record["gpu_model"] = hw.get("gpu")
     return apply_constraints(record, job.constraints)
+
+
+def _measure(knob_config: dict, job: TrialJob, screen: dict | None = None) -> dict:
+    """``measure_config`` for a Tune trial, run by an idle worker of this node rather
+    than by the trial's actor: the worker that measured the baseline has its trial
+    forkserver running (torch imported), which the actor would start anew before its
+    first trial (2 s of every search here, and the memory of a second torch). It takes
+    no resources: the actor holds the trial's. A config with several ranks is driven
+    from the actor, through Ray Train."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    if int(knob_config.get("world_size", 1)) > 1:
+        return measure_config(knob_config, job, screen=screen)
+    placement = Placement(gpu_ids=[str(g) for g in ray.get_gpu_ids()],
+                          visible=os.environ.get("CUDA_VISIBLE_DEVICES"), holder=os.getpid())
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+    task = ray.remote(measure_config).options(num_cpus=0, max_retries=0, scheduling_strategy=here)
+    return ray.get(task.remote(knob_config, job, screen=screen, placement=placement))
 
 
 def _trainable(config: dict, job: TrialJob) -> None:
@@ -130,11 +163,11 @@ def _trainable(config: dict, job: TrialJob) -> None:
     report: dict = {}
     if screen and screen.get("recheck"):
         # the incumbent again first: the threshold as the machine runs now
-        recheck = with_compile_cost(measure_config(screen["recheck"], job), cold)
+        recheck = with_compile_cost(_measure(screen["recheck"], job), cold)
         recheck["phase"] = "recheck"
         screen = rescreen(screen, recheck)
         report["recheck"] = json.dumps(recheck, default=str)
-    record = with_compile_cost(measure_config(knob_config, job, screen=screen), cold)
+    record = with_compile_cost(_measure(knob_config, job, screen=screen), cold)
     record["phase"] = "search"
     record["trial_id"] = tune.get_context().get_trial_id()
     report.update(objective_values(record, job.objective))
@@ -224,7 +257,7 @@ def fit(run: SearchRun, start: list[dict], storage: Any, remaining: int, previou
                                   failure_config=tune.FailureConfig(max_failures=1)),
     )
     try:
-        with _callbacks_uncounted():
+        with _callbacks_uncounted(), _actors_in_the_job_env():
             tuner.fit()
     except Exception:
         if (run.recorder.failure or run.failure) is None:
@@ -245,6 +278,20 @@ def _callbacks_uncounted() -> contextlib.AbstractContextManager:
     except ImportError:  # another Ray: it counts, as it would
         return contextlib.nullcontext()
     return ray_internal_replaced(usage, "tag_callbacks", lambda callbacks: False)
+
+
+def _actors_in_the_job_env() -> contextlib.AbstractContextManager:
+    """Tune's trial actors without the environment variable Tune gives them by default
+    (``PL_DISABLE_FORK``, for Lightning's own Trainer, which no trial runs: the trial
+    processes run the tuner's loop). With a runtime env of its own, an actor cannot
+    take one of the workers Ray starts ahead, idle, on every node: it waited for a new
+    one to boot (1.3 s before each search's first trial here), and its trials ran in
+    another environment than the baseline's and the confirm rounds'."""
+    try:
+        from ray.tune.execution import class_cache
+    except ImportError:  # another Ray: its actors get Tune's defaults
+        return contextlib.nullcontext()
+    return ray_internal_replaced(class_cache, "DEFAULT_ENV_VARS", {})
 
 
 def first_points(space: spec.Space, ctx: knobs.Context, start: list[dict], previous: list[dict],
