@@ -63,8 +63,9 @@ def test_show_export_report_run_without_ray_or_torch(tmp_path):
 
 
 def test_the_process_that_runs_trials_never_imports_torch(tmp_path):
-    """A Tune trial's actor (or the baseline's worker) only hands each config to a fresh
-    process: importing torch itself (about a second) would hold up a search's first trial."""
+    """The worker that measures (the baseline's, to which Tune's trials hand their
+    configs) only hands each config to a fresh process: importing torch itself (about a
+    second) would hold up a search's first measurement."""
     code = (
         "import sys\n"
         "from tests.helpers import FAST_MEASURE, ref\n"
