@@ -8,7 +8,7 @@ timed with Ray's processes in each of three states, in a random order within eve
 cycle, so that the VM's drift hits every state alike (the ratios are paired per cycle):
 
 - ``tuner``: as a search leaves them (``tuner.localray.tuner_processes``): the daemons
-  (GCS, dashboard, agents) at SCHED_IDLE (they run on a core nothing else wants, and do
+  (GCS, agents) at SCHED_IDLE (they run on a core nothing else wants, and do
   not preempt the loop when they wake), the raylet and the workers as Ray starts them;
 - ``nice10``: the daemons at nice 10 instead, as searches left them
   before (a thread cannot leave SCHED_IDLE without privilege: root only);
@@ -56,7 +56,8 @@ def main() -> None:
     from tuner.workloads import load_workload
 
     cores = os.cpu_count() or 1
-    start_local_ray(log_to_driver=False, logging_level="ERROR", num_cpus=cores)
+    # as a search whose trials have one rank starts it: no dashboard head process
+    start_local_ray(log_to_driver=False, logging_level="ERROR", num_cpus=cores, state_api=False)
     time.sleep(3)  # the raylet starts its agents and an idle worker in the background
     tuner_processes(local=True)  # the daemons, as in a search
     procs = psutil.Process().children(recursive=True)

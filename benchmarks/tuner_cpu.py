@@ -1,8 +1,9 @@
 """The tuner's own CPU and wake-ups beside a trial in a search, process by process: Ray's
 defaults and an actor beside the trial (as searches ran before stop 30), a search as stop
 30 left it (``start_local_ray``, no actor, the driver's loop asleep through the windows),
-and one as it runs now (the raylet's timers rarer as well, ``QUIET_RAY_CONFIG``, and no
-autoscaler monitor, ``QUIET_RAY_PARAMS``).
+and one as it runs now (the raylet's timers rarer as well, ``QUIET_RAY_CONFIG``, no
+autoscaler monitor, ``QUIET_RAY_PARAMS``, and no dashboard head process: the trial has
+one rank).
 
 Each measurement is a fresh driver process that starts a local Ray as the state says and
 runs a Tune search of one trial. The trial sleeps (its own CPU is Ray's core worker
@@ -139,7 +140,9 @@ def one(state: str, window_s: float) -> dict:
             import tuner.localray
 
             tuner.localray.QUIET_RAY_PARAMS = {"include_log_monitor": False}
-        start_local_ray(**kwargs, **({"_system_config": RAYLET_TIMER_DEFAULTS} if state == "stop30" else {}))
+        # now: a search whose trials have one rank starts no dashboard head process
+        start_local_ray(**kwargs, **({"_system_config": RAYLET_TIMER_DEFAULTS} if state == "stop30"
+                                     else {"state_api": False}))
         import tempfile
 
         hush = tempfile.mkdtemp(prefix="tuner-hush-")
