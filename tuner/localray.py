@@ -131,7 +131,8 @@ def _no_api_server(node: Any, **_: Any) -> None:
 def start_local_ray(state_api: bool = True, **kwargs: Any) -> None:
     """``ray.init`` of a Ray on this machine for a search or a bench: no dashboard (nor
     its head process without ``state_api``: ``_no_api_server``), no log monitor or
-    autoscaler monitor (``QUIET_RAY_PARAMS``), metrics and task events off or rare, the raylet's timers rarer (``QUIET_RAY_CONFIG``, ``QUIET_RAY_ENV``).
+    autoscaler monitor (``QUIET_RAY_PARAMS``), metrics and task events off or rare, the
+    raylet's timers rarer (``QUIET_RAY_CONFIG``, ``QUIET_RAY_ENV``).
     ``ray.init`` has no switch for the two monitors; the parameters it builds are given
     ``QUIET_RAY_PARAMS`` as defaults, each where Ray's version has that field, and Ray's
     own defaults otherwise."""
