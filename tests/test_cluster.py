@@ -30,7 +30,10 @@ def _start_head() -> tuple[subprocess.Popen, str, dict, str]:
     head = subprocess.Popen(
         [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block", f"--temp-dir={temp_dir}", f"--port={_free_port()}",
          "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}", "--num-cpus=2", "--num-gpus=0",
-         "--include-dashboard=true", "--disable-usage-stats"],
+         "--include-dashboard=true", "--disable-usage-stats",
+         # the job agent's HTTP port is 52365 unless told: with another Ray on this
+         # machine (a developer's own), this head would have no job agent
+         f"--dashboard-agent-listen-port={_free_port()}"],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     return head, f"http://127.0.0.1:{dash}", env, temp_dir
 
