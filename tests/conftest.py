@@ -1,6 +1,68 @@
 from __future__ import annotations
 
+import fcntl
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
 import pytest
+
+# The suite runs two tests at a time (`pytest -n 2`): most of its tests wait on Ray, on
+# subprocesses or on sleeping trials, and leave the cores half idle. A test whose
+# assertions need a quiet machine (a rate against a reference, a window's disturbance,
+# ranks that load every core) is marked `alone`: it has the machine to itself while the
+# other worker waits. The other tests' searches say `max_interference: 1.0`: the test
+# beside them is load they do not check.
+
+
+@contextmanager
+def _machine(lock_dir: Path, alone: bool) -> Iterator[None]:
+    """A readers-writer lock between the workers: `alone` tests hold it exclusively, the
+    others share it. The gate keeps a waiting `alone` test from being overtaken by the
+    shared tests that keep arriving."""
+    with open(lock_dir / "machine.gate", "a") as gate, open(lock_dir / "machine.lock", "a") as lock:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        finally:
+            fcntl.flock(gate, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+_held: list = []  # the exclusive hold, kept across `alone` tests in a row
+
+
+def _alone(item: pytest.Item | None) -> bool:
+    return item is not None and item.get_closest_marker("alone") is not None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        yield  # one test at a time: nothing to share
+        return
+    if not _held:
+        # beside the workers' own temporary folders: one per run of the suite
+        hold = _machine(item.config._tmp_path_factory.getbasetemp().parent, _alone(item))
+        hold.__enter__()
+        _held.append(hold)
+    yield
+    # `alone` tests in a row keep the machine between them; a shared test lets go after
+    # each, so that an `alone` test can start
+    if not (_alone(item) and _alone(nextitem)):
+        _held.pop().__exit__(None, None, None)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # the `alone` tests first: xdist hands each worker a run of consecutive tests to
+        # start with, so they run in a row on one worker, which keeps the machine between
+        # them, and the other worker waits once rather than before each of them
+        items.sort(key=lambda item: not _alone(item))
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import pytest
 from tests.helpers import FIXTURES
 from tests.test_spec import BAD_SPACES
 
-FAST = "measure: {warmup_steps: 2, window_s: 0.2, min_windows: 3, max_windows: 4}\n"
+FAST = "measure: {warmup_steps: 2, window_s: 0.2, min_windows: 3, max_windows: 4, max_interference: 1.0}\n"
 
 
 def tuner(*args, cwd=None, timeout=180):

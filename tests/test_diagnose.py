@@ -18,6 +18,7 @@ def _measure(workers):
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # the share of time spent waiting for data
 def test_slow_dataset_is_input_bound_until_there_are_enough_workers():
     slow = _measure(0)
     d = diagnose(slow)

@@ -101,6 +101,7 @@ def _train_two_ranks(config: dict) -> dict[int, list[float]]:
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # two ranks on two cores
 def test_no_sync_accumulation_gives_the_gradients_of_an_all_reduce_per_micro_batch():
     # gloo, two processes, the real Trainer: three optimizer steps of two micro-batches
     base = {"world_size": 2, "micro_batch_size": 4, "grad_accum_steps": 2}
@@ -137,6 +138,7 @@ def _spy(tmp_path, config, measure=None, **args):
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_two_ranks_train_ddp_with_the_knobs_and_agree_on_every_window(ray_4cpu, tmp_path):
     config = {"world_size": 2, "micro_batch_size": 8, "grad_accum_steps": 2, "ddp_bucket_cap_mb": 50,
               "ddp_gradient_as_bucket_view": True, "ddp_comm_hook": "fp16_compress",
@@ -211,6 +213,7 @@ def test_a_rank_that_raises_or_hangs_is_named_and_leaves_no_process(ray_4cpu, tm
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # undisturbed windows and the per-rank rate
 def test_a_search_over_world_size_reports_scaling_efficiency(ray_4cpu, tmp_path):
     from tests.test_search import _records, _space
     from tuner.search import run_search

@@ -96,6 +96,7 @@ def test_the_exported_data_parallel_script_trains_under_torchrun(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # it loads every core itself
 def test_the_exported_data_parallel_script_exits_cleanly_with_the_cores_busy(tmp_path):
     """A rank that trained must not abort at exit (a process group or DataLoader workers
     left to the interpreter's teardown did, 3 runs in 5, with the cores busy)."""

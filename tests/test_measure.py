@@ -8,6 +8,8 @@ from tests.helpers import FAST_MEASURE, hog_from_first_window, ref
 from tuner.measure import Window, _steady, machine_cpu, median_error, own_peak_rss_bytes
 from tuner.trial import make_request, run_isolated
 
+pytestmark = pytest.mark.alone  # rates against references, load beside windows
+
 
 def _run(name, args=None, config=None, timeout=120, measure=None, progress=None, **kw):
     req = make_request(workload=ref(name), workload_args=args or {}, config=config or {},

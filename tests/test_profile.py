@@ -10,6 +10,7 @@ from tests.helpers import ref
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_profile_writes_a_trace_and_honest_figures(tmp_path):
     space = tmp_path / "s.yaml"
     space.write_text(f"name: p\nworkload: {ref('slow_data')}\nworkload_args: {{sample_s: 0.001, step_s: 0.05}}\n"

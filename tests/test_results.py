@@ -115,7 +115,7 @@ def _space_file(tmp_path, name, trials, extra=""):
         knobs:
           micro_batch_size: [2, 4, 6, 8, 10, 12]
         budget: {{trials: {trials}, trial_timeout_s: 60}}
-        measure: {{warmup_steps: 2, window_s: 0.2, min_windows: 3, max_windows: 4}}
+        measure: {{warmup_steps: 2, window_s: 0.2, min_windows: 3, max_windows: 4, max_interference: 1.0}}
         """) + extra)
     return p
 

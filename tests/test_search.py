@@ -17,7 +17,7 @@ from tuner.search import run_search
 pytestmark = pytest.mark.slow
 
 FAST = """\
-measure: {warmup_steps: 2, window_s: 0.2, min_windows: 3, max_windows: 4, max_timed_s: 4}
+measure: {warmup_steps: 2, window_s: 0.2, min_windows: 3, max_windows: 4, max_timed_s: 4, max_interference: 1.0}
 """
 
 
@@ -162,6 +162,7 @@ def test_faulty_trials_are_recorded_and_the_search_finishes(tmp_path, ray_local,
     assert not list(own_tmp.glob("tuner-hush-*"))
 
 
+@pytest.mark.alone  # the order of sleep-bound rates
 def test_screened_trials_in_a_row_send_the_incumbent_to_be_measured_again(tmp_path, ray_local):
     # sleep-bound: samples/s follows the micro-batch, so the first (8) leads and each
     # smaller one is screened out against it; after each, the incumbent is re-measured
@@ -454,6 +455,7 @@ def test_a_sigterm_that_lands_while_ray_waits_still_reads_as_sigterm(ray_local):
         ray_local.shutdown()  # the task still sleeps: the next test gets a Ray of its own
 
 
+@pytest.mark.alone  # three nodes on two cores
 def test_placement_on_logical_gpus_across_two_nodes(tmp_path, logical_gpu_cluster):
     records = _sleepy_search(tmp_path, logical_gpu_cluster, "placement", """\
         knobs:
@@ -475,6 +477,7 @@ def test_placement_on_logical_gpus_across_two_nodes(tmp_path, logical_gpu_cluste
     assert len({r["node"] for r in records}) == 2  # both nodes ran trials
 
 
+@pytest.mark.alone  # two ranks per trial, two trials at once
 def test_two_rank_trials_run_at_once_and_never_share_a_logical_gpu(tmp_path, logical_gpu_cluster):
     """Each rank gets its own GPU id, the ranks of a trial stay on one node, and two
     2-rank trials run at once on different GPUs (gloo: logical GPUs have no CUDA)."""
