@@ -51,6 +51,24 @@ def test_static_graph_is_never_combined_with_no_sync_accumulation():
     assert full["ddp_bucket_cap_mb"] == 25 and "needs world_size > 1" in notes[0]
 
 
+def test_a_rank_s_own_error_is_named_before_what_ray_says_of_its_peers():
+    """A rank that raises fails its peers too, as Ray sees them: on a loaded machine
+    rank 0's health check failed while rank 1 had raised, and the trial was put down to
+    rank 0. Ray's view of a rank names it only where no rank raised an error of its own."""
+    from types import SimpleNamespace
+
+    from ray.train.v2._internal.exceptions import WorkerHealthCheckFailedError
+
+    from tuner.distributed import _failure
+
+    checked = WorkerHealthCheckFailedError("A worker health check failed.", RuntimeError("gone"))
+    own = ValueError("rank 1 was told to fail")
+    kind, reason = _failure(SimpleNamespace(worker_failures={0: checked, 1: own}))
+    assert kind != "died" and reason.startswith("rank 1:") and "told to fail" in reason
+    kind, reason = _failure(SimpleNamespace(worker_failures={1: checked}))
+    assert kind == "died" and reason == "rank 1 died: A worker health check failed."
+
+
 def test_scaling_efficiency_pairs_equal_configs():
     rows = [{"feasible": True, "config": {"world_size": 1, "micro_batch_size": 8, "ddp_bucket_cap_mb": 25},
              "samples_per_sec": 100.0},

@@ -104,22 +104,32 @@ def run_ranks(request: TrialRequest, *, timeout_s: float = 600.0, spread: bool =
 
 
 def _failure(exc: BaseException) -> tuple[str, str]:
-    """(kind, one-line reason) of a failed Train run: the first rank's own error."""
+    """(kind, one-line reason) of a failed Train run: the lowest rank's own error. A
+    rank's failure also fails its peers, as Ray sees them (their processes end, or their
+    health checks fail on a loaded machine): those name the rank only where no rank
+    raised an error of its own."""
     failures: dict[int, BaseException] = getattr(exc, "worker_failures", None) or {}
     if not failures:
         cause = getattr(exc, "controller_failure", exc)
         return "error", f"Ray Train failed: {str(cause).strip().splitlines()[0][:300] if str(cause).strip() else type(cause).__name__}"
-    rank = min(failures)
-    err = failures[rank]
-    original = getattr(err, "cause", None) or getattr(err, "__cause__", None) or err
-    if isinstance(original, BaseException) and not _is_actor_death(original):
-        kind, reason = classify(original)
+    own = {rank: err for rank in sorted(failures) if (err := _own_error(failures[rank])) is not None}
+    if own:
+        rank = min(own)
+        kind, reason = classify(own[rank])
         return kind, f"rank {rank}: {reason}"
-    return "died", f"rank {rank} died: {str(err).strip().splitlines()[0][:200]}"
+    rank = min(failures)
+    return "died", f"rank {rank} died: {str(failures[rank]).strip().splitlines()[0][:200]}"
 
 
-def _is_actor_death(exc: BaseException) -> bool:
-    return type(exc).__name__ in ("ActorDiedError", "RayActorError", "WorkerCrashedError")
+def _own_error(err: BaseException) -> BaseException | None:
+    """The rank's own exception; None where Ray reports the rank's process as gone or
+    unresponsive."""
+    original = getattr(err, "cause", None) or getattr(err, "__cause__", None) or err
+    if not isinstance(original, BaseException) or type(original).__name__ in (
+            "ActorDiedError", "RayActorError", "WorkerCrashedError",
+            "WorkerHealthCheckFailedError", "WorkerHealthCheckTimeoutError"):
+        return None
+    return original
 
 
 class _Box:
