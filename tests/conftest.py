@@ -12,8 +12,9 @@ import pytest
 # subprocesses or on sleeping trials, and leave the cores half idle. A test whose
 # assertions need a quiet machine (a rate against a reference, a window's disturbance,
 # ranks that load every core) is marked `alone`: it has the machine to itself while the
-# other worker waits. The other tests' searches say `max_interference: 1.0`: the test
-# beside them is load they do not check.
+# other worker waits. The other tests' searches take their `measure:` from
+# `tests.helpers.measure_line`, which counts no window as disturbed: the test beside them
+# is load they do not check.
 
 
 @contextmanager

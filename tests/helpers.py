@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import multiprocessing as mp
 import os
 import time
@@ -12,6 +13,13 @@ from pathlib import Path
 FIXTURES = Path(__file__).parent / "fixture_workloads.py"
 # Short measurements: the tests check behaviour, not speed.
 FAST_MEASURE = {"warmup_steps": 2, "window_s": 0.2, "min_windows": 3, "max_windows": 4, "max_timed_s": 5.0}
+
+
+def measure_line(**settings: float) -> str:
+    """A space.yaml's ``measure:`` line for a test's search or bench: FAST_MEASURE with
+    ``settings``, and no window counted as disturbed by the load beside it, which under
+    ``pytest -n 2`` is another test's (tests/conftest.py), not what these tests check."""
+    return "measure: " + json.dumps({**FAST_MEASURE, "max_interference": 1.0, **settings}) + "\n"
 
 
 def ref(name: str) -> str:

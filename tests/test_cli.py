@@ -8,10 +8,10 @@ import time
 
 import pytest
 
-from tests.helpers import FIXTURES
+from tests.helpers import FIXTURES, measure_line
 from tests.test_spec import BAD_SPACES
 
-FAST = "measure: {warmup_steps: 2, window_s: 0.2, min_windows: 3, max_windows: 4, max_interference: 1.0}\n"
+FAST = measure_line()
 
 
 def tuner(*args, cwd=None, timeout=180):

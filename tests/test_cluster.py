@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import FIXTURES
+from tests.helpers import FIXTURES, measure_line
 from tuner.trial import kill_tree
 
 
@@ -86,8 +86,7 @@ def test_submit_to_a_running_head_with_token_auth(ray_head, tmp_path):
           micro_batch_size: [4, 8]
         budget: {trials: 2, trial_timeout_s: 60}
         confirm: {top: 0}
-        measure: {warmup_steps: 2, window_s: 0.2, min_windows: 3, max_windows: 3, max_interference: 1.0}
-        """))
+        """) + measure_line(max_windows=3))
     results = tmp_path / "cluster-results"
     # Submit from another folder: the job must carry the space and the workload file itself.
     r = subprocess.run([sys.executable, "-m", "tuner", "submit", str(workdir / "space.yaml"), "--address", address,

@@ -8,6 +8,8 @@ import textwrap
 
 import pytest
 
+from tests.helpers import measure_line
+
 pytest.importorskip("transformers")
 
 WORKLOAD = '''\
@@ -43,8 +45,7 @@ def _bench(tmp_path, args="", *flags):
         workload_args: {{{args}}}
         knobs:
           micro_batch_size: [8]
-        measure: {{warmup_steps: 2, window_s: 0.2, min_windows: 3, max_windows: 4, max_interference: 1.0}}
-        """))
+        """) + measure_line())
     return subprocess.run([sys.executable, "-m", "tuner", "bench", str(space), "--json", *flags],
                           capture_output=True, text=True, timeout=300)
 

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tests.helpers import FIXTURES
+from tests.helpers import FIXTURES, measure_line
 from tests.test_search import _records, _space
 from tuner.errors import ClusterShrunk
 from tuner.search import run_search
@@ -71,7 +71,7 @@ def test_nodes_lost_during_a_search_idle_mid_trial_and_all_of_them(tmp_path, mon
         resources: {{max_concurrent: 1}}
         budget: {{trials: 4, trial_timeout_s: 12}}
         """,  # 16 windows of 0.3 s: a trial still runs after the idle node is lost and a node joins
-        measure="measure: {warmup_steps: 2, window_s: 0.3, min_windows: 16, max_windows: 16, max_timed_s: 10, max_interference: 1.0}\n")
+        measure=measure_line(window_s=0.3, min_windows=16, max_windows=16, max_timed_s=10))
     monkeypatch.setenv("TUNE_DISABLE_SIGINT_HANDLER", "1")
     ray.shutdown()  # a session another test left: this test's driver joins its own cluster
     ray.init(address=cluster.address, log_to_driver=False)

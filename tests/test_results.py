@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers import FIXTURES
+from tests.helpers import FIXTURES, measure_line
 from tuner.cli import main
 from tuner.results import open_results, pick
 
@@ -115,8 +115,7 @@ def _space_file(tmp_path, name, trials, extra=""):
         knobs:
           micro_batch_size: [2, 4, 6, 8, 10, 12]
         budget: {{trials: {trials}, trial_timeout_s: 60}}
-        measure: {{warmup_steps: 2, window_s: 0.2, min_windows: 3, max_windows: 4, max_interference: 1.0}}
-        """) + extra)
+        """) + measure_line() + extra)
     return p
 
 

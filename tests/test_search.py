@@ -10,15 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import FIXTURES
+from tests.helpers import FIXTURES, measure_line
 from tuner import spec
 from tuner.search import run_search
 
 pytestmark = pytest.mark.slow
 
-FAST = """\
-measure: {warmup_steps: 2, window_s: 0.2, min_windows: 3, max_windows: 4, max_timed_s: 4, max_interference: 1.0}
-"""
+FAST = measure_line(max_timed_s=4)
 
 
 def _space(tmp_path, text, measure=FAST):
@@ -175,7 +173,7 @@ def test_screened_trials_in_a_row_send_the_incumbent_to_be_measured_again(tmp_pa
         sampler: grid
         budget: {{trials: 3, trial_timeout_s: 60}}
         confirm: {{top: 0}}
-        """, FAST.replace("}", ", recheck_after: 1}"))
+        """, measure_line(max_timed_s=4, recheck_after=1))
     summary = run_search(space, results_root=tmp_path / "r", quiet=True)
     records = _records(tmp_path / "r" / "recheck")
     phases = [(r["phase"], r["config"]["micro_batch_size"]) for r in records]
