@@ -70,7 +70,7 @@ driver, this process, stays free); the swaps pin them, so those rows need
 
 ``--again`` adds its rows to the out file's ``measured_again``, as a run of their own (its
 date, machine, command); ``measured_again_pooled`` pools each config's rounds over every
-such run (``pooled_again``), and the bias across those pooled rows is
+run, the file's first included (``runs_of``, ``pooled_again``), and the bias across those pooled rows is
 ``measured_again_across_loops``.
 
 On a GPU the plain loop also moves each batch itself (``.to(device, non_blocking=...)``),
@@ -577,6 +577,12 @@ def across_loops(rows: list[dict], tolerance: float) -> dict:
     return {loop: across_rows([r for r in rows if r.get("loop", "plain") == loop], tolerance) for loop in loops}
 
 
+def runs_of(data: dict) -> list[dict]:
+    """Every run of an out file that measured rows: its first (``rows``), then each of
+    ``measured_again``."""
+    return [{"date": data["date"], "rows": data["rows"]}, *data.get("measured_again", [])]
+
+
 def pooled_again(runs: list[dict], tolerance: float) -> list[dict]:
     """Each config of the rows measured again (``--again``), over every round of every run
     that measured it: a round's ratio is paired within the round, so a host that ran
@@ -695,7 +701,7 @@ def main() -> None:
     def save() -> None:  # after every row: an interrupted run keeps what it measured
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         if kept is not None:
-            pooled = kept["measured_again_pooled"] = pooled_again(kept["measured_again"], a.tolerance)
+            pooled = kept["measured_again_pooled"] = pooled_again(runs_of(kept), a.tolerance)
             kept["measured_again_across_loops"] = across_loops(pooled, a.tolerance)
             Path(a.out).write_text(json.dumps(kept, indent=2, default=str))
             return

@@ -50,18 +50,33 @@ def sleepy(step_s: float = 0.02, size: int = 256) -> Workload:
 
 
 def sleepy_where(path: str, step_s: float = 0.01) -> Workload:
-    """``sleepy``, whose trial writes to ``path`` the process that started its trial
-    forkserver (the trial's parent's parent)."""
+    """``sleepy``, whose trial writes to ``path`` the process that started it (the
+    trial's parent)."""
+    import os
+
+    def dataset():
+        with open(path, "a") as f:
+            f.write(f"{os.getppid()}\n")
+        return Numbers(256)
+
+    base = sleepy(step_s)
+    return Workload(model=base.model, dataset=dataset, loss=base.loss)
+
+
+def started_as(path: str) -> Workload:
+    """``sleepy``, whose trial writes to ``path`` how its process started: its parent and
+    its command line."""
+    import json
     import os
 
     import psutil
 
     def dataset():
-        with open(path, "a") as f:
-            f.write(f"{psutil.Process(os.getppid()).ppid()}\n")
+        with open(path, "w") as f:
+            json.dump({"ppid": os.getppid(), "cmdline": psutil.Process().cmdline()}, f)
         return Numbers(256)
 
-    base = sleepy(step_s)
+    base = sleepy(0.001)
     return Workload(model=base.model, dataset=dataset, loss=base.loss)
 
 

@@ -232,9 +232,9 @@ def test_malloc_retain_keeps_a_step_s_buffers_from_faulting_in_again():
 
 
 @pytest.mark.slow
-def test_forked_trial_counts_the_pages_it_shares_with_its_server():
-    # A trial forked from the server that imported torch holds torch's pages as a
-    # process that imports torch itself does: at least what a bare `import torch` holds.
+def test_the_trial_s_peak_holds_what_its_own_import_of_torch_holds():
+    # The trial's process imports torch itself, as the user's does: its peak is at least
+    # what a bare `import torch` holds.
     import subprocess
     import sys
 

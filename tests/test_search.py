@@ -36,13 +36,13 @@ def _module_ray():
 @pytest.fixture
 def ray_local(_module_ray):
     """One local Ray shared by this module's tests that can share it (a start and a
-    shutdown cost ~5 s here, and its workers keep their trial forkservers); a test that
+    shutdown cost ~5 s here); a test that
     needs its own Ray (``no_ray``) ends it first, and the next test starts another."""
     import ray
 
     if not ray.is_initialized():
-        # a new Ray, as a search starts one (quiet; idle workers kept with their trial
-        # forkservers), never one a developer left running from `ray start`
+        # a new Ray, as a search starts one (quiet; idle workers kept), never one a
+        # developer left running from `ray start`
         from tuner.localray import start_local_ray
 
         start_local_ray(num_cpus=2, log_to_driver=False)
@@ -249,24 +249,10 @@ def test_a_local_ray_starts_without_the_parts_a_search_never_reads(no_ray):
     assert parameter.RayParams.__name__ == "RayParams" and node.Node.start_api_server.__name__ == "start_api_server"
 
 
-def test_the_node_s_facts_start_the_trial_forkserver_in_the_worker_that_answers():
-    """The worker that tells the driver whether its CPU runs bf16 measures the baseline
-    next: it starts its trial forkserver (torch imported) while the driver imports the
-    workload, rather than at the baseline's start."""
-    import subprocess
-    import sys
-
-    code = ("import psutil; from tuner.search import _cpu_facts; _cpu_facts(); "
-            "print(any('forkserver' in ' '.join(c.cmdline()) for c in psutil.Process().children()))")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr[-2000:]
-    assert r.stdout.strip().splitlines()[-1] == "True"
-
-
 def test_tune_s_trials_measure_in_the_worker_that_measured_the_baseline(tmp_path, ray_local):
-    """One trial forkserver per node: Tune's trials hand their measurements to an idle
-    worker of their node, the baseline's, whose forkserver has torch imported, rather
-    than start one in each trial's actor (2 s before each search's first trial)."""
+    """Tune's trials hand their measurements to an idle worker of their node, the
+    baseline's, rather than start their processes from each trial's actor: one parent,
+    one environment for every measurement of the search."""
     where = tmp_path / "where"
     space = _space(tmp_path, f"""\
         name: where
@@ -292,8 +278,8 @@ def _pid() -> int:
 
 def test_the_worker_that_measured_the_baseline_outlives_the_tune_run(ray_local):
     """Idle while two actors (Tune's trials) hold the cores, the worker that ran a task
-    (the baseline) is still there for the next (the confirm rounds), with its trial
-    forkserver: a Ray with its default settings ends an idle worker beyond one per CPU
+    (the baseline) is still there for the next (the confirm rounds): a Ray with its
+    default settings ends an idle worker beyond one per CPU
     after 1 s, and the next task started a new one."""
     first = ray_local.get(ray_local.remote(num_cpus=2)(_pid).remote())
 

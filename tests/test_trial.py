@@ -1,6 +1,8 @@
 """One config in its own process (tuner/trial.py): the typed request, and every failure
 as a result with a one-line reason."""
 
+import json
+import os
 import pickle
 
 import pytest
@@ -38,6 +40,18 @@ def test_nan_loss_is_a_result():
     assert "non-finite" in r["reason"]
     ok = _run("nan_in", {"precision_dtype": "float16"}, {"precision": "fp32", "micro_batch_size": 4})
     assert ok["loss_finite"] is True
+
+
+def test_a_trial_runs_in_a_fresh_interpreter_its_caller_started(tmp_path):
+    """Spawned, as a user's training starts, not forked from a server that imported torch
+    once: a forked child's heap follows its server's, and its rate with it
+    (docs/how-it-measures.md, "Your process against the tuner's figure")."""
+    where = tmp_path / "started.json"
+    r = _run("started_as", {"path": str(where)}, {"micro_batch_size": 4})
+    assert r["status"] == "ok", r.get("reason")
+    started = json.loads(where.read_text())
+    assert started["ppid"] == os.getpid()
+    assert "spawn_main" in " ".join(started["cmdline"]), started["cmdline"]
 
 
 @pytest.mark.slow

@@ -98,8 +98,8 @@ QUIET_RAY_CONFIG: dict[str, Any] = {
     "kill_idle_workers_interval_ms": 1000,
     # An idle worker beyond Ray's soft limit (one per CPU) is ended after 1 s by default:
     # on a small machine the worker that measured the baseline was, during the Tune run,
-    # and the confirm rounds paid a new worker and a new trial forkserver (torch imported
-    # again: ~3 s here). Kept an hour, the confirm rounds run where the baseline ran.
+    # and the confirm rounds paid a new worker's start. Kept an hour, the confirm rounds
+    # run where the baseline ran.
     "idle_worker_killing_time_threshold_ms": 3_600_000,
 }
 

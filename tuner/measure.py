@@ -101,39 +101,10 @@ def _status_kb(pid: int | str, field: str) -> int | None:
     return None
 
 
-def _file_pages_union(server: int) -> int | None:
-    """Bytes of this process's file-backed mappings resident in it or in ``server``
-    (the process it was forked from, whose mappings it shares), from the present bit of
-    both processes' /proc/PID/pagemap. None where pagemap cannot be read."""
-    import array
-
-    page = os.sysconf("SC_PAGE_SIZE")
-    total = 0
-    try:
-        with open("/proc/self/maps") as f:
-            maps = f.read().splitlines()
-        with open("/proc/self/pagemap", "rb") as mine, open(f"/proc/{server}/pagemap", "rb") as theirs:
-            for line in maps:
-                parts = line.split(maxsplit=5)
-                if len(parts) < 6 or not parts[5].startswith("/"):
-                    continue  # anonymous memory is in VmHWM already
-                lo, hi = (int(x, 16) for x in parts[0].split("-"))
-                n = (hi - lo) // page
-                a, b = array.array("Q"), array.array("Q")
-                mine.seek(lo // page * 8)
-                a.frombytes(mine.read(n * 8))
-                theirs.seek(lo // page * 8)
-                b.frombytes(theirs.read(n * 8))
-                total += sum(1 for x, y in zip(a, b, strict=False) if (x | y) >> 63)
-    except (OSError, ValueError):
-        return None
-    return total * page
-
-
 def own_peak_rss_bytes() -> int:
     """This process's peak resident set (the kernel's high-water mark, VmHWM): every
-    page it held, including those shared with the server it was forked from, as the
-    user's own process would hold them. Exact, and free to read (no sampling)."""
+    page it held, as the user's own process would hold them (the trial's process is a
+    fresh one, torch imported by itself). Exact, and free to read (no sampling)."""
     kb = _status_kb("self", "VmHWM")
     if kb is not None:
         return kb * 1024
@@ -199,17 +170,11 @@ class TreeProbe:
     largest sum of its workers' private pages seen at an edge.
     ``observers``: other processes whose CPU use is reported apart (the tuner's own:
     the launcher, the Tune driver, Ray's daemons).
-    ``server``: the process this one was forked from, after it imported torch. A
-    process that imports torch itself keeps the library pages its import touched
-    resident; a forked one holds only those it touches again. The library pages the
-    server holds beyond this process's are added, so that the figure is what the
-    user's own process would hold (checked against one in benchmarks/truth.py).
     """
 
-    def __init__(self, observers: list[int] | None = None, server: int | None = None):
+    def __init__(self, observers: list[int] | None = None):
         self.proc = psutil.Process()
         self.workers_peak = 0
-        self.server = server
         self.observers = [p for p in (_process(pid) for pid in observers or []) if p is not None]
         self.peers: list[psutil.Process] = []
         # looked for again before each window (``refresh_peers``): processes of the
@@ -252,12 +217,7 @@ class TreeProbe:
         self.workers_peak = max(self.workers_peak, sum(_private_bytes(c) for c in self.children()))
 
     def peak_host_bytes(self) -> int:
-        untouched = 0
-        if self.server is not None:
-            union, own = _file_pages_union(self.server), _status_kb("self", "RssFile")
-            if union is not None and own is not None:
-                untouched = max(0, union - own * 1024)
-        return own_peak_rss_bytes() + untouched + self.workers_peak
+        return own_peak_rss_bytes() + self.workers_peak
 
 
 def ray_workers_beside(probe: TreeProbe) -> list[int]:

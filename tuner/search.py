@@ -158,8 +158,8 @@ def _search(space: spec.Space, out: Path, progress: Progress, ray_start_s: float
     # On CPUs: whether they run bf16 in hardware (without, the guides' bf16 start ran conv at
     # 18 samples/s against fp32's 293 here, and that one trial made the search's model
     # blame every other knob of that start).
-    # Asked first: the worker that answers starts its trial forkserver meanwhile, while this
-    # driver imports the workload, and measures the baseline next.
+    # Asked first: the worker that answers measures the baseline next, and its start
+    # overlaps this driver's import of the workload.
     facts = (ray.remote(num_gpus=gpus_per_trial)(_gpu_facts) if device == "cuda"
              else ray.remote(num_cpus=1)(_cpu_facts)).remote()
     # The knob context of the trial machines: device kind, cores, whether the workload has sources.
@@ -314,10 +314,6 @@ def _gpu_facts() -> tuple[bool, bool]:
     and the ranks of a multi-rank trial talk over gloo, not NCCL."""
     import torch
 
-    from tuner.trial import warm_forkserver
-
-    warm_forkserver()
-
     if not torch.cuda.is_available():
         return True, False
     return bool(torch.cuda.is_bf16_supported()), True
@@ -327,9 +323,7 @@ def _cpu_facts() -> bool:
     """On a trial node's CPU: whether it runs bf16 in hardware. A plain function, because
     Ray's remote() takes functions and classes, not the lru_cache wrapper."""
     from tuner.hardware import cpu_has_bf16
-    from tuner.trial import warm_forkserver
 
-    warm_forkserver()
     return cpu_has_bf16()
 
 

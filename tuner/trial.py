@@ -1,8 +1,7 @@
 """Run one config in its own process: timeout, crash and OOM become results.
 
-``run_isolated(request)`` forks a fresh process (from a forkserver that has
-torch imported already, so a trial starts in well under a second), measures
-the config there and returns a plain dict. The child measures its own memory
+``run_isolated(request)`` starts a fresh Python process (spawned, not forked: a
+user's training starts as one), measures the config there and returns a plain dict. The child measures its own memory
 and the load beside it at window edges (``tuner.measure.TreeProbe``); the
 parent only blocks on the child's pipe (it takes no CPU from the trial), kills
 the tree when the trial exceeds its time limit, and turns every failure into a
@@ -11,6 +10,7 @@ result with ``status: infeasible`` and a one-line ``reason``.
 
 from __future__ import annotations
 
+import importlib
 import multiprocessing as mp
 import os
 import shutil
@@ -25,10 +25,17 @@ import psutil
 
 from tuner.errors import UserError, WorkloadError
 
-# Imported once by the forkserver, not by every trial it forks: torch, and torch._dynamo,
-# which the first optimizer step imports otherwise (1.5 s here, sympy and
-# torch.distributed among it, in every trial's startup). A user's process pays both once,
-# before its first step; neither is part of a config's cost.
+# Imported by the trial's process before its clock starts: torch, and torch._dynamo, which
+# the first optimizer step imports otherwise (1.5 s here, sympy and torch.distributed
+# among it). A user's process pays both once, before its first step; neither is part of
+# a config's cost.
+#
+# The process is spawned, not forked from a server that imported these once (which saved
+# about 2.7 s of each trial here): a forked child's glibc heap follows its server's, and its
+# rate with it. On hf_resnet without malloc_retain, 25 trials forked from one server all
+# drew the heap that takes twice the page faults per step (655 samples/s against 715);
+# bench with its trial forked read 1.034 of a user's fresh process, spawned 0.998
+# (docs/how-it-measures.md, "Your process against the tuner's figure").
 _PRELOAD = ["torch", "torch._dynamo", "tuner.loop", "tuner.measure", "tuner.hardware", "tuner.workloads.builtin"]
 
 
@@ -115,7 +122,7 @@ def resolve_config(request: TrialRequest) -> Resolved:
 
 
 def execute(request: TrialRequest, progress: Callable[[str], None] | None = None,
-            server: int | None = None, rank_info: dict | None = None) -> dict:
+            rank_info: dict | None = None) -> dict:
     """Build and measure the request's config in this process; return metrics + context.
     (Each rank of a multi-rank trial calls it too: ``tuner.distributed``.)"""
     import torch
@@ -148,7 +155,7 @@ def execute(request: TrialRequest, progress: Callable[[str], None] | None = None
         trainer = Trainer(workload, config, device, baseline=request.baseline, seed=request.seed)
         metrics = measure(trainer, MeasureSettings(**request.measure), RunPlan(**request.run),
                           startup_s=time.perf_counter() - t0, progress=progress,
-                          probe=TreeProbe(request.observers, server=server),
+                          probe=TreeProbe(request.observers),
                           screen=request.screen, rank_info=rank_info)
         notes = notes + trainer.notes
     finally:
@@ -235,18 +242,20 @@ def classify(exc: BaseException) -> tuple[str, str]:
 
 def _child(conn: Any, request: TrialRequest) -> None:
     os.environ.update(request.env)
-    # A forkserver child inherits "forkserver" as its default start method; put back
-    # the platform default so DataLoader workers start as in the user's own script.
+    # A spawned child may inherit its parent's start method; put back the platform
+    # default so DataLoader workers start as in the user's own script.
     mp.set_start_method(mp.get_all_start_methods()[0], force=True)
+    for name in _PRELOAD:
+        importlib.import_module(name)
     if "OMP_NUM_THREADS" in request.env:
-        # The forkserver imported torch already, so the variable alone would come too late:
-        # the trial's default thread count is the CPUs it reserved (the torch_threads knob
-        # still overrides it).
+        # The trial's default thread count is the CPUs it reserved (the torch_threads knob
+        # still overrides it), set as a call too: the variable is read once, by whatever
+        # first started torch's pool.
         import torch
 
         torch.set_num_threads(max(1, int(request.env["OMP_NUM_THREADS"])))
     try:
-        result = execute(request, progress=lambda msg: conn.send(("progress", msg)), server=os.getppid())
+        result = execute(request, progress=lambda msg: conn.send(("progress", msg)))
         conn.send(("result", result))
     except BaseException as exc:  # every failure is a result
         kind, reason = classify(exc)
@@ -292,23 +301,8 @@ def stall_limit(gaps: list[float]) -> float | None:
     return max(STALL_MIN_S, STALL_FACTOR * max(gaps)) if gaps else None
 
 
-def _forkserver() -> Any:
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(_PRELOAD)
-    return ctx
-
-
-def warm_forkserver() -> None:
-    """Start this process's trial forkserver (torch imported) ahead of its first trial,
-    where something else can run meanwhile."""
-    from multiprocessing import forkserver
-
-    _forkserver()
-    forkserver.ensure_running()
-
-
 def _run_once(request: TrialRequest, timeout_s: float, progress: Callable[[str], None] | None) -> dict:
-    ctx = _forkserver()
+    ctx = mp.get_context("spawn")
     recv, send = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_child, args=(send, request), daemon=False)
     t0 = time.perf_counter()

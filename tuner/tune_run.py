@@ -137,11 +137,10 @@ def measure_config(knob_config: dict, job: TrialJob, baseline: bool = False, scr
 
 def _measure(knob_config: dict, job: TrialJob, screen: dict | None = None) -> dict:
     """``measure_config`` for a Tune trial, run by an idle worker of this node rather
-    than by the trial's actor: the worker that measured the baseline has its trial
-    forkserver running (torch imported), which the actor would start anew before its
-    first trial (2 s of every search here, and the memory of a second torch). It takes
-    no resources: the actor holds the trial's. A config with several ranks is driven
-    from the actor, through Ray Train."""
+    than by the trial's actor: the worker that measured the baseline, so that the
+    baseline, the trials and the confirm rounds start their processes from one worker,
+    in one environment. It takes no resources: the actor holds the trial's. A config
+    with several ranks is driven from the actor, through Ray Train."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
