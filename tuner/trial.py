@@ -1,11 +1,11 @@
 """Run one config in its own process: timeout, crash and OOM become results.
 
 ``run_isolated(request)`` starts a fresh Python process (spawned, not forked: a
-user's training starts as one), measures the config there and returns a plain dict. The child measures its own memory
-and the load beside it at window edges (``tuner.measure.TreeProbe``); the
-parent only blocks on the child's pipe (it takes no CPU from the trial), kills
-the tree when the trial exceeds its time limit, and turns every failure into a
-result with ``status: infeasible`` and a one-line ``reason``.
+user's training starts as one), measures the config there and returns a plain dict.
+The child measures its own memory and the load beside it at window edges
+(``tuner.measure.TreeProbe``); the parent only blocks on the child's pipe (it takes no
+CPU from the trial), kills the tree when the trial exceeds its time limit, and turns
+every failure into a result with ``status: infeasible`` and a one-line ``reason``.
 """
 
 from __future__ import annotations
