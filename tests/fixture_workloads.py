@@ -49,34 +49,20 @@ def sleepy(step_s: float = 0.02, size: int = 256) -> Workload:
     return Workload(model=lambda: nn.Linear(8, 1), dataset=lambda: Numbers(size), loss=loss)
 
 
-def sleepy_where(path: str, step_s: float = 0.01) -> Workload:
-    """``sleepy``, whose trial writes to ``path`` the process that started it (the
-    trial's parent)."""
-    import os
-
-    def dataset():
-        with open(path, "a") as f:
-            f.write(f"{os.getppid()}\n")
-        return Numbers(256)
-
-    base = sleepy(step_s)
-    return Workload(model=base.model, dataset=dataset, loss=base.loss)
-
-
-def started_as(path: str) -> Workload:
-    """``sleepy``, whose trial writes to ``path`` how its process started: its parent and
-    its command line."""
+def started_as(path: str, step_s: float = 0.01) -> Workload:
+    """``sleepy``, whose every trial adds a JSON line to ``path`` saying how its process
+    started: its parent and its command line."""
     import json
     import os
 
     import psutil
 
     def dataset():
-        with open(path, "w") as f:
-            json.dump({"ppid": os.getppid(), "cmdline": psutil.Process().cmdline()}, f)
+        with open(path, "a") as f:
+            f.write(json.dumps({"ppid": os.getppid(), "cmdline": psutil.Process().cmdline()}) + "\n")
         return Numbers(256)
 
-    base = sleepy(0.001)
+    base = sleepy(step_s)
     return Workload(model=base.model, dataset=dataset, loss=base.loss)
 
 

@@ -256,7 +256,7 @@ def test_tune_s_trials_measure_in_the_worker_that_measured_the_baseline(tmp_path
     where = tmp_path / "where"
     space = _space(tmp_path, f"""\
         name: where
-        workload: {FIXTURES}:sleepy_where
+        workload: {FIXTURES}:started_as
         workload_args: {{path: "{where}"}}
         knobs:
           micro_batch_size: [4, 8]
@@ -266,7 +266,7 @@ def test_tune_s_trials_measure_in_the_worker_that_measured_the_baseline(tmp_path
         """)
     summary = run_search(space, results_root=tmp_path / "r", quiet=True)
     assert summary["trials"] == 2
-    servers = where.read_text().split()
+    servers = [json.loads(line)["ppid"] for line in where.read_text().splitlines()]
     assert len(servers) == 3 and len(set(servers)) == 1, servers  # the baseline's and both trials'
 
 
