@@ -439,6 +439,37 @@ def test_a_sigterm_that_lands_while_ray_waits_still_reads_as_sigterm(ray_local):
         ray_local.shutdown()  # the task still sleeps: the next test gets a Ray of its own
 
 
+def test_what_the_driver_writes_as_ray_shuts_down_goes_to_a_log_not_the_terminal(tmp_path, no_ray, capfd,
+                                                                                  monkeypatch):
+    """A stopped search says one line. A trial cut by the stop fails as the GCS goes, and
+    the driver's core worker then writes "Failed to push error to driver" to file
+    descriptor 2 from C++, above that line (seen under load in the stop test of
+    test_results.py). That line comes only in a race, so it is written here as the core
+    worker writes it, to descriptor 2, from inside a real Ray's shutdown."""
+    import os
+
+    import ray
+
+    from tuner.localray import shutdown_ray, start_local_ray
+
+    start_local_ray(num_cpus=1, log_to_driver=False, state_api=False)
+    real = ray.shutdown
+
+    def with_the_core_worker_s_line() -> None:
+        os.write(2, b"[E task_manager.cc] Failed to push error to driver for task d695\n")
+        real()
+
+    monkeypatch.setattr(ray, "shutdown", with_the_core_worker_s_line)
+    shutdown_ray(tmp_path / "ray-shutdown.log")
+    assert not ray.is_initialized()
+    os.write(2, b"stopped (SIGINT)\n")  # the command's own line, after
+    assert capfd.readouterr().err == "stopped (SIGINT)\n"
+    assert "Failed to push error" in (tmp_path / "ray-shutdown.log").read_text()
+    monkeypatch.undo()
+    shutdown_ray(tmp_path / "quiet.log")  # nothing written: no file left behind
+    assert not (tmp_path / "quiet.log").exists()
+
+
 @pytest.mark.alone  # three nodes on two cores
 def test_placement_on_logical_gpus_across_two_nodes(tmp_path, logical_gpu_cluster):
     records = _sleepy_search(tmp_path, logical_gpu_cluster, "placement", """\

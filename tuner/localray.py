@@ -8,6 +8,7 @@ import contextlib
 import logging
 import os
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -47,6 +48,36 @@ def keep_sigterm() -> Iterator[None]:
             yield
     finally:
         signal.signal(signal.SIGTERM, handler)  # over the core worker's
+
+
+def shutdown_ray(log: Path) -> None:
+    """``ray.shutdown()``, with what this process writes to its stderr meanwhile kept in
+    ``log`` (left only where something was written). The driver's core worker logs from
+    C++ straight to file descriptor 2: a trial cut by a stop fails as the GCS goes, and
+    the core worker reports it can no longer say so ("Failed to push error to driver"),
+    a line that would sit above the stop's own one-line message."""
+    import ray
+
+    sys.stderr.flush()
+    try:
+        sink = open(log, "ab")
+    except OSError:  # an unwritable results folder: Ray's lines go where they would
+        ray.shutdown()
+        return
+    saved = os.dup(2)
+    try:
+        os.dup2(sink.fileno(), 2)
+        try:
+            ray.shutdown()
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+    finally:
+        os.close(saved)
+        sink.close()
+        with contextlib.suppress(OSError):
+            if log.stat().st_size == 0:
+                log.unlink()
 
 
 def start_ray(address: str | None, state_api: bool = True) -> bool:

@@ -37,7 +37,14 @@ import yaml
 from tuner import knobs, spec
 from tuner.capacity import Watch, cluster_shape
 from tuner.errors import Stopped, UserError
-from tuner.localray import attached, keep_sigterm, link_ray_logs, start_ray, tuner_processes
+from tuner.localray import (
+    attached,
+    keep_sigterm,
+    link_ray_logs,
+    shutdown_ray,
+    start_ray,
+    tuner_processes,
+)
 from tuner.records import (
     aggregate,
     baseline_of,
@@ -98,7 +105,6 @@ def plan_resources(space: spec.Space, shape: dict) -> tuple[str, Callable[[dict]
 def run_search(space: spec.Space, *, results_root: Path, address: str | None = None,
                resume: bool = False, quiet: bool = False) -> dict:
     """Run the search and write results/<name>/; returns the summary."""
-    import ray
 
     m = space.model
     spec.check_name(m.name)
@@ -139,7 +145,7 @@ def run_search(space: spec.Space, *, results_root: Path, address: str | None = N
             if started and not address:
                 # ends the trials' actors, and with them their processes; a Ray the caller
                 # started (ray.init before run_search) is the caller's to end
-                ray.shutdown()
+                shutdown_ray(out / "ray-shutdown.log")
 
 
 def _search(space: spec.Space, out: Path, progress: Progress, ray_start_s: float, sessions: int) -> dict:
