@@ -2,6 +2,9 @@ from __future__ import annotations
 
 import fcntl
 import os
+import shutil
+import tempfile
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -41,14 +44,34 @@ def _alone(item: pytest.Item | None) -> bool:
     return item is not None and item.get_closest_marker("alone") is not None
 
 
+def _lock_dir() -> Path:
+    """One folder per run of the suite, which its workers share: xdist gives every worker
+    of a run the same ``PYTEST_XDIST_TESTRUNUID``; the controller removes it at the end."""
+    folder = Path(tempfile.gettempdir()) / f"tuner-tests-{os.environ['PYTEST_XDIST_TESTRUNUID']}"
+    folder.mkdir(exist_ok=True)
+    return folder
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not os.environ.get("PYTEST_XDIST_WORKER") and config.pluginmanager.hasplugin("xdist") \
+            and config.getoption("testrunuid", None) is None:
+        # chosen here rather than by xdist, so that the controller knows the folder to remove
+        config.option.testrunuid = uuid.uuid4().hex
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    run = session.config.getoption("testrunuid", None) if session.config.pluginmanager.hasplugin("xdist") else None
+    if run and not os.environ.get("PYTEST_XDIST_WORKER"):  # the controller, its workers done
+        shutil.rmtree(Path(tempfile.gettempdir()) / f"tuner-tests-{run}", ignore_errors=True)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         yield  # one test at a time: nothing to share
         return
     if not _held:
-        # beside the workers' own temporary folders: one per run of the suite
-        hold = _machine(item.config._tmp_path_factory.getbasetemp().parent, _alone(item))
+        hold = _machine(_lock_dir(), _alone(item))
         hold.__enter__()
         _held.append(hold)
     yield
