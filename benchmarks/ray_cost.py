@@ -1,7 +1,7 @@
 """What do the tuner's own Ray processes cost the training loop beside them?
 
 A local Ray as a search starts it (``tuner.localray.start_local_ray``: its daemons, an
-idle worker; before stop 30 also an actor and Ray's log monitor and metrics), and in the
+idle worker; no actor, no log monitor, no metrics), and in the
 same process a plain training loop on every core (2 threads on 2 cores: the case where
 a process that takes a core for a moment stalls both threads). The loop's windows are
 timed with Ray's processes in each of three states, in a random order within every

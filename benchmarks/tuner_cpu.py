@@ -1,9 +1,13 @@
-"""The tuner's own CPU and wake-ups beside a trial in a search, process by process: Ray's
-defaults and an actor beside the trial (as searches ran before stop 30), a search as stop
-30 left it (``start_local_ray``, no actor, the driver's loop asleep through the windows),
-and one as it runs now (the raylet's timers rarer as well, ``QUIET_RAY_CONFIG``, no
-autoscaler monitor, ``QUIET_RAY_PARAMS``, and no dashboard head process: the trial has
-one rank).
+"""The tuner's own CPU and wake-ups beside a trial in a search, process by process, in
+three states of the local Ray:
+
+- ``ray_defaults``: Ray's defaults (log monitor, metrics) and an actor beside the trial;
+- ``hushed``: ``start_local_ray`` (no log monitor, no metrics), no actor, the driver's
+  loop asleep through the windows, but the raylet's timers and the autoscaler monitor as
+  Ray has them;
+- ``quiet``: a search as it runs: the raylet's timers rarer as well
+  (``QUIET_RAY_CONFIG``), no autoscaler monitor (``QUIET_RAY_PARAMS``), and no dashboard
+  head process (the trial has one rank).
 
 Each measurement is a fresh driver process that starts a local Ray as the state says and
 runs a Tune search of one trial. The trial sleeps (its own CPU is Ray's core worker
@@ -28,8 +32,8 @@ import sys
 import time
 from pathlib import Path
 
-STATES = ("before", "stop30", "now")
-# Ray's own defaults of the raylet timers that stop 31 made rarer (ray_config_def.h)
+STATES = ("ray_defaults", "hushed", "quiet")
+# Ray's own defaults of the raylet timers that QUIET_RAY_CONFIG makes rarer (ray_config_def.h)
 RAYLET_TIMER_DEFAULTS = {"raylet_check_gc_period_milliseconds": 100, "object_manager_timer_freq_ms": 100,
                          "local_fs_monitor_interval_ms": 100, "kill_idle_workers_interval_ms": 200}
 
@@ -126,7 +130,7 @@ def one(state: str, window_s: float) -> dict:
     kwargs = {"logging_level": logging.ERROR, "log_to_driver": False, "configure_logging": True}
     hush = None
     callbacks = []
-    if state == "before":
+    if state == "ray_defaults":
         ray.init(address="local", include_dashboard=False, **kwargs)  # never a running head
 
         class Board:
@@ -136,12 +140,12 @@ def one(state: str, window_s: float) -> dict:
         actor = ray.remote(Board).options(num_cpus=0).remote()
         ray.get(actor.pid.remote())
     else:
-        if state == "stop30":  # Ray's timers, and its autoscaler monitor, as stop 30 left them
+        if state == "hushed":  # Ray's timers, and its autoscaler monitor, as Ray has them
             import tuner.localray
 
             tuner.localray.QUIET_RAY_PARAMS = {"include_log_monitor": False}
-        # now: a search whose trials have one rank starts no dashboard head process
-        start_local_ray(**kwargs, **({"_system_config": RAYLET_TIMER_DEFAULTS} if state == "stop30"
+        # quiet: a search whose trials have one rank starts no dashboard head process
+        start_local_ray(**kwargs, **({"_system_config": RAYLET_TIMER_DEFAULTS} if state == "hushed"
                                      else {"state_api": False}))
         import tempfile
 
