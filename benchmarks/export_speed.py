@@ -15,8 +15,10 @@ Prints a table and writes JSON (default benchmarks/out/export_speed.json).
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -66,6 +68,7 @@ def main() -> None:
     a = ap.parse_args()
 
     tmp = Path(tempfile.mkdtemp(prefix="export-speed-"))
+    atexit.register(shutil.rmtree, tmp, True)  # scratch: what it measured is in --out
     rows = []
     for workload in a.workloads.split(","):
         args, configs = CASES[workload]

@@ -31,8 +31,10 @@ Writes benchmarks/out/framework_speed.json.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -243,6 +245,7 @@ def main() -> None:
 
     kinds = a.frameworks.split(",")
     tmp = Path(tempfile.mkdtemp(prefix="framework-speed-"))
+    atexit.register(shutil.rmtree, tmp, True)  # scratch: what it measured is in --out
     rows = []
     for workload in a.workloads.split(","):
         args = ARGS[workload]

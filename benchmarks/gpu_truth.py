@@ -25,7 +25,9 @@ Writes JSON after every row (an interrupted run keeps what it measured).
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -107,6 +109,7 @@ def main() -> None:
     ap.add_argument("--out", default="benchmarks/out/gpu_truth.json")
     a = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="gpu-truth-"))
+    atexit.register(shutil.rmtree, tmp, True)  # scratch: what it measured is in --out
     rows: list[dict] = []
     head = {"date": time.strftime("%Y-%m-%d %H:%M"), "device": describe_gpu(),
             "command": "python benchmarks/gpu_truth.py " + " ".join(sys.argv[1:]), "rounds": a.rounds,

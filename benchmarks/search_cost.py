@@ -26,6 +26,7 @@ Prints a table and writes JSON (default benchmarks/out/search_cost.json).
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import shutil
 import statistics
@@ -148,6 +149,7 @@ def main() -> None:
     from meta import stamp
 
     tmp = Path(tempfile.mkdtemp(prefix="search-cost-"))
+    atexit.register(shutil.rmtree, tmp, True)  # scratch: what it measured is in --out
     ray.init(address="local", include_dashboard=False, log_to_driver=False, logging_level="ERROR")  # never a running head
     rows = []
     try:

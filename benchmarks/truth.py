@@ -81,10 +81,12 @@ compared with bench's ``peak_device_memory_mb``.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import math
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -692,6 +694,7 @@ def main() -> None:
         a.workloads = ",".join(cases)
     a.out = a.out or ("benchmarks/out/truth-cuda.json" if a.device == "cuda" else "benchmarks/out/truth.json")
     tmp = Path(tempfile.mkdtemp(prefix="truth-"))
+    atexit.register(shutil.rmtree, tmp, True)  # its spaces and trials' results: scratch
     rows, search_rows, persistence = [], [], []
 
     kept = json.loads(Path(a.out).read_text()) if a.again and Path(a.out).exists() else None
