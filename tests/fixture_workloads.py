@@ -51,15 +51,17 @@ def sleepy(step_s: float = 0.02, size: int = 256) -> Workload:
 
 def started_as(path: str, step_s: float = 0.01) -> Workload:
     """``sleepy``, whose every trial adds a JSON line to ``path`` saying how its process
-    started: its parent and its command line."""
+    started: its parent, its command line, and whether Ray was imported in it."""
     import json
     import os
+    import sys
 
     import psutil
 
     def dataset():
         with open(path, "a") as f:
-            f.write(json.dumps({"ppid": os.getppid(), "cmdline": psutil.Process().cmdline()}) + "\n")
+            f.write(json.dumps({"ppid": os.getppid(), "cmdline": psutil.Process().cmdline(),
+                                "ray_imported": "ray" in sys.modules}) + "\n")
         return Numbers(256)
 
     base = sleepy(step_s)

@@ -266,8 +266,12 @@ def test_tune_s_trials_measure_in_the_worker_that_measured_the_baseline(tmp_path
         """)
     summary = run_search(space, results_root=tmp_path / "r", quiet=True)
     assert summary["trials"] == 2
-    servers = [json.loads(line)["ppid"] for line in where.read_text().splitlines()]
+    started = [json.loads(line) for line in where.read_text().splitlines()]
+    servers = [s["ppid"] for s in started]
     assert len(servers) == 3 and len(set(servers)) == 1, servers  # the baseline's and both trials'
+    # started from a Ray worker, the trial's process does not run Ray's worker script
+    # again (a spawned child's re-run of its parent's main), so it holds no Ray
+    assert not any(s["ray_imported"] for s in started), started
 
 
 def _pid() -> int:
