@@ -37,14 +37,22 @@ def _host_memory_mb() -> float | None:
 
 
 @lru_cache(maxsize=1)
-def cpu_has_bf16() -> bool:
-    """Native bf16 on this CPU (AVX512-BF16 or AMX): without it, bf16 autocast is slow."""
+def cpu_bf16() -> str | None:
+    """This CPU's native bf16: ``amx`` (matrix tiles), ``avx512_bf16`` (vector dot
+    products only), or None. Recorded with every measurement: the same model's bf16
+    rate differs between the two (a VM may move between such hosts), and without
+    either, bf16 autocast is slow."""
     try:
         with open("/proc/cpuinfo") as f:
-            flags = next((line for line in f if line.startswith("flags")), "")
+            flags = next((line for line in f if line.startswith("flags")), "").split()
     except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+        return None
+    return "amx" if "amx_bf16" in flags else "avx512_bf16" if "avx512_bf16" in flags else None
+
+
+def cpu_has_bf16() -> bool:
+    """Native bf16 on this CPU (AVX512-BF16 or AMX): without it, bf16 autocast is slow."""
+    return cpu_bf16() is not None
 
 
 def nvml_status() -> tuple[bool, str]:
@@ -74,6 +82,7 @@ def describe() -> dict:
         "cpu_count": os.cpu_count(),
         "host_memory_mb": _host_memory_mb(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "cpu_bf16": cpu_bf16(),
         "python": platform.python_version(),
         # (a str, not torch's TorchVersion: unpickling a record must not import torch
         # in the driver or a Tune actor, 2 s the first time, on every trial's clock)
