@@ -668,7 +668,8 @@ def main() -> None:
                     help='bench\'s measure settings, as in a space: \'{"min_windows": 15}\'')
     ap.add_argument("--loops", default="plain",
                     help="the loops bench is compared with, in turn: plain (whole epochs), user "
-                         "(user_loop.py), hf (a transformers.Trainer with the exported arguments)")
+                         "(user_loop.py's windows), epochs (user_loop.py over --epochs whole epochs), "
+                         "hf (a transformers.Trainer with the exported arguments)")
     ap.add_argument("--default", action="store_true",
                     help="at default settings: each config with the threads of the space's defaults (no "
                          "torch_threads), compared with the user's loop and a Trainer "
@@ -849,16 +850,23 @@ def main() -> None:
 def run_loop(loop: str, workload: str, args: dict, config: dict, a: argparse.Namespace) -> dict:
     """One run of the loop that ``bench`` is compared with: ``plain`` (whole epochs, this
     file's ``plain_loop``), ``user`` (``user_loop.py``: windows inside epochs, as the
-    issue's independent check wrote it) or ``hf`` (a real ``transformers.Trainer`` with the
-    exported TrainingArguments, ``framework_speed.run_hf``)."""
+    issue's independent check wrote it), ``epochs`` (``user_loop.py``'s ``--epochs``:
+    the same loop timed over ``--epochs`` whole epochs, boundaries included) or ``hf`` (a
+    real ``transformers.Trainer`` with the exported TrainingArguments,
+    ``framework_speed.run_hf``)."""
     ref = REFS.get(workload, workload)
     if loop == "plain":
         return run_plain(ref, args, config, EPOCHS.get(workload, a.epochs), a.device)
-    if loop == "user":
+    if loop in ("user", "epochs"):
+        more = ["--epochs", str(a.epochs)] if loop == "epochs" else []
         out = subprocess.run([sys.executable, str(Path(__file__).with_name("user_loop.py")), ref,
-                              json.dumps(args), json.dumps(config)], capture_output=True, text=True, check=True,
-                             env=plain_env(config))
-        return json.loads(out.stdout.strip().splitlines()[-1])
+                              json.dumps(args), json.dumps(config), *more], capture_output=True, text=True,
+                             check=True, env=plain_env(config))
+        got = json.loads(out.stdout.strip().splitlines()[-1])
+        if loop == "epochs":  # the same loop's whole epochs, boundaries in: what a run of them gets
+            got = {**got, "windows_samples_per_sec": got["samples_per_sec"],
+                   "samples_per_sec": got["epochs_samples_per_sec"]}
+        return got
     from framework_speed import in_process, payload_for
 
     size = args.get("size", 1024)
