@@ -28,6 +28,7 @@ WHAT = {  # what each benchmark answers, in one line
     "ray_cost": "What Ray's processes cost a trial beside them",
     "hog": "A CPU hog during a measurement: the figure with disturbance detection on and off",
     "knob_ab": "One knob on and off, side by side",
+    "restart_trace": "What a DataLoader worker started anew each epoch does to the training process",
     "export_speed": "The exported script against the tuner's own figure",
 }
 
@@ -46,7 +47,10 @@ def _machine(data: dict) -> str:
     hw = data.get("hardware") or data.get("machine") or {}
     if isinstance(hw, dict):
         parts = [str(hw[k]) for k in ("cpu", "gpu") if hw.get(k)]
-        return ", ".join(parts + ([f"{hw['cpu_count']} cores"] if hw.get("cpu_count") else [])) or "?"
+        cores = [f"{hw['cpu_count']} cores"] if hw.get("cpu_count") else []
+        # which bf16 the CPU has decides what a CPU landscape looks like
+        bf16 = {"amx": ["bf16 by AMX"], "avx512_bf16": ["bf16 by AVX512-BF16, no AMX"]}.get(hw.get("cpu_bf16"), [])
+        return ", ".join(parts + cores + bf16) or "?"
     return str(hw)
 
 
@@ -136,7 +140,9 @@ def _truth_default(data: dict) -> list[str]:
     out = ["Each row: `bench` and the loop, each in a fresh process, interleaved (the order turns every "
            "round), nothing pinned, the threads PyTorch picks by default. `user`: "
            "`benchmarks/user_loop.py` (4 warm-up steps, median of 5 windows of 6 steps inside epochs), "
-           "against bench's steady figure (epoch boundaries left out on both sides); "
+           "against bench's steady figure (epoch boundaries left out on both sides); `epochs`: the same "
+           "loop over whole epochs after those windows (the command's `--epochs`, default 3), against "
+           "bench's figure (boundaries in on both sides); "
            "`hf`: a real `transformers.Trainer` with the exported `TrainingArguments` over 3 epochs, "
            "against bench's figure (boundaries in on both sides). Ratio: geometric "
            "mean of the rounds' bench / loop, with its 90% interval and the verdict against ±"
@@ -167,6 +173,24 @@ def _truth_default(data: dict) -> list[str]:
                        f"{r['verdict']} |")
         out += _across_loops(data.get("measured_again_across_loops"), "rows measured again",
                              data.get("tolerance", 0.03))
+    return out
+
+
+def _restart_trace(data: dict) -> list[str]:
+    out = [f"`{data['workload']}` {_short(data['config'])}, {data['epochs']} epochs, {data['processes']} "
+           "processes a side, interleaved; every step timed with its fetch. Steps 2-7: the rate of those "
+           "steps of every epoch after the first. Mid-epoch: per epoch, the steps from the 9th on.", "",
+           "| workers | first step of an epoch, page faults (min, median, max) | steps 2-7, samples/s | "
+           "mid-epoch samples/s | mid-epoch page faults per step | later epochs / first |",
+           "|---|---|---|---|---|---|"]
+    for setting, x in data["settings"].items():
+        mids = [e for proc in x["mid_epoch"] for e in proc]
+        rates = [e["samples_per_sec"] for e in mids]
+        faults = [e["faults_per_step"] for e in mids]
+        out.append(f"| {setting.replace('_', ' ')} | {', '.join(f'{v:,.0f}' for v in x['first_step_faults'])} | "
+                   f"{', '.join(f'{v:.0f}' for v in x['after_start_samples_per_sec'])} | "
+                   f"{min(rates):.0f}-{max(rates):.0f} | {min(faults):,.0f}-{max(faults):,.0f} | "
+                   f"{', '.join(f'{v:.3f}' for v in x['later_over_first'])} |")
     return out
 
 
@@ -284,7 +308,8 @@ def render() -> str:
                   f"Measured {_when(path, data)} on {_machine(data)}; "
                   f"`{data.get('command') or f'python benchmarks/{path.stem}.py'}`.", ""]
         special = {"search_replay": _search_replay, "search_cost": _search_cost, "truth_default": _truth_default,
-                   "framework_speed": _framework_speed, "gpu": _gpu}.get(path.stem, _generic)
+                   "framework_speed": _framework_speed, "gpu": _gpu,
+                   "restart_trace": _restart_trace}.get(path.stem, _generic)
         parts += special(data)
         parts.append("")
     return "\n".join(parts).rstrip() + "\n"
