@@ -144,3 +144,25 @@ def test_a_screened_contender_is_measured_again_in_full():
     assert seen.count(key(optimum)) == 2
     assert len(set(seen)) == len(seen) - 1
     assert study.best_value == pytest.approx(speed(optimum))
+
+
+
+@pytest.mark.parametrize("bf16_gain", [0.6, 1.5])
+def test_the_starts_after_a_pair_take_the_value_the_pair_found_faster(bf16_gain):
+    """The guides' advice and the same in fp32 are measured side by side; the start after
+    them (another split of the cores) runs at whichever precision read faster, since bf16
+    on a CPU wins on some hosts and loses on others."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    guides = {"precision": "bf16", "num_workers": 1, "torch_threads": 1, "micro_batch_size": 64}
+    starts = [{"precision": "fp32", "num_workers": 0, "torch_threads": 2, "micro_batch_size": 32}, guides,
+              {**guides, "precision": "fp32"}, {**guides, "torch_threads": 2, "num_workers": 0}]
+
+    def rate(c):
+        return input_bound(c) / 1.3 * (bf16_gain if c["precision"] == "bf16" else 1.0)
+
+    sampler = GuidedSampler(CORES_DOMAIN, starts, key, seed=0, cores=2)
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    study.optimize(lambda t: rate({k: t.suggest_categorical(k, v) for k, v in CORES_DOMAIN.items()}), n_trials=4)
+    assert [t.params for t in study.trials[:3]] == starts[:3]
+    faster = "bf16" if bf16_gain > 1 else "fp32"
+    assert study.trials[3].params == {**starts[3], "precision": faster}

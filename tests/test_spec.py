@@ -201,3 +201,27 @@ def test_on_a_cpu_the_starts_cover_each_split_of_the_cores(tmp_path):
           num_workers: [0, 1]
         """)
     assert len(no_more.start_points(knobs.Context(device="cpu", cpu_count=2))) == 3
+
+
+def test_on_a_cpu_the_guides_bf16_start_is_paired_with_the_same_in_fp32(tmp_path):
+    """Whether bf16 autocast beats fp32 on a CPU depends on the host beyond its flags: the
+    guides' bf16 start is followed by the same config in fp32. Not where the advice is
+    fp32 already (no bf16 in hardware), and not on a GPU."""
+    from tuner import knobs
+
+    s = _load(tmp_path, """\
+        name: t
+        workload: conv
+        knobs:
+          precision: [fp32, bf16]
+          torch_threads: [1, 2]
+          num_workers: [0, 1]
+        """)
+    starts = s.start_points(knobs.Context(device="cpu", cpu_count=2, bf16_native=True))
+    assert starts[1]["precision"] == "bf16"
+    assert starts[2] == {**starts[1], "precision": "fp32"}
+    assert [p["precision"] for p in starts[3:]] == ["bf16"]  # the split: bf16 until the pair says
+    no_bf16 = s.start_points(knobs.Context(device="cpu", cpu_count=2, bf16_native=False))
+    assert [p["precision"] for p in no_bf16] == ["fp32", "fp32", "fp32"]
+    gpu = s.start_points(knobs.Context(device="cuda", cpu_count=2))
+    assert [p["precision"] for p in gpu] == ["fp32", "bf16"]

@@ -193,23 +193,35 @@ class Space:
         """The guided search's first configs: PyTorch's defaults, the guides' advice, and on
         CPUs where both threads and workers are searched, the advice with the other splits
         of the cores (threads and workers share them, and which side wins depends on the
-        workload: of 9 landscapes recorded on 2 cores, 4 were best with 1 thread and
-        workers, 3 with 2 threads and no worker, 2 with 2 threads and 1 worker): every core
+        workload: of 11 landscapes recorded on 2 cores, 5 were best with 1 thread and
+        workers, 3 with 2 threads and no worker, 3 with 2 threads and workers): every core
         to threads with the fewest workers, and, where the advice has the fewest threads,
         the most workers listed (workers tolerate sharing cores; a conv net on 2 cores was
         best with 2, which a search starting from 1 worker rarely reached).
 
         On a CPU the advice starts at the largest micro-batch listed (the guides: a small
         batch leaves the device underused; a larger one spreads each step's fixed costs
-        over more samples): on every landscape recorded, the fastest config had it, or
-        the config with it read within 0.1% of the fastest. Not on a GPU: the largest
+        over more samples): on the 8 landscapes recorded where bf16 won, the fastest
+        config had it, or the fastest with it read within 1.4% of the fastest (on the 2
+        where fp32 won, fp32 peaked at the smaller batch: 0.93-0.94). Not on a GPU: the largest
         listed may not fit, and an infeasible start teaches the model that every value
-        it holds is bad."""
+        it holds is bad.
+
+        On a CPU where the advice is bf16 and fp32 is listed, the next start is the advice
+        in fp32: whether bf16 autocast is faster depends on the host more than the CPU's
+        flags say (recorded on 2 cores, both with AVX512-BF16 and no AMX: the best bf16
+        config read 1.3-1.8x the best fp32 one on an AMD EPYC, 0.70-0.94x on an Intel Xeon),
+        and the starts after it take whichever of the pair read faster
+        (``GuidedSampler``), so that the splits of the cores are measured at the host's
+        faster precision."""
         default, rec = self.default_point(ctx), self.recommended_config(ctx)
         batches = self.domain.get("micro_batch_size")
         if ctx.device == "cpu" and batches and len(batches) > 1:
             rec = self.derive({**rec, "micro_batch_size": max(batches)})
         starts = [default, rec]
+        precisions = self.domain.get("precision", [])
+        if ctx.device == "cpu" and "fp32" in precisions and rec.get("precision", "fp32") != "fp32":
+            starts.append(self.derive({**rec, "precision": "fp32"}))
         threads, workers = self.domain.get("torch_threads"), self.domain.get("num_workers")
         if ctx.device == "cpu" and threads and workers and len(threads) > 1 and len(workers) > 1 \
                 and None not in threads:
