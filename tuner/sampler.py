@@ -147,8 +147,8 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         hosts and loses on others (bf16 on a CPU: 1.3-1.8x fp32 on one host, 0.70-0.94x on
         another with the same AVX512-BF16 flag); the starts after the pair then measure
         their own question (the split of the cores) on the side the pair found faster."""
-        measured = {self.canonical(s): v for s in self.starts for c, v, _ in done
-                    if self.canonical(c) == self.canonical(s)}
+        figures = {self.canonical(c): v for c, v, _ in done}
+        measured = {k: figures[k] for k in map(self.canonical, self.starts) if k in figures}
         settled = dict(start)
         for a, b in itertools.combinations(self.starts, 2):
             diff = [k for k in self.domain if a[k] != b[k]]

@@ -193,8 +193,8 @@ class Space:
         """The guided search's first configs: PyTorch's defaults, the guides' advice, and on
         CPUs where both threads and workers are searched, the advice with the other splits
         of the cores (threads and workers share them, and which side wins depends on the
-        workload: of 11 landscapes recorded on 2 cores, 5 were best with 1 thread and
-        workers, 3 with 2 threads and no worker, 3 with 2 threads and workers): every core
+        workload: of 12 landscapes recorded on 2 cores, 5 were best with 1 thread and
+        workers, 3 with 2 threads and no worker, 4 with 2 threads and workers): every core
         to threads with the fewest workers, and, where the advice has the fewest threads,
         the most workers listed (workers tolerate sharing cores; a conv net on 2 cores was
         best with 2, which a search starting from 1 worker rarely reached).
@@ -202,8 +202,8 @@ class Space:
         On a CPU the advice starts at the largest micro-batch listed (the guides: a small
         batch leaves the device underused; a larger one spreads each step's fixed costs
         over more samples): on the 8 landscapes recorded where bf16 won, the fastest
-        config had it, or the fastest with it read within 1.4% of the fastest (on the 2
-        where fp32 won, fp32 peaked at the smaller batch: 0.93-0.94). Not on a GPU: the largest
+        config had it, or the fastest with it read within 1.4% of the fastest (on the 3
+        where fp32 won, the fastest with it read 0.93-1.00). Not on a GPU: the largest
         listed may not fit, and an infeasible start teaches the model that every value
         it holds is bad.
 
