@@ -166,3 +166,27 @@ def test_the_starts_after_a_pair_take_the_value_the_pair_found_faster(bf16_gain)
     assert [t.params for t in study.trials[:3]] == starts[:3]
     faster = "bf16" if bf16_gain > 1 else "fp32"
     assert study.trials[3].params == {**starts[3], "precision": faster}
+
+
+def test_a_start_replaced_by_a_pair_does_not_come_back_when_the_pair_is_measured_again():
+    """The pair settles on its first figures: a re-measurement of the guides' start that
+    reads faster than the fp32 one does not bring back the split in bf16 that the settled
+    fp32 split replaced."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    guides = {"precision": "bf16", "num_workers": 1, "torch_threads": 1, "micro_batch_size": 64}
+    split = {**guides, "torch_threads": 2, "num_workers": 0}
+    sampler = GuidedSampler(CORES_DOMAIN, [guides, {**guides, "precision": "fp32"}, split], key, seed=0, cores=2)
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+
+    def run(value):
+        trial = study.ask()
+        params = {k: trial.suggest_categorical(k, v) for k, v in CORES_DOMAIN.items()}
+        study.tell(trial, value)
+        return params
+
+    assert run(1.0) == guides and run(2.0)["precision"] == "fp32"
+    assert run(1.5) == {**split, "precision": "fp32"}
+    study.enqueue_trial(guides)
+    assert run(3.0) == guides  # measured again, now faster than the fp32 start
+    later = [run(1.0) for _ in range(6)]
+    assert split not in later

@@ -147,7 +147,9 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         hosts and loses on others (bf16 on a CPU: 1.3-1.8x fp32 on one host, 0.70-0.94x on
         another with the same AVX512-BF16 flag); the starts after the pair then measure
         their own question (the split of the cores) on the side the pair found faster."""
-        figures = {self.canonical(c): v for c, v, _ in done}
+        figures: dict = {}
+        for c, v, _ in done:  # a start's first figure: a later re-measurement that flips the
+            figures.setdefault(self.canonical(c), v)  # pair must not bring back a start it replaced
         measured = {k: figures[k] for k in map(self.canonical, self.starts) if k in figures}
         settled = dict(start)
         for a, b in itertools.combinations(self.starts, 2):

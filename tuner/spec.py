@@ -220,7 +220,7 @@ class Space:
             rec = self.derive({**rec, "micro_batch_size": max(batches)})
         starts = [default, rec]
         precisions = self.domain.get("precision", [])
-        if ctx.device == "cpu" and "fp32" in precisions and rec.get("precision", "fp32") != "fp32":
+        if ctx.device == "cpu" and "fp32" in precisions and rec["precision"] != "fp32":
             starts.append(self.derive({**rec, "precision": "fp32"}))
         threads, workers = self.domain.get("torch_threads"), self.domain.get("num_workers")
         if ctx.device == "cpu" and threads and workers and len(threads) > 1 and len(workers) > 1 \
