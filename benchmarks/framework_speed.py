@@ -26,6 +26,15 @@ speed-up (pick over default) against the speed-up the tuner promised.
     python benchmarks/framework_speed.py [--workloads conv,transformer,hf_gpt2] [--rounds 3]
 
 Writes benchmarks/out/framework_speed.json.
+
+``--overhead`` measures instead what each way of running adds per optimizer step, on a
+model whose step costs almost nothing (``hf_workloads.py:tiny``, a linear layer, 1
+thread, no workers): each one's time per step, and its time beside the user's loop in
+the same round (medians over ``--rounds``). A framework's rate on a real model is below
+the user's loop by about that time over the step's. Writes
+benchmarks/out/framework_overhead.json.
+
+    python benchmarks/framework_speed.py --overhead --rounds 5
 """
 
 from __future__ import annotations
@@ -225,6 +234,52 @@ def rescore(path: Path) -> None:
     print(f"rescored {path}")
 
 
+TINY = ("tiny", {"size": 16384},
+        {"precision": "fp32", "micro_batch_size": 32, "torch_threads": 1})
+
+
+def overhead(a: argparse.Namespace) -> None:
+    """Each way of running on the tiny workload: ms per optimizer step, and beside the user's
+    loop in the same round. The user's loop times 5 windows of 100 steps here (6-step
+    windows of sub-millisecond steps would be read off a clock's jitter)."""
+    from meta import stamp
+
+    ref, args, config = TINY
+    kinds = a.frameworks.split(",")
+    tmp = Path(tempfile.mkdtemp(prefix="framework-overhead-"))
+    atexit.register(shutil.rmtree, tmp, True)
+    space = space_file(tmp, ref, args, name="overhead")
+    steps, bs = args["size"] // config["micro_batch_size"], config["micro_batch_size"]
+    ms: dict = {k: [] for k in kinds}
+    for r in range(a.rounds):
+        for kind in kinds[r % len(kinds):] + kinds[:r % len(kinds)]:
+            if kind == "user":
+                out = subprocess.run([sys.executable, str(Path(__file__).with_name("user_loop.py")), REFS[ref],
+                                      json.dumps(args), json.dumps(config), "--warmup", "20", "--steps", "100"],
+                                     capture_output=True, text=True, check=True, env=plain_env(config))
+                rate = json.loads(out.stdout.strip().splitlines()[-1])["samples_per_sec"]
+            else:
+                rate = measure(kind, ref, args, config, space, tmp, steps, 20)
+            ms[kind].append(1000 * bs / rate)
+        print(f"round {r + 1}: " + " ".join(f"{k} {ms[k][-1]:.3f} ms" for k in kinds), flush=True)
+    rows = []
+    for k in kinds:
+        beside = sorted(x - u for x, u in zip(ms[k], ms["user"], strict=True)) if "user" in ms else []
+        rows.append({"kind": k, "ms_per_step": statistics.median(ms[k]),
+                     "over_user_ms": statistics.median(beside) if beside else None,
+                     "over_user_min_ms": beside[0] if beside else None,
+                     "over_user_max_ms": beside[-1] if beside else None})
+        print(f"{k:<10} {rows[-1]['ms_per_step']:7.3f} ms/step" + (
+            f"  beside the user's loop {rows[-1]['over_user_ms']:+.3f} ms ({beside[0]:+.3f} to {beside[-1]:+.3f})"
+            if beside else ""))
+    out = {**stamp(), "workload": f"benchmarks/hf_workloads.py:{ref}", "args": args, "config": config, "rounds": a.rounds, "rows": rows,
+           "runs_ms": ms}
+    path = Path(a.out if a.out != "benchmarks/out/framework_speed.json" else "benchmarks/out/framework_overhead.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=2))
+    print(f"wrote {path}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workloads", default=",".join(ARGS))
@@ -235,9 +290,13 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--out", default="benchmarks/out/framework_speed.json")
     ap.add_argument("--rescore", action="store_true", help="score --out's runs again; measure nothing")
+    ap.add_argument("--overhead", action="store_true", help="what each way of running adds per step (tiny model)")
     a = ap.parse_args()
     if a.rescore:
         rescore(Path(a.out))
+        return
+    if a.overhead:
+        overhead(a)
         return
 
     import ray

@@ -108,3 +108,27 @@ def resnet50(size: int = 4096, image: int = 224, classes: int = 1000) -> Workloa
 
     return Workload(model=model, dataset=lambda: Images(size, image, classes), loss=_own_loss,
                     flops_per_sample=3 * 2 * 4.1e9 * (image / 224) ** 2)
+
+
+class Vectors(Dataset):
+    """Random feature vectors and targets, made on each read."""
+
+    def __init__(self, size: int, features: int):
+        self.size, self.features = size, features
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, i: int) -> dict:
+        g = torch.Generator().manual_seed(i)
+        return {"x": torch.rand(self.features, generator=g), "y": torch.rand(1, generator=g)}
+
+
+def tiny(size: int = 16384, features: int = 16) -> Workload:
+    """A linear model whose step costs almost nothing: what a loop or a framework adds per
+    step stands alone (``framework_speed.py --overhead``)."""
+
+    def loss(model, batch):
+        return torch.nn.functional.mse_loss(model(batch["x"]), batch["y"])
+
+    return Workload(model=lambda: torch.nn.Linear(features, 1), dataset=lambda: Vectors(size, features), loss=loss)

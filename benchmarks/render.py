@@ -23,6 +23,7 @@ WHAT = {  # what each benchmark answers, in one line
     "loop_vs_naive": "The pick against the plain PyTorch loop and the best config of the grid",
     "truth_default": "bench against a user's own loop and a real Trainer, at default settings",
     "framework_speed": "The exports in the frameworks users paste them into: rates and speed-ups",
+    "framework_overhead": "What each way of running a step adds to it: the frameworks' own per-step work",
     "truth": "bench and trials against a user's plain loop on the same config",
     "tuner_cpu": "The CPU the tuner's own processes use beside a trial",
     "ray_cost": "What Ray's processes cost a trial beside them",
@@ -136,6 +137,20 @@ def _short(config: dict) -> str:
     return " ".join(f"{k}={v}" for k, v in config.items())
 
 
+def _framework_overhead(data: dict) -> list[str]:
+    out = [f"`{data['workload']}` (a linear layer: its step costs almost nothing), {_short(data['config'])}, "
+           f"each way in a fresh process, interleaved, {data['rounds']} rounds, medians. Beside the user's "
+           "loop: each round's time per step less the user's loop's in that round (median, and the "
+           "rounds' least and most). On a real model a framework reads below the user's loop by about "
+           "that time over the step's.", "",
+           "| way | ms per step | beside the user's loop, ms | rounds' range, ms |", "|---|---|---|---|"]
+    for r in data["rows"]:
+        beside = (f"{r['over_user_ms']:+.3f} | {r['over_user_min_ms']:+.3f} to {r['over_user_max_ms']:+.3f}"
+                  if r.get("over_user_ms") is not None else " | ")
+        out.append(f"| {r['kind']} | {r['ms_per_step']:.3f} | {beside} |")
+    return out
+
+
 def _truth_default(data: dict) -> list[str]:
     out = ["Each row: `bench` and the loop, each in a fresh process, interleaved (the order turns every "
            "round), nothing pinned, the threads PyTorch picks by default. `user`: "
@@ -215,7 +230,12 @@ def _framework_speed(data: dict) -> list[str]:
            "pick / default; realized: the framework's. Each process starts as the export says (glibc's "
            "variables set where the config has `malloc_retain`). Where a framework reads below the "
            "tuner, its own per-step work is the gap the export's comments name: the Trainer's gradient "
-           "clipping and scheduler step, Lightning's progress bar and logger.", ""]
+           "clipping and scheduler step, Lightning's progress bar and logger (its size per step: "
+           "framework_overhead, below). `user` "
+           "(`benchmarks/user_loop.py`) is the one rate that leaves epoch boundaries out (the median of "
+           "5 windows inside epochs) where the tuner's figure counts them: where a pick starts its "
+           "DataLoader workers anew each epoch (`persistent_workers` off) in short epochs, it reads "
+           "above the tuner by what the boundaries cost.", ""]
     for row in data["rows"]:
         out += [f"**{row['workload']}**: pick {_short(row['configs']['pick'])}; promised speed-up "
                 f"{row['promised_speedup']:.2f}x", "",
@@ -308,7 +328,7 @@ def render() -> str:
                   f"Measured {_when(path, data)} on {_machine(data)}; "
                   f"`{data.get('command') or f'python benchmarks/{path.stem}.py'}`.", ""]
         special = {"search_replay": _search_replay, "search_cost": _search_cost, "truth_default": _truth_default,
-                   "framework_speed": _framework_speed, "gpu": _gpu,
+                   "framework_speed": _framework_speed, "framework_overhead": _framework_overhead, "gpu": _gpu,
                    "restart_trace": _restart_trace}.get(path.stem, _generic)
         parts += special(data)
         parts.append("")

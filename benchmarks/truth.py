@@ -3,7 +3,9 @@
 For every built-in workload, and two Hugging Face models wrapped as a user wraps them
 (``benchmarks/hf_workloads.py``: ``hf_gpt2``, ``hf_resnet``), 3 configs each
 (DataLoader workers with persistent on and off among them), and ``conv_long``: conv with
-epochs as long as a user's dataset makes them (the plain loop times 1 whole epoch there):
+epochs as long as a user's dataset makes them (the plain loop times 1 whole epoch there),
+and ``hf_gpt2_long``, ``hf_resnet_long``: the same models with epochs that hold the whole
+of ``user_loop.py``'s windows (the default-settings rows, ``--default --loops user``):
 
 - ``bench``: ``python -m tuner bench SPACE --set ... --json``, the real command;
 - ``plain``: the training loop written the way a user writes one (``plain_loop``
@@ -132,7 +134,8 @@ CASES = {
 # (benchmarks/hf_workloads.py: BatchEncoding and dict batches, the model's own loss):
 # the kind of workload the issue's independent check ran, not one the tuner ships.
 HF = str(Path(__file__).with_name("hf_workloads.py"))
-REFS = {"hf_gpt2": f"{HF}:gpt2", "hf_resnet": f"{HF}:resnet", "conv_long": "conv"}  # a case name -> the workload
+REFS = {"hf_gpt2": f"{HF}:gpt2", "hf_resnet": f"{HF}:resnet", "conv_long": "conv",
+        "hf_gpt2_long": f"{HF}:gpt2", "hf_resnet_long": f"{HF}:resnet", "tiny": f"{HF}:tiny"}  # a case name -> the workload
 # Timed epochs of the plain loop where a case's epochs are long (default: --epochs).
 EPOCHS = {"conv_long": 1}
 CASES.update({
@@ -153,6 +156,19 @@ CASES.update({
          "torch_threads": 2},
         {"precision": "fp32", "micro_batch_size": 16, "num_workers": 1, "persistent_workers": False,
          "torch_threads": 2},
+    ]),
+    # The issue's independent check as it ran: its three configs, epochs long enough that
+    # the user's loop (4 warm-up steps, 5 windows of 6) lies inside its first epoch, so
+    # its windows hold no restart of a worker (with 32-step epochs two of five did).
+    "hf_gpt2_long": ({"size": 2048}, [
+        {"precision": "fp32", "micro_batch_size": 8, "torch_threads": 2},
+        {"precision": "bf16", "micro_batch_size": 32, "num_workers": 1, "persistent_workers": False,
+         "torch_threads": 2},
+        {"precision": "bf16", "micro_batch_size": 32, "num_workers": 1, "persistent_workers": True,
+         "torch_threads": 2},
+    ]),
+    "hf_resnet_long": ({"size": 2048}, [
+        {"precision": "bf16", "micro_batch_size": 32, "torch_threads": 2},
     ]),
     "hf_resnet": ({"size": 1024}, [
         {"precision": "fp32", "micro_batch_size": 32, "torch_threads": 2},
@@ -887,7 +903,10 @@ def loop_row(workload: str, args: dict, config: dict, bench: list[dict], plain: 
     bm = statistics.median(x["peak_host_memory_mb"] for x in bench)
     pm = statistics.median(y["peak_host_memory_mb"] for y in plain) if mem else None
     geo, lo, hi = paired_interval([x["samples_per_sec"] for x in bench], [y["samples_per_sec"] for y in plain])
+    reported = paired_interval([x["with_boundaries"] for x in bench], [y["samples_per_sec"] for y in plain])
     row = {"workload": workload, "args": args, "config": config, "loop": loop, "bench_figure": fig,
+           # bench's reported figure (epoch boundaries counted) against the same loop
+           "reported_geomean": reported[0], "reported_interval_90": list(reported[1:]),
            "bench_with_boundaries_runs": [x["with_boundaries"] for x in bench],
            "bench_samples_per_sec": b, "plain_samples_per_sec": p, "bench_over_plain": b / p,
            "paired_ratio": statistics.median(x["samples_per_sec"] / y["samples_per_sec"]

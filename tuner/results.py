@@ -341,7 +341,8 @@ def framework_snippet(payload: dict, fmt: str) -> str:
         lines += [f"# not expressible in TrainingArguments: {u}" for u in unsaid]
         lines += ["# the Trainer adds per-step work of its own that the tuner's figure does not hold:",
                   "# gradient clipping (max_grad_norm=1.0: a norm over every gradient), a learning-rate",
-                  "# scheduler step and its logging; max_grad_norm=0 turns the clipping off"]
+                  "# scheduler step and its logging: about 0.6 ms a step in all on a 2-core CPU (1-3% of a",
+                  "# 20-60 ms step); max_grad_norm=0 turns the clipping off"]
     else:
         trainer, loader, code = lightning_kwargs(payload)
         lines += ["import lightning as L", "import torch", "",
@@ -349,7 +350,9 @@ def framework_snippet(payload: dict, fmt: str) -> str:
                   "dataloader_kwargs = " + _dict_literal(loader)]
         lines += code
         lines += ["# Lightning adds per-step work of its own that the tuner's figure does not hold: its",
-                  "# progress bar and logger (enable_progress_bar=False and logger=False turn them off)",
+                  "# loop, progress bar and logger: about 0.7 ms a step in all on a 2-core CPU (1-3% of a",
+                  "# 20-60 ms step; enable_progress_bar=False and logger=False turn the bar and the",
+                  "# logger off)",
                   "trainer = L.Trainer(**trainer_kwargs)",
                   "train_loader = torch.utils.data.DataLoader(dataset, **dataloader_kwargs)"]
     return "\n".join(lines) + "\n"
