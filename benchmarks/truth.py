@@ -225,6 +225,8 @@ def plain_loop(workload: str, args: dict, config: dict, epochs: int, device: str
     if workers:
         kw["persistent_workers"] = config.get("persistent_workers", False)
     if config.get("batch_grouping") == "by_source":
+        from user_loop import by_source_batches  # the user's own grouped batch sampler
+
         loader = DataLoader(ds, batch_sampler=by_source_batches(wl.groups(ds), bs), collate_fn=wl.collate, **kw)
     else:
         loader = DataLoader(ds, batch_size=bs, shuffle=True, drop_last=True, collate_fn=wl.collate, **kw)
@@ -313,26 +315,6 @@ def plain_loop(workload: str, args: dict, config: dict, epochs: int, device: str
             "peak_rss_mb": rss, "workers_private_mb": workers_peak / 2**20,
             "peak_host_memory_mb": rss + workers_peak / 2**20,
             "peak_device_memory_mb": torch.cuda.max_memory_allocated(dev) / 2**20 if dev.type == "cuda" else None}
-
-
-class by_source_batches:  # noqa: N801 -- the user's own grouped batch sampler
-    """Each batch from one source, shuffled, as the guides' group_collate recipe writes it."""
-
-    def __init__(self, groups: list[list[int]], bs: int):
-        self.groups, self.bs = groups, bs
-
-    def __len__(self) -> int:
-        return sum(len(g) // self.bs for g in self.groups)
-
-    def __iter__(self):
-        import random
-
-        batches = []
-        for g in self.groups:
-            g = random.sample(g, len(g))
-            batches += [g[i:i + self.bs] for i in range(0, len(g) - self.bs + 1, self.bs)]
-        random.shuffle(batches)
-        return iter(batches)
 
 
 # ---- the harness ---------------------------------------------------------------------

@@ -6,7 +6,8 @@ workload definition (the model, dataset, loss, collate and optimizer the user wr
 - ``torch.set_num_threads(threads)`` where the config sets threads;
 - the model built after ``torch.manual_seed(0)``;
 - ``DataLoader(shuffle=True, drop_last=True)``, with the config's workers, prefetch and
-  persistence;
+  persistence; with ``batch_grouping: by_source``, a batch sampler of the user's own that
+  makes each batch of one source (``by_source_batches``);
 - the workload's optimizer (AdamW unless it names one);
 - channels_last on the model and the 4-D inputs where the config sets it;
 - autocast for bf16 (and fp16 with a GradScaler);
@@ -84,7 +85,11 @@ def main() -> None:
     bs = config["micro_batch_size"]
     if cuda and config.get("pin_memory"):
         kw["pin_memory"] = True
-    loader = DataLoader(wl.dataset(), batch_size=bs, shuffle=True, drop_last=True, collate_fn=wl.collate, **kw)
+    ds = wl.dataset()
+    if config.get("batch_grouping") == "by_source":
+        loader = DataLoader(ds, batch_sampler=by_source_batches(wl.groups(ds), bs), collate_fn=wl.collate, **kw)
+    else:
+        loader = DataLoader(ds, batch_size=bs, shuffle=True, drop_last=True, collate_fn=wl.collate, **kw)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(config.get("precision", "fp32"))
     scaler = torch.amp.GradScaler(dev.type) if dtype is torch.float16 else None
     nb = bool(config.get("non_blocking"))
@@ -162,6 +167,26 @@ def main() -> None:
                       "epochs_samples_per_sec": epochs_rate,
                       "page_faults_per_step": faults / steps,
                       "peak_device_memory_mb": torch.cuda.max_memory_allocated(dev) / 2**20 if cuda else None}))
+
+
+class by_source_batches:  # noqa: N801 -- the user's own grouped batch sampler
+    """Each batch from one source, shuffled, as the guides' group_collate recipe writes it."""
+
+    def __init__(self, groups: list[list[int]], bs: int):
+        self.groups, self.bs = groups, bs
+
+    def __len__(self) -> int:
+        return sum(len(g) // self.bs for g in self.groups)
+
+    def __iter__(self):
+        import random
+
+        batches = []
+        for g in self.groups:
+            g = random.sample(g, len(g))
+            batches += [g[i:i + self.bs] for i in range(0, len(g) - self.bs + 1, self.bs)]
+        random.shuffle(batches)
+        return iter(batches)
 
 
 if __name__ == "__main__":
