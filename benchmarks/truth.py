@@ -157,9 +157,10 @@ CASES.update({
         {"precision": "fp32", "micro_batch_size": 16, "num_workers": 1, "persistent_workers": False,
          "torch_threads": 2},
     ]),
-    # The independent check as it ran: its three configs, epochs long enough that
-    # the user's loop (4 warm-up steps, 5 windows of 6) lies inside its first epoch, so
-    # its windows hold no restart of a worker (with 32-step epochs two of five did).
+    # An independent check's protocol: its three configs (GPT-2 fp32 and bf16 with a worker,
+    # ResNet bf16), epochs long enough that the user's loop (4 warm-up steps, 5 windows of
+    # 6) lies inside its first epoch, so no window follows a worker's restart (with
+    # 32-step epochs, the last one did).
     "hf_gpt2_long": ({"size": 2048}, [
         {"precision": "fp32", "micro_batch_size": 8, "torch_threads": 2},
         {"precision": "bf16", "micro_batch_size": 32, "num_workers": 1, "persistent_workers": False,
