@@ -175,7 +175,8 @@ def payload_for(workload: str, args: dict, config: dict) -> dict:
 
 
 def measure(kind: str, workload: str, args: dict, config: dict, space: Path, tmp: Path, steps: int,
-            warmup: int) -> float:
+            warmup: int, user_args: tuple[str, ...] = ()) -> float:
+    """One run of ``kind``: samples/sec. ``user_args``: ``user_loop.py``'s own options."""
     from tuner.results import python_script
 
     ref = REFS.get(workload, workload)
@@ -183,7 +184,8 @@ def measure(kind: str, workload: str, args: dict, config: dict, space: Path, tmp
         return run_bench(space, config)["samples_per_sec"]
     if kind == "user":
         out = subprocess.run([sys.executable, str(Path(__file__).with_name("user_loop.py")), ref, json.dumps(args),
-                              json.dumps(config)], capture_output=True, text=True, check=True, env=plain_env(config))
+                              json.dumps(config), *user_args], capture_output=True, text=True, check=True,
+                             env=plain_env(config))
         return json.loads(out.stdout.strip().splitlines()[-1])["samples_per_sec"]
     if kind == "python":
         script = tmp / f"train_{workload}.py"
@@ -253,13 +255,7 @@ def overhead(a: argparse.Namespace) -> None:
     ms: dict = {k: [] for k in kinds}
     for r in range(a.rounds):
         for kind in kinds[r % len(kinds):] + kinds[:r % len(kinds)]:
-            if kind == "user":
-                out = subprocess.run([sys.executable, str(Path(__file__).with_name("user_loop.py")), REFS[ref],
-                                      json.dumps(args), json.dumps(config), "--warmup", "20", "--steps", "100"],
-                                     capture_output=True, text=True, check=True, env=plain_env(config))
-                rate = json.loads(out.stdout.strip().splitlines()[-1])["samples_per_sec"]
-            else:
-                rate = measure(kind, ref, args, config, space, tmp, steps, 20)
+            rate = measure(kind, ref, args, config, space, tmp, steps, 20, user_args=("--warmup", "20", "--steps", "100"))
             ms[kind].append(1000 * bs / rate)
         print(f"round {r + 1}: " + " ".join(f"{k} {ms[k][-1]:.3f} ms" for k in kinds), flush=True)
     rows = []
