@@ -12,7 +12,11 @@ fresh process, interleaved (the order turns every round), ``--rounds`` rounds, m
   returns the workload's loss;
 - ``lightning``: the ``export --format lightning`` snippet executed as pasted (it builds
   the Trainer and the DataLoader), then ``trainer.fit`` on a LightningModule around the
-  workload.
+  workload;
+- ``hf_no_lookahead`` and ``hf_no_clip`` (only when ``--frameworks`` names them): ``hf``
+  with the Trainer's loader (accelerate's ``DataLoaderShard``) iterating its DataLoader as
+  a plain loop does, without reading one batch ahead (what that lookahead costs at each
+  epoch start), and with ``max_grad_norm=0`` (what gradient clipping costs each step).
 
 Each process starts as the export tells the user to start it: with glibc's variables set
 where the config has ``malloc_retain`` (the exported script sets them itself).
@@ -25,7 +29,11 @@ speed-up (pick over default) against the speed-up the tuner promised.
 
     python benchmarks/framework_speed.py [--workloads conv,transformer,hf_gpt2] [--rounds 3]
 
-Writes benchmarks/out/framework_speed.json.
+Writes benchmarks/out/framework_speed.json. ``--again`` measures more rounds of the
+file's rows (the same pick and default, no search) and scores each row over all its
+rounds; each such run's date, machine and command go in the row's ``measured_again``.
+
+    python benchmarks/framework_speed.py --workloads conv --rounds 6 --again
 
 ``--overhead`` measures instead what each way of running adds per optimizer step, on a
 model whose step costs almost nothing (``hf_workloads.py:tiny``, a linear layer, 1
@@ -49,6 +57,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from itertools import pairwise
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -66,12 +75,40 @@ FRAMEWORKS = ("tuner", "python", "user", "hf", "lightning")
 # ---- one framework run, in its own process -------------------------------------------------
 
 
-def _stamps_rate(stamps: list[float], warmup: int, bs: int) -> float:
+def _stamps_rate(stamps: list[float], warmup: int, bs: int, per_epoch: int) -> dict:
+    """The rate after ``warmup`` steps, and the median time of a step that starts an epoch
+    (the first epoch's left out: it holds the warm-up) against that of a step mid-epoch (its
+    3rd step on): where an epoch start costs more in one framework than in another."""
     timed = stamps[warmup:]
-    return (len(timed) - 1) * bs / (timed[-1] - timed[0])
+    took = {g: b - a for g, (a, b) in enumerate(pairwise(stamps), start=2)}  # step g (1-based) took
+    starts = [t for g, t in took.items() if g > per_epoch and (g - 1) % per_epoch == 0]
+    mid = [t for g, t in took.items() if g > per_epoch and (g - 1) % per_epoch >= 2]
+    return {"samples_per_sec": (len(timed) - 1) * bs / (timed[-1] - timed[0]),
+            "epoch_start_ms": 1e3 * statistics.median(starts) if starts else None,
+            "mid_epoch_ms": 1e3 * statistics.median(mid) if mid else None}
 
 
-def run_hf(workload: str, args: dict, payload: dict, steps: int, warmup: int) -> float:
+def _without_lookahead() -> None:
+    """accelerate's DataLoaderShard reads one batch ahead to know which batch is the last,
+    so each epoch's first step waits for two batches; with DataLoader workers the second
+    takes one batch's preparation more. Replaced here by a plain iteration (its
+    end-of-epoch flag set after the last batch, which gradient accumulation does not
+    need within a step of the last one here)."""
+    import accelerate.data_loader as adl
+
+    def plain_iter(self):
+        self.begin()
+        self.set_epoch(self.iteration)
+        yield from self.base_dataloader
+        self.end_of_dataloader = True
+        self.iteration += 1
+        self.end()
+
+    adl.DataLoaderShard.__iter__ = plain_iter
+
+
+def run_hf(workload: str, args: dict, payload: dict, steps: int, warmup: int, lookahead: bool = True,
+           clip: bool = True) -> dict:
     import torch
     from torch.utils.data import default_collate
     from transformers import Trainer, TrainerCallback
@@ -88,6 +125,8 @@ def run_hf(workload: str, args: dict, payload: dict, steps: int, warmup: int) ->
     args_hf = scope["args"]
     args_hf.max_steps, args_hf.remove_unused_columns, args_hf.report_to = warmup + steps, False, []
     args_hf.disable_tqdm, args_hf.save_strategy = True, "no"
+    if not clip:
+        args_hf.max_grad_norm = 0.0
 
     class WithLoss(torch.nn.Module):  # what a user writes around a model and a loss function
         def __init__(self):
@@ -106,11 +145,14 @@ def run_hf(workload: str, args: dict, payload: dict, steps: int, warmup: int) ->
         def on_step_end(self, *a, **k):
             stamps.append(time.perf_counter())
 
+    if not lookahead:
+        _without_lookahead()
     torch.manual_seed(0)
     trainer = Trainer(model=WithLoss(), args=args_hf, train_dataset=wl.dataset(),
                       data_collator=lambda samples: {"batch": collate(samples)}, callbacks=[Clock()])
     trainer.train()
-    return _stamps_rate(stamps, warmup, args_hf.per_device_train_batch_size)
+    bs = args_hf.per_device_train_batch_size
+    return _stamps_rate(stamps, warmup, bs, len(wl.dataset()) // (bs * args_hf.gradient_accumulation_steps))
 
 
 def run_lightning(workload: str, args: dict, payload: dict, steps: int, warmup: int) -> float:
@@ -149,13 +191,14 @@ def run_lightning(workload: str, args: dict, payload: dict, steps: int, warmup: 
         scope["COLLATE"] = wl.collate
     exec(snippet, scope)  # noqa: S102 -- the export, as pasted
     scope["trainer"].fit(scope["model"], scope["train_loader"])
-    return _stamps_rate(stamps, warmup, payload["config"]["micro_batch_size"])
+    bs = payload["config"]["micro_batch_size"]
+    return _stamps_rate(stamps, warmup, bs, len(scope["dataset"]) // bs)
 
 
 # ---- the harness ---------------------------------------------------------------------------
 
 
-def in_process(kind: str, workload: str, args: dict, payload: dict, steps: int, warmup: int) -> float:
+def in_process(kind: str, workload: str, args: dict, payload: dict, steps: int, warmup: int) -> dict:
     # The frameworks write checkpoints and logs (out/, lightning_logs/) into the working
     # directory: each run gets its own, removed after it.
     with tempfile.TemporaryDirectory(prefix=f"framework-{kind}-") as cwd:
@@ -164,7 +207,7 @@ def in_process(kind: str, workload: str, args: dict, payload: dict, steps: int, 
                              capture_output=True, text=True, cwd=cwd, env=plain_env(payload["config"]))
     if out.returncode != 0:
         raise RuntimeError(f"{kind} failed: {out.stderr.strip()[-800:]}")
-    return float(out.stdout.strip().splitlines()[-1])
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def payload_for(workload: str, args: dict, config: dict) -> dict:
@@ -175,25 +218,26 @@ def payload_for(workload: str, args: dict, config: dict) -> dict:
 
 
 def measure(kind: str, workload: str, args: dict, config: dict, space: Path, tmp: Path, steps: int,
-            warmup: int, user_args: tuple[str, ...] = ()) -> float:
-    """One run of ``kind``: samples/sec. ``user_args``: ``user_loop.py``'s own options."""
+            warmup: int, user_args: tuple[str, ...] = ()) -> dict:
+    """One run of ``kind``: its samples/sec (``samples_per_sec``), and a framework's step
+    times at an epoch start and mid-epoch. ``user_args``: ``user_loop.py``'s own options."""
     from tuner.results import python_script
 
     ref = REFS.get(workload, workload)
     if kind == "tuner":
-        return run_bench(space, config)["samples_per_sec"]
+        return {"samples_per_sec": run_bench(space, config)["samples_per_sec"]}
     if kind == "user":
         out = subprocess.run([sys.executable, str(Path(__file__).with_name("user_loop.py")), ref, json.dumps(args),
                               json.dumps(config), *user_args], capture_output=True, text=True, check=True,
                              env=plain_env(config))
-        return json.loads(out.stdout.strip().splitlines()[-1])["samples_per_sec"]
+        return {"samples_per_sec": json.loads(out.stdout.strip().splitlines()[-1])["samples_per_sec"]}
     if kind == "python":
         script = tmp / f"train_{workload}.py"
         script.write_text(python_script(payload_for(ref, args, config)))
         out = subprocess.run([sys.executable, str(script), "--steps", str(steps)], capture_output=True, text=True)
         if out.returncode != 0:
             raise RuntimeError(f"exported script failed: {out.stderr.strip()[-500:]}")
-        return float(re.search(r"samples/sec: ([\d.]+)", out.stdout).group(1))
+        return {"samples_per_sec": float(re.search(r"samples/sec: ([\d.]+)", out.stdout).group(1))}
     return in_process(kind, ref, args, payload_for(ref, args, config), steps, warmup)
 
 
@@ -211,19 +255,29 @@ def scored(runs: dict) -> dict:
     """The medians, the promised speed-up (the tuner's pick / default) and each framework's
     realized speed-up against it: from the medians, and paired by round (each round's
     pick / default of the framework against the same round's of the tuner, their geometric
-    mean and 90% interval), which cancels a drift of the machine that lasts a round."""
-    med = {name: {k: statistics.median(v) for k, v in kinds.items()} for name, kinds in runs.items()}
+    mean and 90% interval), which cancels a drift of the machine that lasts a round. A
+    framework measured in some rounds only (None in the others: added by ``--again``) is
+    scored over its own rounds, against the tuner's of the same rounds."""
+    med = {name: {k: statistics.median(x for x in v if x is not None) for k, v in kinds.items()}
+           for name, kinds in runs.items()}
     promised = med["pick"]["tuner"] / med["default"]["tuner"]
-    promised_by_round = [p / d for p, d in zip(runs["pick"]["tuner"], runs["default"]["tuner"], strict=True)]
     frameworks = {}
     for k in runs["pick"]:
-        realized = med["pick"][k] / med["default"][k]
-        by_round = [p / d for p, d in zip(runs["pick"][k], runs["default"][k], strict=True)]
-        paired, lo, hi = paired_interval(by_round, promised_by_round)
-        frameworks[k] = {"realized_speedup": realized, "realized_over_promised": realized / promised,
+        rounds = [i for i in range(len(runs["pick"]["tuner"]))
+                  if runs["pick"][k][i] is not None and runs["default"][k][i] is not None]
+
+        def of(name: str, kind: str, rounds: list[int] = rounds) -> float:
+            return statistics.median(runs[name][kind][i] for i in rounds)
+
+        promised_k = of("pick", "tuner") / of("default", "tuner")
+        realized = of("pick", k) / of("default", k)
+        paired, lo, hi = paired_interval([runs["pick"][k][i] / runs["default"][k][i] for i in rounds],
+                                         [runs["pick"]["tuner"][i] / runs["default"]["tuner"][i] for i in rounds])
+        frameworks[k] = {"rounds": len(rounds), "realized_speedup": realized,
+                         "realized_over_promised": realized / promised_k,
                          "realized_over_promised_paired": paired, "paired_interval_90": [lo, hi],
-                         "pick_over_tuner": med["pick"][k] / med["pick"]["tuner"],
-                         "default_over_tuner": med["default"][k] / med["default"]["tuner"]}
+                         "pick_over_tuner": of("pick", k) / of("pick", "tuner"),
+                         "default_over_tuner": of("default", k) / of("default", "tuner")}
     return {"median": med, "promised_speedup": promised, "frameworks": frameworks}
 
 
@@ -247,7 +301,7 @@ def overhead(a: argparse.Namespace) -> None:
     from meta import stamp
 
     ref, args, config = TINY
-    kinds = a.frameworks.split(",")
+    kinds = (a.frameworks or ",".join(FRAMEWORKS)).split(",")
     tmp = Path(tempfile.mkdtemp(prefix="framework-overhead-"))
     atexit.register(shutil.rmtree, tmp, True)
     space = space_file(tmp, ref, args, name="overhead")
@@ -255,7 +309,8 @@ def overhead(a: argparse.Namespace) -> None:
     ms: dict = {k: [] for k in kinds}
     for r in range(a.rounds):
         for kind in kinds[r % len(kinds):] + kinds[:r % len(kinds)]:
-            rate = measure(kind, ref, args, config, space, tmp, steps, 20, user_args=("--warmup", "20", "--steps", "100"))
+            rate = measure(kind, ref, args, config, space, tmp, steps, 20,
+                           user_args=("--warmup", "20", "--steps", "100"))["samples_per_sec"]
             ms[kind].append(1000 * bs / rate)
         print(f"round {r + 1}: " + " ".join(f"{k} {ms[k][-1]:.3f} ms" for k in kinds), flush=True)
     rows = []
@@ -279,7 +334,8 @@ def overhead(a: argparse.Namespace) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workloads", default=",".join(ARGS))
-    ap.add_argument("--frameworks", default=",".join(FRAMEWORKS))
+    ap.add_argument("--frameworks", default=None,
+                    help=f"default: {','.join(FRAMEWORKS)} (with --again: the row's); also hf_no_lookahead")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--trials", type=int, default=8, help="configs the search for the pick tries")
     ap.add_argument("--epochs", type=int, default=2, help="epochs the frameworks' timed steps cover")
@@ -287,6 +343,9 @@ def main() -> None:
     ap.add_argument("--out", default="benchmarks/out/framework_speed.json")
     ap.add_argument("--rescore", action="store_true", help="score --out's runs again; measure nothing")
     ap.add_argument("--overhead", action="store_true", help="what each way of running adds per step (tiny model)")
+    ap.add_argument("--again", action="store_true",
+                    help="more rounds on --out's rows of --workloads: their pick and default again, no search; "
+                         "each run's date, machine and command in the row's measured_again")
     a = ap.parse_args()
     if a.rescore:
         rescore(Path(a.out))
@@ -298,27 +357,55 @@ def main() -> None:
     import ray
     from meta import stamp
 
-    kinds = a.frameworks.split(",")
+    kinds = (a.frameworks or ",".join(FRAMEWORKS)).split(",")
     tmp = Path(tempfile.mkdtemp(prefix="framework-speed-"))
     atexit.register(shutil.rmtree, tmp, True)  # scratch: what it measured is in --out
+    kept = json.loads(Path(a.out).read_text()) if a.again else None
     rows = []
     for workload in a.workloads.split(","):
         args = ARGS[workload]
-        pick = search_pick(workload, args, a.trials, tmp / "results")
-        ray.shutdown()
-        print(f"{workload}: the search's pick {pick}", flush=True)
+        if kept is not None:  # the same pick and default, more rounds on the runs already there
+            row = next(r for r in kept["rows"] if r["workload"] == workload)
+            configs, runs = row["configs"], row["runs"]
+            done = len(runs["pick"]["tuner"])
+            kinds = a.frameworks.split(",") if a.frameworks else list(runs["pick"])
+            kinds = kinds if "tuner" in kinds else ["tuner", *kinds]  # every round pairs with the tuner's
+            for name in configs:  # a framework new to the row has no earlier rounds; one not run now, none of these
+                for k in [*runs[name], *kinds]:
+                    runs[name].setdefault(k, [None] * done)
+            row.setdefault("measured_again", []).append({**stamp(), "rounds": a.rounds})
+            step_ms = row.setdefault("step_ms", {name: {} for name in configs})
+            print(f"{workload}: the pick measured before {configs['pick']}, {done} rounds so far", flush=True)
+        else:
+            pick = search_pick(workload, args, a.trials, tmp / "results")
+            ray.shutdown()
+            print(f"{workload}: the search's pick {pick}", flush=True)
+            configs = {"default": {"precision": "fp32", "micro_batch_size": 32}, "pick": pick}
+            runs = {name: {k: [] for k in kinds} for name in configs}
+            step_ms = {name: {} for name in configs}  # per framework, per round: [epoch start, mid-epoch]
+            done = 0
         space = space_file(tmp, workload, args, name="framework")
-        configs = {"default": {"precision": "fp32", "micro_batch_size": 32}, "pick": pick}
-        runs: dict = {name: {k: [] for k in kinds} for name in configs}
-        for r in range(a.rounds):
+        for r in range(done, done + a.rounds):
             order = kinds[r % len(kinds):] + kinds[:r % len(kinds)]
             for name, config in configs.items():
                 steps = a.epochs * args["size"] // config["micro_batch_size"]
                 for kind in order:
-                    runs[name][kind].append(measure(kind, workload, args, config, space, tmp, steps, a.warmup))
+                    m = measure(kind, workload, args, config, space, tmp, steps, a.warmup)
+                    runs[name][kind].append(m["samples_per_sec"])
+                    if "epoch_start_ms" in m:  # a framework's: where its epoch starts cost more
+                        at = step_ms[name].setdefault(kind, [None] * r)
+                        at += [None] * (r - len(at))
+                        at.append([m["epoch_start_ms"], m["mid_epoch_ms"]])
+                for k in set(runs[name]) - set(kinds):
+                    runs[name][k].append(None)
             print(f"{workload} round {r + 1}: " + "; ".join(
                 f"{name} " + " ".join(f"{k} {runs[name][k][-1]:.0f}" for k in kinds) for name in configs), flush=True)
-        rows.append({"workload": workload, "args": args, "configs": configs, "runs": runs, **scored(runs)})
+        if kept is not None:
+            row.update(scored(runs), rounds=len(runs["pick"]["tuner"]))
+            rows.append(row)
+        else:
+            rows.append({"workload": workload, "args": args, "configs": configs, "runs": runs, "step_ms": step_ms,
+                         "rounds": a.rounds, **scored(runs)})
     print(f"\n{'workload':<12} {'framework':<10} {'pick/tuner':>10} {'default/tuner':>13} {'realized':>9} "
           f"{'promised':>9} {'ratio':>6} {'paired (90%)':>20}")
     for row in rows:
@@ -327,7 +414,7 @@ def main() -> None:
                   f"{f['realized_speedup']:>9.2f} {row['promised_speedup']:>9.2f} {f['realized_over_promised']:>6.3f} "
                   f"{f['realized_over_promised_paired']:>6.3f} ({f['paired_interval_90'][0]:.3f}-"
                   f"{f['paired_interval_90'][1]:.3f})")
-    out = {**stamp(), "rounds": a.rounds, "epochs": a.epochs, "warmup": a.warmup, "rows": rows}
+    out = kept or {**stamp(), "rounds": a.rounds, "epochs": a.epochs, "warmup": a.warmup, "rows": rows}
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(out, indent=2))
     print(f"wrote {a.out}")
@@ -336,7 +423,8 @@ def main() -> None:
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--one"]:
         kind, workload, args, payload, steps, warmup = sys.argv[2:8]
-        run = run_hf if kind == "hf" else run_lightning
-        print(run(workload, json.loads(args), json.loads(payload), int(steps), int(warmup)))
+        run = {"hf": run_hf, "hf_no_lookahead": lambda *x: run_hf(*x, lookahead=False),
+               "hf_no_clip": lambda *x: run_hf(*x, clip=False)}.get(kind, run_lightning)
+        print(json.dumps(run(workload, json.loads(args), json.loads(payload), int(steps), int(warmup))))
     else:
         main()

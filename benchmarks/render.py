@@ -8,6 +8,7 @@ History lives in git, not on the page.
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -155,11 +156,17 @@ def _truth_default(data: dict) -> list[str]:
     out = ["Each row: `bench` and the loop, each in a fresh process, interleaved (the order turns every "
            "round), nothing pinned, the threads PyTorch picks by default. `user`: "
            "`benchmarks/user_loop.py` (4 warm-up steps, median of 5 windows of 6 steps inside epochs), "
-           "against bench's steady figure (epoch boundaries left out on both sides); `epochs`: the same "
+           "against bench's steady figure (epoch boundaries left out on both sides); `user_warm`: the "
+           "same loop with a longer warm-up (the row's `user_warmup` steps in the JSON, 128 by default: "
+           "one epoch of multisource), so that its windows come after every batch shape has been met "
+           "once (where shapes vary, a step that meets a new one costs more the first time); `epochs`: the same "
            "loop over whole epochs after those windows (the command's `--epochs`, default 3), against "
            "bench's figure (boundaries in on both sides); "
            "`hf`: a real `transformers.Trainer` with the exported `TrainingArguments` over 3 epochs, "
-           "against bench's figure (boundaries in on both sides). Ratio: geometric "
+           "against bench's figure (boundaries in on both sides); `hf_no_lookahead`: the same with the "
+           "Trainer's loader iterating its DataLoader plainly, not a batch ahead (what that costs at "
+           "each epoch start; the rows' `epoch_start_ms` and `mid_epoch_ms` in the JSON); `hf_no_clip`: "
+           "the Trainer with `max_grad_norm=0` (what its gradient clipping costs). Ratio: geometric "
            "mean of the rounds' bench / loop, with its 90% interval and the verdict against ±"
            f"{data.get('tolerance', 0.03):.0%}.", "",
            "| workload | config | loop | bench | loop rate | bench / loop | 90% interval | rounds | verdict |",
@@ -221,7 +228,9 @@ def _across_loops(by_loop: dict | None, what: str, tolerance: float | None = Non
 
 
 def _framework_speed(data: dict) -> list[str]:
-    out = [f"Each framework in a fresh process, interleaved, {data['rounds']} rounds, medians (realized / "
+    out = [f"Each framework in a fresh process, interleaved, {data['rounds']} rounds (unless a workload says "
+           "otherwise; a framework measured in some rounds only is scored against the tuner's of the same "
+           "rounds), medians (realized / "
            "promised also paired by round: each round's pick / default of the framework against the same "
            "round's of the tuner, their geometric mean and 90% interval, which cancels a drift of the "
            "machine that lasts a round); the "
@@ -237,17 +246,39 @@ def _framework_speed(data: dict) -> list[str]:
            "DataLoader workers anew each epoch (`persistent_workers` off) in short epochs, it reads "
            "above the tuner by what the boundaries cost.", ""]
     for row in data["rows"]:
+        again = row.get("measured_again", [])
+        rounds = (f"; {row['rounds']} rounds: {len(row['runs']['pick']['tuner']) - sum(x['rounds'] for x in again)} "
+                  "on the date above, " + ", ".join(f"{x['rounds']} more on {x['date']} (`{x['command']}`)"
+                                                     for x in again) if again else "")
         out += [f"**{row['workload']}**: pick {_short(row['configs']['pick'])}; promised speed-up "
-                f"{row['promised_speedup']:.2f}x", "",
+                f"{row['promised_speedup']:.2f}x{rounds}", "",
                 "| framework | default, rate / tuner's | pick, rate / tuner's | realized speed-up | "
-                "realized / promised, medians | paired by round (90%) |", "|---|---|---|---|---|---|"]
+                "realized / promised, medians | paired by round (90%) | rounds |", "|---|---|---|---|---|---|---|"]
         for k, f in row["frameworks"].items():
             paired = (f"{f['realized_over_promised_paired']:.3f} ({f['paired_interval_90'][0]:.3f}-"
                       f"{f['paired_interval_90'][1]:.3f})" if "paired_interval_90" in f else "-")
             out.append(f"| {k} | {f['default_over_tuner']:.3f} | {f['pick_over_tuner']:.3f} | "
-                       f"{f['realized_speedup']:.2f}x | {f['realized_over_promised']:.3f} | {paired} |")
+                       f"{f['realized_speedup']:.2f}x | {f['realized_over_promised']:.3f} | {paired} | "
+                       f"{f.get('rounds', len(row['runs']['pick']['tuner']))} |")
         out.append("")
+        out += _epoch_start_steps(row.get("step_ms") or {})
     return out
+
+
+def _epoch_start_steps(step_ms: dict) -> list[str]:
+    """A framework's step at an epoch start against its steps mid-epoch (medians over the
+    rounds that timed them)."""
+    parts = []
+    for name, kinds in step_ms.items():
+        for k, per_round in kinds.items():
+            got = [x for x in per_round if x and x[0] is not None]
+            if got:
+                parts.append(f"{name} {k} {statistics.median(x[0] for x in got):.0f} / "
+                             f"{statistics.median(x[1] for x in got):.0f} ({len(got)} rounds)")
+    if not parts:
+        return []
+    return ["Each framework's step that starts an epoch against its steps mid-epoch, ms (medians; "
+            "the first epoch left out): " + "; ".join(parts) + ".", ""]
 
 
 def _gpu(data: dict) -> list[str]:

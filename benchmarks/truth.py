@@ -644,6 +644,8 @@ def main() -> None:
                     help="add rounds, up to this many, while a row's interval is unresolved (default: --rounds)")
     ap.add_argument("--tolerance", type=float, default=0.03, help="the agreement asked for: 0.03 = ±3%%")
     ap.add_argument("--epochs", type=int, default=3, help="timed epochs of the plain loop")
+    ap.add_argument("--user-warmup", type=int, default=128,
+                    help="the user_warm loop's warm-up steps (user_loop.py's --warmup; the user loop's is 4)")
     ap.add_argument("--configs", type=int, default=None, help="only the first N configs per workload")
     ap.add_argument("--pick", default=None, help="only these configs per workload, by index: 0,2")
     ap.add_argument("--set", action="append", default=[], metavar="KNOB=JSON",
@@ -667,8 +669,10 @@ def main() -> None:
                     help='bench\'s measure settings, as in a space: \'{"min_windows": 15}\'')
     ap.add_argument("--loops", default="plain",
                     help="the loops bench is compared with, in turn: plain (whole epochs), user "
-                         "(user_loop.py's windows), epochs (user_loop.py over --epochs whole epochs), "
-                         "hf (a transformers.Trainer with the exported arguments)")
+                         "(user_loop.py's windows), user_warm (the same after --user-warmup steps), "
+                         "epochs (user_loop.py over --epochs whole epochs), "
+                         "hf (a transformers.Trainer with the exported arguments), hf_no_lookahead (the "
+                         "same, its loader not reading a batch ahead), hf_no_clip (max_grad_norm=0)")
     ap.add_argument("--default", action="store_true",
                     help="at default settings: each config with the threads of the space's defaults (no "
                          "torch_threads), compared with the user's loop and a Trainer "
@@ -739,7 +743,7 @@ def main() -> None:
                 for which in order:
                     if which == "bench":
                         bench.append(probed(run_bench, space, config))
-                    elif which != "hf" or config.get("batch_grouping") != "by_source":  # not expressible there
+                    elif not which.startswith("hf") or config.get("batch_grouping") != "by_source":  # not expressible there
                         loops[which].append(probed(run_loop, which, workload, args, config, a))
             for loop, plain in loops.items():
                 if not plain:
@@ -846,18 +850,24 @@ def main() -> None:
     print(f"wrote {a.out}")
 
 
+WINDOWED = ("user", "user_warm")  # loops timed in windows inside epochs: against bench's steady figure
+
+
 def run_loop(loop: str, workload: str, args: dict, config: dict, a: argparse.Namespace) -> dict:
     """One run of the loop that ``bench`` is compared with: ``plain`` (whole epochs, this
     file's ``plain_loop``), ``user`` (``user_loop.py``: windows inside epochs, as the
-    issue's independent check wrote it), ``epochs`` (``user_loop.py``'s ``--epochs``:
-    the same loop timed over ``--epochs`` whole epochs, boundaries included) or ``hf`` (a
+    issue's independent check wrote it), ``user_warm`` (the same after ``--user-warmup``
+    warm-up steps: where batch shapes vary, once every shape has been met), ``epochs``
+    (``user_loop.py``'s ``--epochs``: the same loop timed over ``--epochs`` whole epochs,
+    boundaries included) or ``hf`` (a
     real ``transformers.Trainer`` with the exported TrainingArguments,
     ``framework_speed.run_hf``)."""
     ref = REFS.get(workload, workload)
     if loop == "plain":
         return run_plain(ref, args, config, EPOCHS.get(workload, a.epochs), a.device)
-    if loop in ("user", "epochs"):
-        more = ["--epochs", str(a.epochs)] if loop == "epochs" else []
+    if loop in ("user", "user_warm", "epochs"):
+        more = (["--epochs", str(a.epochs)] if loop == "epochs"
+                else ["--warmup", str(a.user_warmup)] if loop == "user_warm" else [])
         out = subprocess.run([sys.executable, str(Path(__file__).with_name("user_loop.py")), ref,
                               json.dumps(args), json.dumps(config), *more], capture_output=True, text=True,
                              check=True, env=plain_env(config))
@@ -870,7 +880,7 @@ def run_loop(loop: str, workload: str, args: dict, config: dict, a: argparse.Nam
 
     size = args.get("size", 1024)
     steps = a.epochs * size // config["micro_batch_size"]
-    return {"samples_per_sec": in_process(loop, ref, args, payload_for(ref, args, config), steps, 5)}
+    return in_process(loop, ref, args, payload_for(ref, args, config), steps, 5)
 
 
 def loop_row(workload: str, args: dict, config: dict, bench: list[dict], plain: list[dict], loop: str,
@@ -878,7 +888,7 @@ def loop_row(workload: str, args: dict, config: dict, bench: list[dict], plain: 
     """One row: bench against one loop, over the rounds they shared. The user's loop times
     windows inside epochs: it is compared with bench's steady figure, which leaves epoch
     boundaries out too; the other loops run whole epochs, as bench's figure counts them."""
-    fig = "steady_samples_per_sec" if loop == "user" else "samples_per_sec"
+    fig = "steady_samples_per_sec" if loop in WINDOWED else "samples_per_sec"
     bench = [{**x, "samples_per_sec": x[fig], "with_boundaries": x["samples_per_sec"]} for x in bench]
     b = statistics.median(x["samples_per_sec"] for x in bench)
     p = statistics.median(x["samples_per_sec"] for x in plain)
@@ -899,11 +909,16 @@ def loop_row(workload: str, args: dict, config: dict, bench: list[dict], plain: 
            "bench_memory_mb": bm, "plain_memory_mb": pm, "memory_ratio": bm / pm if pm else None,
            "bench_interference_cores": [x.get("interference_cores") for x in bench],
            "bench_disturbed": [x.get("disturbed") for x in bench]}
-    if loop == "user":  # bench's reported figure (epoch boundaries counted) against the same windows
+    if loop == "user_warm":
+        row["user_warmup"] = a.user_warmup
+    if loop in WINDOWED:  # bench's reported figure (epoch boundaries counted) against the same windows
         reported = paired_interval([x["with_boundaries"] for x in bench], [y["samples_per_sec"] for y in plain])
         row.update(reported_geomean=reported[0], reported_interval_90=list(reported[1:]))
     if loop == "plain":
         row["plain_epoch_s"] = statistics.median(y["epoch_s"] for y in plain)
+    if all(y.get("epoch_start_ms") for y in plain):  # a framework's step at an epoch start, and mid-epoch
+        row["epoch_start_ms"] = statistics.median(y["epoch_start_ms"] for y in plain)
+        row["mid_epoch_ms"] = statistics.median(y["mid_epoch_ms"] for y in plain)
     if a.device == "cuda" and mem:
         row["bench_device_memory_mb"] = statistics.median(x["peak_device_memory_mb"] for x in bench)
         row["plain_device_memory_mb"] = statistics.median(y["peak_device_memory_mb"] for y in plain)

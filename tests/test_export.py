@@ -66,6 +66,20 @@ def test_hugging_face_training_arguments_accept_the_export(tmp_path, monkeypatch
     assert "channels_last" in text and "torch.set_num_threads(1)" in text  # said, not dropped
 
 
+def test_hf_export_names_the_trainers_batch_lookahead_only_where_workers_pay_it():
+    # With workers, the Trainer's loader waits for a second batch at every epoch start;
+    # without them the main process loads both either way, and the comment would mislead.
+    from tuner.results import framework_snippet
+
+    def snippet(workers: int) -> str:
+        return framework_snippet({"config": {"precision": "fp32", "micro_batch_size": 32, "num_workers": workers},
+                                  "workload": {"ref": "conv", "args": {}}, "base_dir": ".", "hardware": {},
+                                  "measured": {}, "speedup_vs_baseline": None}, "hf")
+
+    assert "reads one batch ahead" in snippet(1) and "max_grad_norm" in snippet(1)
+    assert "reads one batch ahead" not in snippet(0) and "max_grad_norm" in snippet(0)
+
+
 def test_lightning_trainer_accepts_the_export(tmp_path, monkeypatch):
     pytest.importorskip("lightning")
     monkeypatch.chdir(tmp_path)

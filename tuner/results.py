@@ -339,10 +339,17 @@ def framework_snippet(payload: dict, fmt: str) -> str:
                   "training_args = " + _dict_literal(kw),
                   'args = TrainingArguments(output_dir="out", **training_args)']
         lines += [f"# not expressible in TrainingArguments: {u}" for u in unsaid]
-        lines += ["# the Trainer adds per-step work of its own that the tuner's figure does not hold:",
-                  "# gradient clipping (max_grad_norm=1.0: a norm over every gradient), a learning-rate",
-                  "# scheduler step and its logging: about 0.6 ms a step in all on a 2-core CPU (1-3% of a",
-                  "# 20-60 ms step); max_grad_norm=0 turns the clipping off"]
+        lines += ["# the Trainer adds work of its own that the tuner's figure does not hold:",
+                  "# - each step: a learning-rate scheduler step and its logging, and gradient clipping",
+                  "#   (max_grad_norm=1.0: a norm over every gradient; max_grad_norm=0 turns it off):",
+                  "#   about 0.6 ms plus 0.7 ms per million parameters on a 2-core CPU"]
+        if payload["config"].get("num_workers"):
+            # The Trainer's loader looks a batch ahead to know the last one; measured on conv's
+            # 16-step epochs with one worker, it was most of the Trainer's gap to the tuner.
+            lines += ["# - each epoch: its loader (accelerate's DataLoaderShard) reads one batch ahead, so",
+                      "#   an epoch's first step waits for two batches: with DataLoader workers, one batch's",
+                      "#   preparation more per epoch (persistent_workers does not avoid it; small where an",
+                      "#   epoch holds hundreds of steps)"]
     else:
         trainer, loader, code = lightning_kwargs(payload)
         lines += ["import lightning as L", "import torch", "",
