@@ -92,8 +92,8 @@ def _without_lookahead() -> None:
     """accelerate's DataLoaderShard reads one batch ahead to know which batch is the last,
     so each epoch's first step waits for two batches; with DataLoader workers the second
     takes one batch's preparation more. Replaced here by a plain iteration (its
-    end-of-epoch flag set after the last batch, which gradient accumulation does not
-    need within a step of the last one here)."""
+    end-of-epoch flag set after the last batch rather than with it: the Trainer counts its
+    own accumulation steps and does not read the flag)."""
     import accelerate.data_loader as adl
 
     def plain_iter(self):
@@ -335,7 +335,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workloads", default=",".join(ARGS))
     ap.add_argument("--frameworks", default=None,
-                    help=f"default: {','.join(FRAMEWORKS)} (with --again: the row's); also hf_no_lookahead")
+                    help=f"default: {','.join(FRAMEWORKS)} (with --again: the row's); also "
+                         "hf_no_lookahead, hf_no_clip")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--trials", type=int, default=8, help="configs the search for the pick tries")
     ap.add_argument("--epochs", type=int, default=2, help="epochs the frameworks' timed steps cover")
