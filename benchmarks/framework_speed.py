@@ -13,10 +13,12 @@ fresh process, interleaved (the order turns every round), ``--rounds`` rounds, m
 - ``lightning``: the ``export --format lightning`` snippet executed as pasted (it builds
   the Trainer and the DataLoader), then ``trainer.fit`` on a LightningModule around the
   workload;
-- ``hf_no_lookahead`` and ``hf_no_clip`` (only when ``--frameworks`` names them): ``hf``
-  with the Trainer's loader (accelerate's ``DataLoaderShard``) iterating its DataLoader as
-  a plain loop does, without reading one batch ahead (what that lookahead costs at each
-  epoch start), and with ``max_grad_norm=0`` (what gradient clipping costs each step).
+- ``hf_no_lookahead``, ``hf_no_clip`` and ``hf_inputs_cl`` (only when ``--frameworks``
+  names them): ``hf`` with the Trainer's loader (accelerate's ``DataLoaderShard``)
+  iterating its DataLoader as a plain loop does, without reading one batch ahead (what
+  that lookahead costs at each epoch start); with ``max_grad_norm=0`` (what gradient
+  clipping costs each step); with the 4-D inputs made channels_last in the data collator
+  as well as the model (the export converts the model only).
 
 Each process starts as the export tells the user to start it: with glibc's variables set
 where the config has ``malloc_retain`` (the exported script sets them itself).
@@ -107,8 +109,21 @@ def _without_lookahead() -> None:
     adl.DataLoaderShard.__iter__ = plain_iter
 
 
+def _channels_last_4d(batch):
+    """Every 4-D tensor of a batch in channels_last, as the exports tell the user to."""
+    import torch
+
+    if isinstance(batch, torch.Tensor):
+        return batch.contiguous(memory_format=torch.channels_last) if batch.dim() == 4 else batch
+    if isinstance(batch, dict):
+        return {k: _channels_last_4d(v) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(_channels_last_4d(v) for v in batch)
+    return batch
+
+
 def run_hf(workload: str, args: dict, payload: dict, steps: int, warmup: int, lookahead: bool = True,
-           clip: bool = True) -> dict:
+           clip: bool = True, inputs_cl: bool = False) -> dict:
     import torch
     from torch.utils.data import default_collate
     from transformers import Trainer, TrainerCallback
@@ -138,7 +153,13 @@ def run_hf(workload: str, args: dict, payload: dict, steps: int, warmup: int, lo
         def forward(self, batch):
             return {"loss": wl.loss(self.inner, batch)}
 
-    collate = wl.collate or default_collate
+    base_collate = wl.collate or default_collate
+    inputs_cl = inputs_cl and bool(cfg.get("channels_last"))  # hf_inputs_cl: beyond what the export says
+
+    def collate(samples):
+        batch = base_collate(samples)
+        return _channels_last_4d(batch) if inputs_cl else batch
+
     stamps: list[float] = []
 
     class Clock(TrainerCallback):
@@ -171,6 +192,8 @@ def run_lightning(workload: str, args: dict, payload: dict, steps: int, warmup: 
             self.inner = wl.model()
 
         def training_step(self, batch, i):
+            if payload["config"].get("channels_last"):  # the export's comment, done as it says
+                batch = _channels_last_4d(batch)
             return wl.loss(self.inner, batch)
 
         def configure_optimizers(self):
@@ -336,7 +359,7 @@ def main() -> None:
     ap.add_argument("--workloads", default=",".join(ARGS))
     ap.add_argument("--frameworks", default=None,
                     help=f"default: {','.join(FRAMEWORKS)} (with --again: the row's); also "
-                         "hf_no_lookahead, hf_no_clip")
+                         "hf_no_lookahead, hf_no_clip, hf_inputs_cl")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--trials", type=int, default=8, help="configs the search for the pick tries")
     ap.add_argument("--epochs", type=int, default=2, help="epochs the frameworks' timed steps cover")
@@ -425,7 +448,8 @@ if __name__ == "__main__":
     if sys.argv[1:2] == ["--one"]:
         kind, workload, args, payload, steps, warmup = sys.argv[2:8]
         run = {"hf": run_hf, "hf_no_lookahead": lambda *x: run_hf(*x, lookahead=False),
-               "hf_no_clip": lambda *x: run_hf(*x, clip=False)}.get(kind, run_lightning)
+               "hf_no_clip": lambda *x: run_hf(*x, clip=False),
+               "hf_inputs_cl": lambda *x: run_hf(*x, inputs_cl=True)}.get(kind, run_lightning)
         print(json.dumps(run(workload, json.loads(args), json.loads(payload), int(steps), int(warmup))))
     else:
         main()

@@ -166,7 +166,9 @@ def _truth_default(data: dict) -> list[str]:
            "against bench's figure (boundaries in on both sides); `hf_no_lookahead`: the same with the "
            "Trainer's loader iterating its DataLoader plainly, not a batch ahead (what that costs at "
            "each epoch start; the rows' `epoch_start_ms` and `mid_epoch_ms` in the JSON); `hf_no_clip`: "
-           "the Trainer with `max_grad_norm=0` (what its gradient clipping costs). Ratio: geometric "
+           "the Trainer with `max_grad_norm=0` (what its gradient clipping costs); `hf_inputs_cl`: the "
+           "Trainer with the 4-D inputs made channels_last in the data collator as well as the model "
+           "(the export converts the model only). Ratio: geometric "
            "mean of the rounds' bench / loop, with its 90% interval and the verdict against ±"
            f"{data.get('tolerance', 0.03):.0%}.", "",
            "| workload | config | loop | bench | loop rate | bench / loop | 90% interval | rounds | verdict |",
