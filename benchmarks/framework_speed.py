@@ -425,11 +425,11 @@ def main() -> None:
             print(f"{workload} round {r + 1}: " + "; ".join(
                 f"{name} " + " ".join(f"{k} {runs[name][k][-1]:.0f}" for k in kinds) for name in configs), flush=True)
         if kept is not None:
-            row.update(scored(runs), rounds=len(runs["pick"]["tuner"]))
+            row.update(scored(runs))
             rows.append(row)
         else:
             rows.append({"workload": workload, "args": args, "configs": configs, "runs": runs, "step_ms": step_ms,
-                         "rounds": a.rounds, **scored(runs)})
+                         **scored(runs)})
     print(f"\n{'workload':<12} {'framework':<10} {'pick/tuner':>10} {'default/tuner':>13} {'realized':>9} "
           f"{'promised':>9} {'ratio':>6} {'paired (90%)':>20}")
     for row in rows:

@@ -250,10 +250,10 @@ def _framework_speed(data: dict) -> list[str]:
            "DataLoader workers anew each epoch (`persistent_workers` off) in short epochs, it reads "
            "above the tuner by what the boundaries cost.", ""]
     for row in data["rows"]:
-        again = row.get("measured_again", [])
-        rounds = (f"; {row['rounds']} rounds: {len(row['runs']['pick']['tuner']) - sum(x['rounds'] for x in again)} "
-                  "on the date above, " + ", ".join(f"{x['rounds']} more on {x['date']} (`{x['command']}`)"
-                                                     for x in again) if again else "")
+        again, n = row.get("measured_again", []), len(row["runs"]["pick"]["tuner"])
+        rounds = (f"; {n} rounds: {n - sum(x['rounds'] for x in again)} on the date above, "
+                  + ", ".join(f"{x['rounds']} more on {x['date']} (`{x['command']}`)" for x in again)
+                  if again else "")
         out += [f"**{row['workload']}**: pick {_short(row['configs']['pick'])}; promised speed-up "
                 f"{row['promised_speedup']:.2f}x{rounds}", "",
                 "| framework | default, rate / tuner's | pick, rate / tuner's | realized speed-up | "
@@ -263,7 +263,7 @@ def _framework_speed(data: dict) -> list[str]:
                       f"{f['paired_interval_90'][1]:.3f})" if "paired_interval_90" in f else "-")
             out.append(f"| {k} | {f['default_over_tuner']:.3f} | {f['pick_over_tuner']:.3f} | "
                        f"{f['realized_speedup']:.2f}x | {f['realized_over_promised']:.3f} | {paired} | "
-                       f"{f.get('rounds', len(row['runs']['pick']['tuner']))} |")
+                       f"{f['rounds']} |")
         out.append("")
         out += _epoch_start_steps(row.get("step_ms") or {})
     return out

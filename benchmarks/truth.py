@@ -138,6 +138,7 @@ REFS = {"hf_gpt2": f"{HF}:gpt2", "hf_resnet": f"{HF}:resnet", "conv_long": "conv
         "hf_gpt2_long": f"{HF}:gpt2", "hf_resnet_long": f"{HF}:resnet", "tiny": f"{HF}:tiny"}  # a case name -> the workload
 # Timed epochs of the plain loop where a case's epochs are long (default: --epochs).
 EPOCHS = {"conv_long": 1}
+WINDOWED = ("user", "user_warm")  # loops timed in windows inside epochs: against bench's steady figure
 CASES.update({
     # Epochs as a user's dataset has them, long beside a window (64 steps, ~25 s here):
     # the measurement shortens them to five windows and extrapolates. The window before
@@ -849,9 +850,6 @@ def main() -> None:
     for s in search_rows:
         print(f"{s['workload']:<12} Tune trial / bench: {s['trial_over_bench']:.3f} (paired {s['paired_ratio']:.3f})")
     print(f"wrote {a.out}")
-
-
-WINDOWED = ("user", "user_warm")  # loops timed in windows inside epochs: against bench's steady figure
 
 
 def run_loop(loop: str, workload: str, args: dict, config: dict, a: argparse.Namespace) -> dict:
