@@ -13,12 +13,13 @@ fresh process, interleaved (the order turns every round), ``--rounds`` rounds, m
 - ``lightning``: the ``export --format lightning`` snippet executed as pasted (it builds
   the Trainer and the DataLoader), then ``trainer.fit`` on a LightningModule around the
   workload;
-- ``hf_no_lookahead``, ``hf_no_clip`` and ``hf_inputs_cl`` (only when ``--frameworks``
-  names them): ``hf`` with the Trainer's loader (accelerate's ``DataLoaderShard``)
-  iterating its DataLoader as a plain loop does, without reading one batch ahead (what
-  that lookahead costs at each epoch start); with ``max_grad_norm=0`` (what gradient
-  clipping costs each step); with the 4-D inputs made channels_last in the data collator
-  as well as the model (the export converts the model only).
+- ``hf_no_lookahead``, ``hf_no_clip``, ``hf_inputs_cl`` and ``hf_inputs_cl_forward``
+  (only when ``--frameworks`` names them): ``hf`` with the Trainer's loader (accelerate's
+  ``DataLoaderShard``) iterating its DataLoader as a plain loop does, without reading one
+  batch ahead (what that lookahead costs at each epoch start); with ``max_grad_norm=0``
+  (what gradient clipping costs each step); with the 4-D inputs made channels_last as
+  well as the model (the export converts the model only), in the data collator or in the
+  training process (the forward of the module around the model).
 
 Each process starts as the export tells the user to start it: with glibc's variables set
 where the config has ``malloc_retain`` (the exported script sets them itself).
@@ -123,7 +124,7 @@ def _channels_last_4d(batch):
 
 
 def run_hf(workload: str, args: dict, payload: dict, steps: int, warmup: int, lookahead: bool = True,
-           clip: bool = True, inputs_cl: bool = False) -> dict:
+           clip: bool = True, inputs_cl: str | None = None) -> dict:
     import torch
     from torch.utils.data import default_collate
     from transformers import Trainer, TrainerCallback
@@ -151,14 +152,16 @@ def run_hf(workload: str, args: dict, payload: dict, steps: int, warmup: int, lo
                 self.inner = self.inner.to(memory_format=torch.channels_last)
 
         def forward(self, batch):
+            if inputs_cl == "forward":  # in the training process, as a plain loop converts them
+                batch = _channels_last_4d(batch)
             return {"loss": wl.loss(self.inner, batch)}
 
     base_collate = wl.collate or default_collate
-    inputs_cl = inputs_cl and bool(cfg.get("channels_last"))  # hf_inputs_cl: beyond what the export says
+    inputs_cl = inputs_cl if cfg.get("channels_last") else None  # hf_inputs_cl*: beyond what the export says
 
     def collate(samples):
         batch = base_collate(samples)
-        return _channels_last_4d(batch) if inputs_cl else batch
+        return _channels_last_4d(batch) if inputs_cl == "collate" else batch
 
     stamps: list[float] = []
 
@@ -359,7 +362,7 @@ def main() -> None:
     ap.add_argument("--workloads", default=",".join(ARGS))
     ap.add_argument("--frameworks", default=None,
                     help=f"default: {','.join(FRAMEWORKS)} (with --again: the row's); also "
-                         "hf_no_lookahead, hf_no_clip, hf_inputs_cl")
+                         "hf_no_lookahead, hf_no_clip, hf_inputs_cl, hf_inputs_cl_forward")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--trials", type=int, default=8, help="configs the search for the pick tries")
     ap.add_argument("--epochs", type=int, default=2, help="epochs the frameworks' timed steps cover")
@@ -449,7 +452,8 @@ if __name__ == "__main__":
         kind, workload, args, payload, steps, warmup = sys.argv[2:8]
         run = {"hf": run_hf, "hf_no_lookahead": lambda *x: run_hf(*x, lookahead=False),
                "hf_no_clip": lambda *x: run_hf(*x, clip=False),
-               "hf_inputs_cl": lambda *x: run_hf(*x, inputs_cl=True)}.get(kind, run_lightning)
+               "hf_inputs_cl": lambda *x: run_hf(*x, inputs_cl="collate"),
+               "hf_inputs_cl_forward": lambda *x: run_hf(*x, inputs_cl="forward")}.get(kind, run_lightning)
         print(json.dumps(run(workload, json.loads(args), json.loads(payload), int(steps), int(warmup))))
     else:
         main()

@@ -25,6 +25,7 @@ WHAT = {  # what each benchmark answers, in one line
     "truth_default": "bench against a user's own loop and a real Trainer, at default settings",
     "framework_speed": "The exports in the frameworks users paste them into: rates and speed-ups",
     "framework_overhead": "What each way of running a step adds to it: the frameworks' own per-step work",
+    "anatomy": "Where a step's time goes: the user's loop against the frameworks, on real models",
     "truth": "bench and trials against a user's plain loop on the same config",
     "tuner_cpu": "The CPU the tuner's own processes use beside a trial",
     "ray_cost": "What Ray's processes cost a trial beside them",
@@ -149,6 +150,33 @@ def _framework_overhead(data: dict) -> list[str]:
         beside = (f"{r['over_user_ms']:+.3f} | {r['over_user_min_ms']:+.3f} to {r['over_user_max_ms']:+.3f}"
                   if r.get("over_user_ms") is not None else " | ")
         out.append(f"| {r['kind']} | {r['ms_per_step']:.3f} | {beside} |")
+    return out
+
+
+def _anatomy(data: dict) -> list[str]:
+    out = ["Each way in a fresh process (`user`: `benchmarks/user_loop.py`; `hf`: a real "
+           "`transformers.Trainer` with the exported arguments; `lightning`: a real `lightning.Trainer`), "
+           f"interleaved, {data['rounds']} rounds, medians, ms per optimizer step. Timed inside each process "
+           "around torch's own entry points: the model's forward (its outermost module), `Tensor.backward`, "
+           "the optimizer's step, `clip_grad_norm_`, each net of the others it holds; the step from the "
+           "way's own rate; `rest`: what the parts leave of it (the batch's fetch, the framework's "
+           "bookkeeping). `beside user`: each round's difference from the user's loop, median over the "
+           "rounds. Without `malloc_retain` each process's rate also follows its draw of glibc's heap "
+           "(how many pages it returns and faults again each step): the rows with it hold the frameworks' "
+           "own work.", "",
+           "| workload | config | way | step | forward | backward | optimizer | clip | rest | beside user: step "
+           "| beside user: rest |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for row in data["rows"]:
+        for way, s in row["ways"].items():
+            ms, b = s["ms"], s.get("beside_user_ms") or {}
+            beside = (f"{b['step']:+.2f} | {b['rest']:+.2f}" if b else " | ")
+            out.append(f"| {row['workload']} | {_short(row['config'])} | {way} | {ms['step']:.2f} | "
+                       f"{ms['forward']:.2f} | {ms['backward']:.2f} | {ms['optimizer']:.2f} | {ms['clip']:.2f} | "
+                       f"{ms['rest']:.2f} | {beside} |")
+    later = [r for r in data["rows"] if r.get("measured") and r["measured"]["date"] != data["date"]]
+    if later:
+        out += [""] + [f"{r['workload']} {_short(r['config'])}: measured {r['measured']['date']}, "
+                       f"{r['measured']['rounds']} rounds (`{r['measured']['command']}`)." for r in later]
     return out
 
 
@@ -363,7 +391,7 @@ def render() -> str:
                   f"Measured {_when(path, data)} on {_machine(data)}; "
                   f"`{data.get('command') or f'python benchmarks/{path.stem}.py'}`.", ""]
         special = {"search_replay": _search_replay, "search_cost": _search_cost, "truth_default": _truth_default,
-                   "framework_speed": _framework_speed, "framework_overhead": _framework_overhead, "gpu": _gpu,
+                   "framework_speed": _framework_speed, "framework_overhead": _framework_overhead, "anatomy": _anatomy, "gpu": _gpu,
                    "restart_trace": _restart_trace}.get(path.stem, _generic)
         parts += special(data)
         parts.append("")

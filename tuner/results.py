@@ -340,10 +340,14 @@ def framework_snippet(payload: dict, fmt: str) -> str:
                   "training_args = " + _dict_literal(kw),
                   'args = TrainingArguments(output_dir="out", **training_args)']
         lines += [f"# not expressible in TrainingArguments: {u}" for u in unsaid]
+        # Sizes from benchmarks/anatomy.py (each part of a step timed inside the Trainer's
+        # process and a plain loop's) and framework_speed.py --overhead (a linear layer).
         lines += ["# the Trainer adds work of its own that the tuner's figure does not hold:",
-                  "# - each step: a learning-rate scheduler step and its logging, and gradient clipping",
-                  "#   (max_grad_norm=1.0: a norm over every gradient; max_grad_norm=0 turns it off):",
-                  "#   about 0.6 ms plus 0.7 ms per million parameters on a 2-core CPU"]
+                  "# - each step: gradient clipping (max_grad_norm=1.0: a norm over every gradient;",
+                  "#   max_grad_norm=0 turns it off), a learning-rate scheduler step, its loss checks",
+                  "#   and callbacks: on a 2-core CPU about 2-3 ms a step on models of a million",
+                  "#   parameters (clipping 0.7-1.0 ms of it), 0.6 ms on a model of almost none:",
+                  "#   6-7% of a 30-45 ms step, less of a longer one"]
         if payload["config"].get("num_workers"):
             # The Trainer's loader looks a batch ahead to know the last one; measured on conv's
             # 16-step epochs with one worker, it was most of the Trainer's gap to the tuner.
@@ -358,9 +362,10 @@ def framework_snippet(payload: dict, fmt: str) -> str:
                   "dataloader_kwargs = " + _dict_literal(loader)]
         lines += code
         lines += ["# Lightning adds per-step work of its own that the tuner's figure does not hold: its",
-                  "# loop, progress bar and logger: about 0.7 ms a step in all on a 2-core CPU (1-3% of a",
-                  "# 20-60 ms step; enable_progress_bar=False and logger=False turn the bar and the",
-                  "# logger off)",
+                  "# loop, the optimizer step's closure, progress bar and logger: on a 2-core CPU about",
+                  "# 3-4 ms a step on models of a million parameters, 0.7 ms on a model of almost none:",
+                  "# 9-10% of a 30-45 ms step, less of a longer one (enable_progress_bar=False and",
+                  "# logger=False turn the bar and the logger off)",
                   "trainer = L.Trainer(**trainer_kwargs)",
                   "train_loader = torch.utils.data.DataLoader(dataset, **dataloader_kwargs)"]
     return "\n".join(lines) + "\n"
