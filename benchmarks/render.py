@@ -185,9 +185,10 @@ def _truth_default(data: dict) -> list[str]:
            "round), nothing pinned, the threads PyTorch picks by default. `user`: "
            "`benchmarks/user_loop.py` (4 warm-up steps, median of 5 windows of 6 steps inside epochs), "
            "against bench's steady figure (epoch boundaries left out on both sides); `user_warm`: the "
-           "same loop with a longer warm-up (the row's `user_warmup` steps in the JSON, 128 by default: "
-           "one epoch of multisource), so that its windows come after every batch shape has been met "
-           "once (where shapes vary, a step that meets a new one costs more the first time); `epochs`: the same "
+           "same loop with a longer warm-up (its steps beside the loop's name: 128, one epoch of "
+           "multisource, so that its windows come after every batch shape has been met once, where a step "
+           "that meets a new one costs more the first time; 40, on hf_gpt2 with a worker started anew, so "
+           "that they come after the first worker restart, as bench's steady windows do); `epochs`: the same "
            "loop over whole epochs after those windows (the command's `--epochs`, default 3), against "
            "bench's figure (boundaries in on both sides); "
            "`hf`: a real `transformers.Trainer` with the exported `TrainingArguments` over 3 epochs, "
@@ -219,7 +220,8 @@ def _truth_default(data: dict) -> list[str]:
                 "|---|---|---|---|---|---|---|---|---|"]
         for r in pooled:
             lo, hi = r["paired_interval_90"]
-            out.append(f"| {r['workload']} | {_short(r['config'])} | {r['loop']} | "
+            loop = f"{r['loop']} ({r['user_warmup']} steps)" if r.get("user_warmup") else r["loop"]
+            out.append(f"| {r['workload']} | {_short(r['config'])} | {loop} | "
                        f"{r['bench_samples_per_sec']:.1f} | {r['plain_samples_per_sec']:.1f} | "
                        f"{r['paired_geomean']:.3f} | {lo:.3f}-{hi:.3f} | {r['rounds']} ({r['runs']}) | "
                        f"{r['verdict']} |")

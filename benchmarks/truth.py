@@ -589,12 +589,14 @@ def pooled_again(runs: list[dict], tolerance: float) -> list[dict]:
     """Each config of the rows measured again (``--again``), over every round of every run
     that measured it: a round's ratio is paired within the round, so a host that ran
     faster one day moves both of its sides, and rounds of several runs pool. One row per
-    (workload, config, loop), in the order first measured."""
+    (workload, config, loop, and user_warm's warm-up steps), in the order first measured."""
     pooled: dict[str, dict] = {}
     for run in runs:
         for r in run["rows"]:
-            key = json.dumps([r["workload"], r["config"], r.get("loop")], sort_keys=True)
+            warm = r.get("user_warmup")  # user_warm's warm-up steps: another loop for each count
+            key = json.dumps([r["workload"], r["config"], r.get("loop"), warm], sort_keys=True)
             row = pooled.setdefault(key, {"workload": r["workload"], "config": r["config"], "loop": r.get("loop"),
+                                          **({"user_warmup": warm} if warm else {}),
                                           "bench_runs": [], "plain_runs": [], "dates": []})
             row["bench_runs"] += r["bench_runs"]
             row["plain_runs"] += r["plain_runs"]

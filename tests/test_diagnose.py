@@ -59,6 +59,11 @@ def test_a_churning_host_heap_is_flagged_with_the_knob_that_fixes_it():
         assert not flagged
         return
     assert len(flagged) == 1 and "4,660 page faults per step" in flagged[0] and "malloc_retain=true" in flagged[0]
+    assert "first epoch" not in flagged[0]  # no workers: no epoch that starts them anew
+    anew = {**rec, "config": {"micro_batch_size": 32, "num_workers": 1, "persistent_workers": False}}
+    assert any("first epoch" in f for f in diagnose(anew).flags if "page faults" in f)
+    kept = {**rec, "config": {"micro_batch_size": 32, "num_workers": 1, "persistent_workers": True}}
+    assert not any("first epoch" in f for f in diagnose(kept).flags if "page faults" in f)
     retained = {**rec, "config": {"micro_batch_size": 32, "malloc_retain": True}, "page_faults_per_step": 30.0}
     assert not [f for f in diagnose(retained).flags if "page faults" in f]
     settled = {**rec, "page_faults_per_step": 40.0}  # glibc's own thresholds settled high
