@@ -187,7 +187,7 @@ def _truth_default(data: dict) -> list[str]:
            "against bench's steady figure (epoch boundaries left out on both sides); `user_warm`: the "
            "same loop with a longer warm-up (its steps beside the loop's name: 128, one epoch of "
            "multisource, so that its windows come after every batch shape has been met once, where a step "
-           "that meets a new one costs more the first time; 40, on hf_gpt2 with a worker started anew, so "
+           "that meets a new one costs more the first time; 40, where a worker starts anew each epoch, so "
            "that they come after the first worker restart, as bench's steady windows do); `epochs`: the same "
            "loop over whole epochs after those windows (the command's `--epochs`, default 3), against "
            "bench's figure (boundaries in on both sides); "
@@ -393,8 +393,8 @@ def render() -> str:
                   f"Measured {_when(path, data)} on {_machine(data)}; "
                   f"`{data.get('command') or f'python benchmarks/{path.stem}.py'}`.", ""]
         special = {"search_replay": _search_replay, "search_cost": _search_cost, "truth_default": _truth_default,
-                   "framework_speed": _framework_speed, "framework_overhead": _framework_overhead, "anatomy": _anatomy, "gpu": _gpu,
-                   "restart_trace": _restart_trace}.get(path.stem, _generic)
+                   "framework_speed": _framework_speed, "framework_overhead": _framework_overhead,
+                   "anatomy": _anatomy, "gpu": _gpu, "restart_trace": _restart_trace}.get(path.stem, _generic)
         parts += special(data)
         parts.append("")
     return "\n".join(parts).rstrip() + "\n"
