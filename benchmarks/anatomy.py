@@ -46,6 +46,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE))  # the other benchmarks' runners (framework_speed, truth)
 PARTS = ("forward", "backward", "optimizer", "clip")
 SKIP = 8  # calls left out at the start: warm-up
 
@@ -143,24 +144,22 @@ def wrap(out: str, target: list[str]) -> None:
 
 
 def run_way(way: str, workload: str, args: dict, config: dict, steps: int, warmup: int) -> dict:
-    sys.path.insert(0, str(HERE))
-    from framework_speed import payload_for
+    from framework_speed import in_process, payload_for
     from truth import REFS, plain_env
 
     ref = REFS.get(workload, workload)
-    if way == "user":
-        target = [str(HERE / "user_loop.py"), ref, json.dumps(args), json.dumps(config)]
-    else:
-        target = [str(HERE / "framework_speed.py"), "--one", way, ref, json.dumps(args),
-                  json.dumps(payload_for(ref, args, config)), str(steps), str(warmup)]
-    # The frameworks write checkpoints and logs into the working directory: a scratch one.
-    with tempfile.TemporaryDirectory(prefix=f"anatomy-{way}-") as cwd:
-        got = Path(cwd) / "parts.json"
-        p = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--wrap", str(got), *target],
-                           capture_output=True, text=True, cwd=cwd, env=plain_env(config))
-        if p.returncode != 0:
-            raise RuntimeError(f"{way} failed: {p.stderr.strip()[-800:]}")
-        rate = json.loads(p.stdout.strip().splitlines()[-1])["samples_per_sec"]
+    with tempfile.TemporaryDirectory(prefix=f"anatomy-{way}-") as tmp:
+        got = Path(tmp) / "parts.json"
+        wrap = (str(Path(__file__).resolve()), "--wrap", str(got))
+        if way == "user":
+            p = subprocess.run([sys.executable, *wrap, str(HERE / "user_loop.py"), ref, json.dumps(args),
+                                json.dumps(config)], capture_output=True, text=True, env=plain_env(config))
+            if p.returncode != 0:
+                raise RuntimeError(f"user failed: {p.stderr.strip()[-800:]}")
+            rate = json.loads(p.stdout.strip().splitlines()[-1])["samples_per_sec"]
+        else:  # framework_speed's run, started through the wrapper
+            rate = in_process(way, ref, args, payload_for(ref, args, config), steps, warmup,
+                              wrap=wrap)["samples_per_sec"]
         return {"samples_per_sec": rate, "step_ms": 1e3 * config["micro_batch_size"] / rate,
                 "parts": json.loads(got.read_text())}
 
@@ -225,7 +224,6 @@ def main() -> None:
                     help="add this run's rows to --out's (a row of the same workload, config and ways replaced)")
     a = ap.parse_args()
 
-    sys.path.insert(0, str(HERE))
     from meta import stamp
     from truth import CASES
 

@@ -110,17 +110,14 @@ def _without_lookahead() -> None:
     adl.DataLoaderShard.__iter__ = plain_iter
 
 
-def _channels_last_4d(batch):
-    """Every 4-D tensor of a batch in channels_last, as the exports tell the user to."""
+def _channels_last_mover():
+    """Every 4-D tensor of a batch made channels_last, as the exports tell the user to (the
+    tuner's own batch mover, on the CPU: Mappings such as a BatchEncoding included)."""
     import torch
 
-    if isinstance(batch, torch.Tensor):
-        return batch.contiguous(memory_format=torch.channels_last) if batch.dim() == 4 else batch
-    if isinstance(batch, dict):
-        return {k: _channels_last_4d(v) for k, v in batch.items()}
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(_channels_last_4d(v) for v in batch)
-    return batch
+    from tuner.batches import Mover
+
+    return Mover(torch.device("cpu"), channels_last=True)
 
 
 def run_hf(workload: str, args: dict, payload: dict, steps: int, warmup: int, lookahead: bool = True,
@@ -153,15 +150,16 @@ def run_hf(workload: str, args: dict, payload: dict, steps: int, warmup: int, lo
 
         def forward(self, batch):
             if inputs_cl == "forward":  # in the training process, as a plain loop converts them
-                batch = _channels_last_4d(batch)
+                batch = to_cl(batch)
             return {"loss": wl.loss(self.inner, batch)}
 
     base_collate = wl.collate or default_collate
     inputs_cl = inputs_cl if cfg.get("channels_last") else None  # hf_inputs_cl*: beyond what the export says
+    to_cl = _channels_last_mover()
 
     def collate(samples):
         batch = base_collate(samples)
-        return _channels_last_4d(batch) if inputs_cl == "collate" else batch
+        return to_cl(batch) if inputs_cl == "collate" else batch
 
     stamps: list[float] = []
 
@@ -188,6 +186,7 @@ def run_lightning(workload: str, args: dict, payload: dict, steps: int, warmup: 
 
     wl = load_workload(workload, args)
     stamps: list[float] = []
+    to_cl = _channels_last_mover()
 
     class Module(L.LightningModule):
         def __init__(self):
@@ -196,7 +195,7 @@ def run_lightning(workload: str, args: dict, payload: dict, steps: int, warmup: 
 
         def training_step(self, batch, i):
             if payload["config"].get("channels_last"):  # the export's comment, done as it says
-                batch = _channels_last_4d(batch)
+                batch = to_cl(batch)
             return wl.loss(self.inner, batch)
 
         def configure_optimizers(self):
@@ -224,11 +223,14 @@ def run_lightning(workload: str, args: dict, payload: dict, steps: int, warmup: 
 # ---- the harness ---------------------------------------------------------------------------
 
 
-def in_process(kind: str, workload: str, args: dict, payload: dict, steps: int, warmup: int) -> dict:
+def in_process(kind: str, workload: str, args: dict, payload: dict, steps: int, warmup: int,
+               wrap: tuple[str, ...] = ()) -> dict:
+    """One framework run in a fresh process; ``wrap``: a script that starts it (anatomy.py's
+    ``--wrap``, which times the parts of each step)."""
     # The frameworks write checkpoints and logs (out/, lightning_logs/) into the working
     # directory: each run gets its own, removed after it.
     with tempfile.TemporaryDirectory(prefix=f"framework-{kind}-") as cwd:
-        out = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--one", kind, workload,
+        out = subprocess.run([sys.executable, *wrap, str(Path(__file__).resolve()), "--one", kind, workload,
                               json.dumps(args), json.dumps(payload), str(steps), str(warmup)],
                              capture_output=True, text=True, cwd=cwd, env=plain_env(payload["config"]))
     if out.returncode != 0:

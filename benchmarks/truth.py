@@ -676,7 +676,8 @@ def main() -> None:
                          "epochs (user_loop.py over --epochs whole epochs), "
                          "hf (a transformers.Trainer with the exported arguments), hf_no_lookahead (the "
                          "same, its loader not reading a batch ahead), hf_no_clip (max_grad_norm=0), "
-                         "hf_inputs_cl (channels_last inputs from the data collator too)")
+                         "hf_inputs_cl (channels_last inputs from the data collator too), hf_inputs_cl_forward (made "
+                         "in the forward of the module around the model)")
     ap.add_argument("--default", action="store_true",
                     help="at default settings: each config with the threads of the space's defaults (no "
                          "torch_threads), compared with the user's loop and a Trainer "
