@@ -116,20 +116,24 @@ def run_search(space: spec.Space, *, results_root: Path, address: str | None = N
                             f"`python -m tuner resume {out}` or pick another --name")
         if resume and not trials_path.exists():
             raise UserError(f"{out} holds no search to resume (no trials.jsonl)")
-        if not resume:
-            # The resolved space (CLI overrides applied) and where its workload lives: resume reads these.
-            (out / "space.yaml").write_text(yaml.safe_dump(m.model_dump(mode="json"), sort_keys=False))
-            (out / "meta.json").write_text(json.dumps({
-                "space_file": str(space.path) if space.path else None, "base_dir": str(space.base_dir),
-                "created": time.time(), "tuner": __import__("tuner").__version__}, indent=1))
-            trials_path.touch()  # a search stopped before its first trial is resumed like any other
-        sessions = len([p for p in out.glob("ray*") if p.name == "ray" or p.name.startswith("ray-resume-")])
-
         progress = Progress(m.search_trials(), m.objective.metric, quiet)
-        progress.update(msg="starting Ray")
-        t_ray = time.time()
         started = False
-        try:
+        try:  # from the folder's first file on, a stop says how to resume it
+            if not resume:
+                # Where the workload lives and the resolved space (CLI overrides applied):
+                # resume reads these. A search stopped before its first trial is resumed
+                # like any other. space.yaml comes last and whole: where it is, the folder
+                # resumes.
+                (out / "meta.json").write_text(json.dumps({
+                    "space_file": str(space.path) if space.path else None, "base_dir": str(space.base_dir),
+                    "created": time.time(), "tuner": __import__("tuner").__version__}, indent=1))
+                trials_path.touch()
+                part = out / "space.yaml.part"
+                part.write_text(yaml.safe_dump(m.model_dump(mode="json"), sort_keys=False))
+                part.replace(out / "space.yaml")
+            sessions = len([p for p in out.glob("ray*") if p.name == "ray" or p.name.startswith("ray-resume-")])
+            progress.update(msg="starting Ray")
+            t_ray = time.time()
             with keep_sigterm():
                 # Ray Train, which runs a trial's ranks, reads Ray's state API
                 started = start_ray(address, state_api=max(space.domain.get("world_size", [1])) > 1)
@@ -139,7 +143,7 @@ def run_search(space: spec.Space, *, results_root: Path, address: str | None = N
         except KeyboardInterrupt as exc:
             # Every trial in flight is cut; what was measured is on disk (each record is
             # written as it lands), and resume runs the rest.
-            raise Stopped(Stopped.signal_of(exc), str(out)) from None
+            raise Stopped(Stopped.signal_of(exc), str(out) if (out / "space.yaml").exists() else None) from None
         finally:
             progress.close()
             if started and not address:
