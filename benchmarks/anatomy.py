@@ -46,7 +46,6 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).parent
-sys.path.insert(0, str(HERE))  # the other benchmarks' runners (framework_speed, truth)
 PARTS = ("forward", "backward", "optimizer", "clip")
 SKIP = 8  # calls left out at the start: warm-up
 
@@ -144,8 +143,8 @@ def wrap(out: str, target: list[str]) -> None:
 
 
 def run_way(way: str, workload: str, args: dict, config: dict, steps: int, warmup: int) -> dict:
+    from common import REFS, plain_env
     from framework_speed import in_process, payload_for
-    from truth import REFS, plain_env
 
     ref = REFS.get(workload, workload)
     with tempfile.TemporaryDirectory(prefix=f"anatomy-{way}-") as tmp:
@@ -224,7 +223,7 @@ def main() -> None:
                     help="add this run's rows to --out's (a row of the same workload, config and ways replaced)")
     a = ap.parse_args()
 
-    from meta import stamp
+    from common import stamp
     from truth import CASES
 
     ways = a.ways.split(",")

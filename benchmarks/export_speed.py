@@ -25,9 +25,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-from meta import stamp  # noqa: E402
-from truth import run_bench, space_file  # noqa: E402  (the same bench runner as truth.py)
+from common import run_bench, space_file, stamp
 
 CASES = {
     "conv": ({"size": 1024}, [

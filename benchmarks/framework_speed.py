@@ -63,8 +63,7 @@ import time
 from itertools import pairwise
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-from truth import REFS, paired_interval, plain_env, run_bench, space_file  # noqa: E402  (truth.py's bench runner)
+from common import REFS, paired_interval, plain_env, run_bench, space_file
 
 ARGS = {"conv": {"size": 1024}, "transformer": {"size": 512}, "hf_gpt2": {"size": 1024}}
 # The pick comes from a search over the knobs that matter on a CPU, as a user's first
@@ -326,7 +325,7 @@ def overhead(a: argparse.Namespace) -> None:
     """Each way of running on the tiny workload: ms per optimizer step, and beside the user's
     loop in the same round. The user's loop times 5 windows of 100 steps here (6-step
     windows of sub-millisecond steps would be read off a clock's jitter)."""
-    from meta import stamp
+    from common import stamp
 
     ref, args, config = TINY
     kinds = (a.frameworks or ",".join(FRAMEWORKS)).split(",")
@@ -384,7 +383,7 @@ def main() -> None:
         return
 
     import ray
-    from meta import stamp
+    from common import stamp
 
     kinds = (a.frameworks or ",".join(FRAMEWORKS)).split(",")
     tmp = Path(tempfile.mkdtemp(prefix="framework-speed-"))

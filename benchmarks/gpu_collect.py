@@ -20,7 +20,6 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).parent
-sys.path.insert(0, str(HERE.parent))
 
 # Published MFU of the same model class on the same GPU, where one is known (which one
 # and where it was said).

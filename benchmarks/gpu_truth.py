@@ -35,7 +35,8 @@ import tempfile
 import time
 from pathlib import Path
 
-import truth  # beside this file: bench's command and the rounds' interval, as the CPU truth runs them
+from common import paired_interval
+from common import run_bench as bench_command
 
 ROOT = Path(__file__).resolve().parent.parent
 HF = str(ROOT / "benchmarks" / "hf_workloads.py")
@@ -65,14 +66,13 @@ def resolved_config(space: Path, overrides: dict) -> dict:
     """The config bench measures for these overrides: the space's recommended config
     with them applied, every knob resolved (what the plain loop must be given)."""
     from tuner import spec
-    from tuner.cli import _bench_request
+    from tuner.trial import bench_request
 
-    ns = argparse.Namespace(set=[f"{k}={json.dumps(v)}" for k, v in overrides.items()], baseline=False, config=None)
-    return dict(_bench_request(spec.load(space), ns).config)
+    return dict(bench_request(spec.load(space), overrides).config)
 
 
 def run_bench(space: Path, overrides: dict) -> dict:
-    r = truth.run_bench(space, overrides)
+    r = bench_command(space, overrides)
     return {"samples_per_sec": r["samples_per_sec"], "steady_samples_per_sec": r.get("steady_samples_per_sec"),
             "epoch_overhead_s": r.get("epoch_overhead_s"), "peak_device_memory_mb": r.get("peak_device_memory_mb"),
             "mfu": r.get("mfu"), "windows": r.get("windows"), "gpu_util_pct": r.get("gpu_util_pct"),
@@ -145,7 +145,7 @@ def main() -> None:
             row = {"model": name, "config": configs[i], "resolved": config, "bench": b, "plain": p,
                    "ratio": statistics.median(b) / statistics.median(p) if b and p else None,
                    "round_ratios": ratios,
-                   "interval90": list(truth.paired_interval(b[:len(ratios)], p[:len(ratios)])[1:]) if len(ratios) > 1 else None,
+                   "interval90": list(paired_interval(b[:len(ratios)], p[:len(ratios)])[1:]) if len(ratios) > 1 else None,
                    "bench_peak_device_mb": [x["peak_device_memory_mb"] for x in bench],
                    "plain_peak_device_mb": [x.get("peak_device_memory_mb") for x in plain],
                    "plain_windows": [x["windows_samples_per_sec"] for x in plain],

@@ -24,10 +24,10 @@ import statistics
 import sys
 from pathlib import Path
 
+from common import stamp
+
+# the very hog the disturbance test starts (tests/helpers.py), from the repository's root
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from meta import stamp  # noqa: E402
-
 from tests.helpers import hog_from_first_window  # noqa: E402
 from tuner.hardware import describe  # noqa: E402
 from tuner.trial import make_request, run_isolated  # noqa: E402

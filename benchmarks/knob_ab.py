@@ -24,14 +24,12 @@ import argparse
 import json
 import random
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-import truth  # noqa: E402  (the plain loop, the bench runner and the interval)
-from meta import stamp  # noqa: E402
+import truth  # the plain loop
+from common import REFS, paired_interval, run_bench, space_file, stamp
 
 
 def main() -> None:
@@ -60,7 +58,7 @@ def main() -> None:
                 continue
             args, configs = truth.CASES[workload]
             base = {**configs[a.pick], **overrides}
-            space = truth.space_file(Path(tmp), workload, args)
+            space = space_file(Path(tmp), workload, args)
             runs: dict[str, list[dict]] = {"bench_off": [], "bench_on": [], "plain_off": [], "plain_on": []}
             for r in range(a.rounds):
                 order = list(runs)
@@ -69,11 +67,11 @@ def main() -> None:
                     config = {**base, a.knob: on if side.endswith("_on") else off}
                     t = time.time()
                     if side.startswith("bench"):
-                        rec = truth.run_bench(space, config)
+                        rec = run_bench(space, config)
                         keep = {k: rec.get(k) for k in ("samples_per_sec", "page_faults_per_step",
                                                         "peak_host_memory_mb", "spread", "disturbed")}
                     else:
-                        keep = truth.run_plain(truth.REFS.get(workload, workload), args, config, a.epochs)
+                        keep = truth.run_plain(REFS.get(workload, workload), args, config, a.epochs)
                     runs[side].append({**keep, "round": r, "seconds": time.time() - t})
                     print(f"  {workload} round {r} {side}: {keep['samples_per_sec']:.1f} samples/s"
                           + (f", {keep['page_faults_per_step']:,.0f} faults/step"
@@ -83,7 +81,7 @@ def main() -> None:
                 x = [s["samples_per_sec"] for s in runs[f"{side}_on"]]
                 y = [s["samples_per_sec"] for s in runs[f"{side}_off"]]
                 row[f"{side}_median_off"], row[f"{side}_median_on"] = statistics.median(y), statistics.median(x)
-                row[f"{side}_on_off"] = truth.paired_interval(x, y)
+                row[f"{side}_on_off"] = paired_interval(x, y)
             for side in ("bench", "plain"):
                 for v in ("off", "on"):
                     row[f"{side}_faults_per_step_{v}"] = statistics.median(s.get("page_faults_per_step") or 0

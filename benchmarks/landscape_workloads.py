@@ -16,7 +16,9 @@ from torch.utils.data import Dataset
 
 from tuner import Workload
 
-sys.path.insert(0, str(Path(__file__).parent))  # hf_workloads, beside this file
+# hf_workloads, beside this file: the tuner loads this one by its path, so its folder is
+# not on the path
+sys.path.insert(0, str(Path(__file__).parent))
 
 
 class Sequences(Dataset):

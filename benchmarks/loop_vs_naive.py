@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 import torch
-from meta import stamp
+from common import stamp
 from torch.utils.data import default_collate
 
 from tuner import apply, knobs

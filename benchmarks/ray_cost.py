@@ -49,10 +49,10 @@ def main() -> None:
     import psutil
     import ray
     import torch
-    from meta import stamp
+    from common import stamp
     from torch.utils.data import DataLoader
 
-    from tuner.localray import _is_ray_worker, start_local_ray, tuner_processes
+    from tuner.localray import is_ray_worker, start_local_ray, tuner_processes
     from tuner.workloads import load_workload
 
     cores = os.cpu_count() or 1
@@ -61,7 +61,7 @@ def main() -> None:
     time.sleep(3)  # the raylet starts its agents and an idle worker in the background
     tuner_processes(local=True)  # the daemons, as in a search
     procs = psutil.Process().children(recursive=True)
-    daemons = [p for p in procs if not _is_ray_worker(p.name()) and p.name() != "raylet"]
+    daemons = [p for p in procs if not is_ray_worker(p.name()) and p.name() != "raylet"]
     states = ["tuner", "stopped"] + (["nice10", "all_idle"] if os.geteuid() == 0 else [])
     print(f"Ray's processes: {', '.join(p.name() for p in procs)}; states {states}", flush=True)
 

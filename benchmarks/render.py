@@ -93,17 +93,36 @@ def _generic(data: Any, prefix: str = "", depth: int = 0, lines: list | None = N
 
 def _search_replay(data: dict) -> list[str]:
     budgets = data["budgets"]
-    out = [f"{data['seeds']} seeds per landscape ({data['gp_seeds']} for the GP sampler); each cell is the pick's "
-           f"rate over the landscape's best: median / 10th percentile. A config's rate is the mean of its three "
-           f"figures where every config within 10% of the landscape's best was measured three times on one host "
-           f"(\"means\"), and its first figure otherwise (\"first figures\"): the best config's first figure is "
-           f"the luckiest draw of many. The tuner tries N configs and re-measures the top ones after; stock TPE "
-           f"tries N and reports its best single figure.", ""]
+    out = [f"The replay drives the search policy itself (`tuner.policy.SearchPolicy`), one search per count of "
+           f"configs, under the live search's window caps and retry room. {data['seeds']} seeds per landscape "
+           f"({data['gp_seeds']} for the GP sampler); each cell is the pick's rate over the landscape's best: "
+           f"median / 10th percentile. A config's rate is the mean of its three figures where every config "
+           f"within 10% of the landscape's best was measured three times on one host (\"means\"), and its first "
+           f"figure otherwise (\"first figures\"): the best config's first figure is the luckiest draw of many. "
+           f"Stock TPE tries N configs and reports its best single figure.", ""]
+    held = {n for n, info in data["landscapes"].items() if info.get("held_out")}
+    for title, names in (("Landscapes the search's rules were chosen on", [n for n in data["results"] if n not in held]),
+                         ("Held out: recorded after the rules were frozen, no rule chosen on them", [
+                             n for n in data["results"] if n in held])):
+        if names:
+            out += [f"**{title}**, at 12 configs:", "", *_at(data, names, 12)]
+    previous = data.get("previous") or {}
+    if previous.get("results"):
+        out += [f"Where the figures moved from the replay before the policy was one object "
+                f"({previous.get('date')}, its own copy of the decisions): {previous.get('why', '')}", "",
+                "| landscape | tuner then | tuner now | stock TPE then | stock TPE now |", "|---|---|---|---|---|"]
+        for name in data["results"]:
+            then = previous["results"].get(name) or {}
+            now = data["results"][name]
+            out.append(f"| {name} | {_cell(then, 'tuner')} | {_cell(now, 'tuner')} | {_cell(then, 'stock-tpe')} | "
+                       f"{_cell(now, 'stock-tpe')} |")
+        out.append("")
     for name, strategies in data["results"].items():
         info = data["landscapes"][name]
         judged = f"; judged by {info['judge']}" if info.get("judge") else ""
+        tag = "; held out" if info.get("held_out") else ""
         out += [f"**{name}** ({info['configs']} configs, repeat CV {info['repeat_cv']:.3f}; "
-                f"{_machine(info)}, measured {info.get('measured')}{judged})", "",
+                f"{_machine(info)}, measured {info.get('measured')}{judged}{tag})", "",
                 "| strategy | " + " | ".join(f"{b} configs" for b in budgets) + " |",
                 "|---|" + "---|" * len(budgets)]
         for strategy, row in strategies.items():
@@ -119,6 +138,23 @@ def _search_replay(data: dict) -> list[str]:
         out.append(f"The real quickstart search: {r['command_wall_s']:.0f} s to its recommendation "
                    f"({r['trials']} configs, {r['measurements']} measurements).")
     return out
+
+
+def _cell(results: dict, strategy: str, budget: int = 12) -> str:
+    row = results.get(strategy, {}).get(str(budget))
+    return f"{row['median']:.3f} / {row['p10']:.3f}" if row else "-"
+
+
+def _at(data: dict, names: list[str], budget: int) -> list[str]:
+    """One row per landscape at ``budget`` configs: each strategy's median / 10th percentile."""
+    strategies = list(next(iter(data["results"].values())))
+    rows = ["| landscape | " + " | ".join(strategies) + " |", "|---|" + "---|" * len(strategies)]
+    for name in names:
+        r = data["results"][name]
+        rows.append(f"| {name} | " + " | ".join(
+            f"{r[s][str(budget)]['median']:.3f} / {r[s][str(budget)]['p10']:.3f}" if s in r else "-"
+            for s in strategies) + " |")
+    return rows + [""]
 
 
 def _search_cost(data: dict) -> list[str]:

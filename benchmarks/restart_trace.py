@@ -98,7 +98,7 @@ def main() -> None:
     if a.child:
         print(json.dumps(trace(*json.loads(a.child))))
         return
-    from meta import stamp
+    from common import stamp
 
     args, config = json.loads(a.args), json.loads(a.config)
     runs: dict[str, list] = {"persistent": [], "started_anew": []}

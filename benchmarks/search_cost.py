@@ -146,7 +146,7 @@ def main() -> None:
     a = ap.parse_args()
 
     import ray
-    from meta import stamp
+    from common import stamp
 
     tmp = Path(tempfile.mkdtemp(prefix="search-cost-"))
     atexit.register(shutil.rmtree, tmp, True)  # scratch: what it measured is in --out

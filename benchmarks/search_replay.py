@@ -1,42 +1,38 @@
-"""How good the search's pick is, replayed on recorded landscapes: minutes, not hours, so
-that every change to the search is judged on every landscape, not on one live search.
+"""How good the search's pick is, replayed on recorded landscapes; and whether a live
+search decided as the search policy does.
 
-A landscape (``benchmarks/landscapes/<name>.json``, next to its space ``<name>.yaml``)
-is the full grid of a space, each config measured once the way a search measures it,
-every timed window kept in order (the first windows hold the start-up transient that
-screening sees), plus a few configs measured three times for the repeat noise. Record
-one (a quiet machine: nothing else running), then measure every config within 10% of its
-best twice more (on the same host: the VM's hosts differ by up to 2x), so that the judge
-takes the mean of three figures for each contender (``judged_rates``):
+The replay drives the search itself: ``tuner.policy.SearchPolicy``, the object Ray Tune
+drives in a live search, with the same starts, sampler, screening, rechecks, retry room,
+window caps (``tuner.policy.measure_settings``), confirm rounds and pick. What a replay
+adds is a machine: a landscape (``benchmarks/landscapes/<name>.json``, next to its space
+``<name>.yaml``) is the full grid of a space, each config measured once the way a search
+measures it, every timed window kept in order, plus repeats for the noise between
+trials. A replayed measurement of a config is its recorded windows scaled to the
+config's judged rate (``judged_rates``), the first ones in their recorded order (the
+start-up transient that screening sees) and the rest drawn from its later windows, all
+times a factor N(1, repeat CV) for the drift between trials; as many windows as the
+measurement's stopping rules take (``tuner.windows.windows_verdict``).
 
-    python benchmarks/search_replay.py record benchmarks/landscapes/files.yaml
-    python benchmarks/search_replay.py repeat benchmarks/landscapes/files.yaml
+Strategies: ``tuner`` (the search as it ships); ``random``, ``tpe-mv`` and ``gp``
+(random sampling, Optuna's multivariate TPE and its GP sampler inside the same policy:
+starts, screening, confirm rounds); ``stock-tpe`` (stock Ray Tune + OptunaSearch: TPE
+at Optuna's defaults, the pick the best single figure reported). Each search of N
+configs is its own search (``--trials N`` does the same), for N in 6, 8, 12, 16, 24.
+Reported per landscape: the pick's judged rate over the landscape's best, median and
+10th percentile over the seeds, and the share of screened configs within 3% of the pick.
+A landscape recorded after the search's rules were frozen carries ``"held_out": true``:
+no rule or constant is chosen on it, and the results page shows it apart.
 
-A replayed measurement of a config is its recorded windows, the first ones in their
-recorded order and the rest drawn from its later windows, all times a factor
-N(1, repeat CV) for the drift between trials; as many windows as the measurement's
-stopping rules take (screening, the target error, clearly below the incumbent). The strategies:
+    python benchmarks/search_replay.py [--seeds 100] [--landscapes files gpt2] [--strategies tuner stock-tpe]
+    python benchmarks/search_replay.py --check-live results/NAME     # exit 0: the same decisions
+    python benchmarks/search_replay.py record benchmarks/landscapes/files.yaml   # a quiet machine
+    python benchmarks/search_replay.py repeat benchmarks/landscapes/files.yaml   # contenders twice more
 
-- ``tuner``: the real search logic: ``GuidedSampler`` with the starts, the ``Board``'s
-  screening and rechecks, the screening rule of ``tuner.measure``, the confirm round
-  chosen by ``tuner.records`` (``within_noise``) and the winner by ``best_of``; N configs
-  tried, the confirm round on top (as ``--trials N`` does);
-- ``stock-tpe``: stock Ray Tune + OptunaSearch (TPE, Optuna's defaults), N configs, the
-  pick is the best single figure reported (``get_best_result``);
-- ``tpe-mv``, ``gp``: Optuna's multivariate TPE and its GP sampler in the tuner's flow
-  (starts, screening, confirm), as the engines the tuner could use instead;
-- ``random``: random configs in the tuner's flow.
-
-Reported per landscape and number of configs (6, 8, 12, 16, 24): the pick's judged
-rate over the landscape's best, median and 10th percentile over the seeds; and the
-screening false-negative rate: the share of screened configs whose recorded figure is
-within 3% of the final pick's.
-
-    python benchmarks/search_replay.py [--seeds 200] [--landscapes files gpt2] [--strategies tuner stock-tpe]
-    python benchmarks/search_replay.py --real-run   # also: the quickstart's first recommendation, timed
-    python benchmarks/search_replay.py --real-run-only   # that alone, into the existing JSON
-
-Writes ``benchmarks/out/search_replay.json``.
+``--check-live`` feeds a finished live search's records to the policy in the order they
+landed, with its seed and its machine's knob context, and exits 0 only where the policy
+makes the same decisions: the same configs, measured in full or held to the same
+screening threshold, the same confirm contenders and the same pick; else it prints the
+first difference. Writes ``benchmarks/out/search_replay.json``.
 """
 
 from __future__ import annotations
@@ -55,18 +51,15 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+from common import stamp
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from meta import stamp  # noqa: E402
-
-from tuner import apply, knobs, spec  # noqa: E402
-from tuner.hardware import cpu_has_bf16, describe  # noqa: E402
-from tuner.measure import median_error, windows_verdict  # noqa: E402
-from tuner.records import aggregate, best_of, rank, within_noise  # noqa: E402
-from tuner.sampler import GuidedSampler  # noqa: E402
-from tuner.screening import Board  # noqa: E402
-from tuner.study import Canonical, SearchSpace  # noqa: E402
+from tuner import apply, knobs, spec
+from tuner.hardware import cpu_has_bf16, describe
+from tuner.policy import Done, SearchPolicy, Task, Wait, measure_settings
+from tuner.records import read_json, read_trials
+from tuner.spec import Canonical, SearchSpace
+from tuner.study import make_study
+from tuner.windows import median_error, windows_verdict
 
 HERE = Path(__file__).parent
 LANDSCAPES = HERE / "landscapes"
@@ -207,148 +200,189 @@ def judged_rates(landscape: dict, canon: Canonical, ss: SearchSpace) -> tuple[di
 
 
 class Machine:
-    """Measurements drawn from a landscape, for one seed."""
+    """Measurements drawn from a landscape, for one seed, under a search's window caps."""
 
     TRANSIENT = 2  # windows kept in their recorded order: the start-up transient
 
-    def __init__(self, landscape: dict, canon: Canonical, ss: SearchSpace, seed: int):
-        self.truth = {}
-        for g in landscape["grid"]:
-            self.truth[canon(ss.active(g["config"]))] = g
+    def __init__(self, landscape: dict, canon: Canonical, ss: SearchSpace, seed: int, settings: dict):
+        self.truth = {canon(ss.active(g["config"])): g for g in landscape["grid"]}
         self.rate, _ = judged_rates(landscape, canon, ss)
         self.optimum = max(self.rate.values())
         self.cv = repeat_cv(landscape)
-        self.settings = landscape["measure"]
+        self.settings = settings
+        self.canon = canon
         self.rng = random.Random(seed)
+        walls = [g["trial_wall_s"] for g in landscape["grid"] if g.get("trial_wall_s")]
+        self.typical_wall = statistics.median(walls) if walls else 10.0
+        feasible = [v for v in self.rate.values() if v]
+        self.baseline_rate = min(feasible)  # the plain loop is no contender; its figure only fills rounds
 
-    def value(self, key: str) -> float:
-        return self.rate[key]
-
-    def measure(self, key: str, config: dict, screen: dict | None = None, windows: int | None = None) -> dict:
+    def measure(self, task: Task) -> dict:
+        """A trial's record of ``task``: its figure, windows, error, and wall time (the
+        fixed part of a trial, half its recorded wall, and its windows in proportion)."""
+        if task.baseline:
+            return {"status": "ok", "config": task.config, "samples_per_sec": self.baseline_rate,
+                    "samples_per_sec_error": 0.02, "trial_wall_s": self.typical_wall}
+        key = self.canon(task.config)
         g = self.truth[key]
+        wall = g.get("trial_wall_s") or self.typical_wall
         if not g["samples_per_sec"]:
-            return {"key": key, "config": config, "status": "infeasible", "reason": g.get("reason"),
-                    "samples_per_sec": None}
+            return {"status": "infeasible", "reason": g.get("reason"), "config": task.config,
+                    "samples_per_sec": None, "trial_wall_s": wall}
         recorded = g["windows"] or [g["samples_per_sec"]]
-        least = windows or self.settings.get("min_windows", 5)
-        most = windows or self.settings.get("max_windows", 12)
         steady = recorded[self.TRANSIENT:] or recorded
+        # every window at the judged rate's scale: the threshold and the full figures are
+        # judged means, so must be the windows screened against them
+        scale = self.rate[key] / statistics.median(steady)
         factor = max(0.5, self.rng.gauss(1.0, self.cv))
-        rates, screened = [], False
-        while len(rates) < most:  # the stopping rules of ``tuner.measure.measure``
+        rates, verdict = [], None
+        s = self.settings
+        while verdict is None and len(rates) < s["max_windows"]:
             i = len(rates)
-            rates.append((recorded[i] if i < min(self.TRANSIENT, len(recorded)) else self.rng.choice(steady)) * factor)
-            done = windows_verdict(rates, screen, min_windows=least,
-                                   target_error=self.settings.get("target_error", 0.01),
-                                   screen_windows=self.settings.get("screen_windows", 2))
-            screened = done == "screened"
-            if done:
-                break
-        # the figure: the recorded one, with this draw's drift and window noise (a screened
-        # measurement reports its windows' median, as the trial does)
+            raw = recorded[i] if i < min(self.TRANSIENT, len(recorded)) else self.rng.choice(steady)
+            rates.append(raw * scale * factor)
+            verdict = windows_verdict(rates, task.screen, min_windows=s["min_windows"], target_error=s["target_error"],
+                                      screen_windows=s["screen_windows"], capped=len(rates) >= s["max_windows"])
+        screened = verdict == "screened"
         body = rates[self.TRANSIENT:]
-        figure = (statistics.median(rates) if screened or not body else
-                  self.rate[key] * statistics.median(body) / statistics.median(steady))  # body holds the factor
-        return {"key": key, "config": config, "status": "ok", "samples_per_sec": figure,
-                "samples_per_sec_error": median_error(rates) if len(rates) > 1 else 0.05,
-                "screened": screened}
+        figure = statistics.median(rates) if screened or not body else statistics.median(body)
+        return {"status": "ok", "config": task.config, "samples_per_sec": figure,
+                "samples_per_sec_error": median_error(rates) if len(rates) > 1 else 0.05, "screened": screened,
+                "trial_wall_s": wall * (0.5 + 0.5 * len(rates) / max(len(recorded), 1))}
 
 
-# ---- one replayed search ---------------------------------------------------------------------
+# ---- one replayed search -------------------------------------------------------------------
 
 
-def make_sampler(strategy: str, space: spec.Space, ctx: knobs.Context, canon: Canonical, seed: int) -> optuna.samplers.BaseSampler:
-    if strategy == "tuner":
-        return GuidedSampler(space.searched, space.start_points(ctx), canon,
-                             seed=seed, cores=ctx.cpu_count if ctx.device == "cpu" else None)
-    if strategy == "stock-tpe":
-        return optuna.samplers.TPESampler(seed=seed)
-    if strategy == "tpe-mv":
-        return optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=4)
-    if strategy == "gp":
-        return optuna.samplers.GPSampler(seed=seed, n_startup_trials=4, warn_independent_sampling=False)
-    return optuna.samplers.RandomSampler(seed=seed)
+def variant(space: spec.Space, trials: int, sampler: str | None = None) -> spec.Space:
+    """``space`` with a budget of ``trials`` configs (and another sampler's name)."""
+    model = space.model.model_copy(deep=True)
+    model.budget.trials = trials
+    if sampler:
+        model.sampler = sampler
+    return dataclasses.replace(space, model=model)
 
 
-def replay(landscape: dict, space: spec.Space, ctx: knobs.Context, strategy: str, seed: int,
-           budgets: tuple[int, ...] = BUDGETS) -> dict:
-    """One search of max(budgets) configs; the pick at each budget from its first configs."""
+def replay(landscape: dict, space: spec.Space, ctx: knobs.Context, strategy: str, seed: int, trials: int) -> dict:
+    """One search of ``trials`` configs on the landscape: the pick's judged rate over the
+    best, the screening false negatives, and the measurements it took."""
     canon, ss = Canonical(space, ctx), SearchSpace(space, ctx)
-    machine = Machine(landscape, canon, ss, seed)
-    metric = "samples_per_sec"
-    flow = strategy != "stock-tpe"  # the tuner's flow: starts, screening, rechecks, confirm
-    sampler = make_sampler(strategy, space, ctx, canon, seed)
-    study = optuna.create_study(direction="maximize", sampler=sampler)
-    if flow and strategy != "tuner":  # the guided sampler starts there itself
-        for point in space.start_points(ctx):
-            study.enqueue_trial(ss.active(point), skip_if_exists=True)
-    board = Board(screening=flow, recheck_after=space.model.measure.recheck_after)
-    records: list[dict] = []
-    tried: list[str] = []  # distinct configs, in the order first tried
-    screened: set[str] = set()
-    prefix: dict[int, int] = {}  # budget -> number of records when that many configs were tried
-    guard = 0
-    while len(tried) < max(budgets) and guard < 4 * max(budgets):
-        guard += 1
+    if strategy == "stock-tpe":
+        return stock_tpe(landscape, space, ctx, seed, trials)
+    names = {"tuner": None, "random": "random", "tpe-mv": "tpe", "gp": "tpe"}
+    space = variant(space, trials, names[strategy])
+    space.model.seed = seed
+    machine = Machine(landscape, canon, ss, seed, measure_settings(space))
+    sampler = {"tpe-mv": lambda: optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=4),
+               "gp": lambda: optuna.samplers.GPSampler(seed=seed, n_startup_trials=4, warn_independent_sampling=False),
+               }.get(strategy, lambda: None)()
+    policy = SearchPolicy(space, ctx, make_study(space, ctx, sampler=sampler))
+    now = 0.0
+    while not isinstance(decision := policy.next(now), Done):
+        if isinstance(decision, Wait):  # one at a time: nothing is ever in flight here
+            raise RuntimeError(f"the policy waits with nothing in flight: {decision.why}")
+        record = machine.measure(decision)
+        now += record["trial_wall_s"]
+        policy.on_result(decision, record)
+    best = policy.pick().row
+    if best is None:
+        return {"pick": 0.0, "false_negatives": [], "measurements": len(policy.records)}
+    pick = machine.rate[best["key"]]
+    screened = {r["key"] for r in policy.records if r.get("screened")}
+    full = {r["key"] for r in policy.records if r.get("status") == "ok" and not r.get("screened")}
+    return {"pick": pick / machine.optimum, "measurements": len(policy.records),
+            "false_negatives": [machine.rate[k] >= 0.97 * pick for k in screened - full]}
+
+
+def stock_tpe(landscape: dict, space: spec.Space, ctx: knobs.Context, seed: int, trials: int) -> dict:
+    """Stock Ray Tune + OptunaSearch: TPE at Optuna's defaults, ``trials`` configs, each
+    measured once in full; the pick is the best single figure reported."""
+    canon, ss = Canonical(space, ctx), SearchSpace(space, ctx)
+    machine = Machine(landscape, canon, ss, seed, space.model.measure.model_dump())
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(seed=seed))
+    figures: dict[str, float] = {}
+    for number in range(trials):
         trial = study.ask()
         ss(trial)
-        config = ss.active({k: trial.params.get(k, v[0]) for k, v in space.searched.items()})
-        key = canon(config)
-        if key not in tried and len(tried) == len(machine.truth):
-            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-            break
-        retry = key in screened  # measured in full this time (``Board.state(screen=False)``)
-        screen = json.loads(board.state(screen=not retry))["screen"]  # once: it may ask a recheck
-        if screen and screen.get("recheck"):
-            rk = canon(ss.active({k: screen["recheck"].get(k) for k in space.searched}))
-            rec = {**machine.measure(rk, screen["recheck"]), "phase": "recheck"}
-            records.append(rec)
-            board.update(rec)
-            if rec["samples_per_sec"]:
-                screen = {**screen, "below": rec["samples_per_sec"]}
-        rec = {**machine.measure(key, config, screen=screen if flow else None), "phase": "search"}
-        if rec.get("screened"):
-            screened.add(key)
-        records.append(rec)
-        board.update({**rec, "config": config})
-        if rec.get("screened"):
-            study._storage.set_trial_user_attr(trial._trial_id, "screened", True)
-        study.tell(trial, rec["samples_per_sec"] if rec["status"] == "ok" else 0.0)
-        if key not in tried:
-            tried.append(key)
-            if len(tried) in budgets:
-                prefix[len(tried)] = len(records)
-    out = {}
-    for b in budgets:
-        upto = records[:prefix.get(b, len(records))]
-        if flow:
-            pick, fn = confirm_and_pick(upto, space, machine, metric)
-        else:  # stock Tune: the best single reported figure
-            ok = [r for r in upto if r["status"] == "ok"]
-            pick, fn = (max(ok, key=lambda r: r[metric])["key"] if ok else None), None
-        out[b] = {"pick": machine.value(pick) / machine.optimum if pick else 0.0, "false_negatives": fn,
-                  "measurements": len(upto)}
-    return out
+        config = space.derive({**space.fixed, **{k: trial.params.get(k, v[0]) for k, v in space.searched.items()}})
+        rec = machine.measure(Task(number, "search", config))
+        value = rec["samples_per_sec"] if rec["status"] == "ok" else 0.0
+        figures[canon(config)] = max(figures.get(canon(config), 0.0), value)
+        study.tell(trial, value)
+    pick = max(figures, key=figures.get)
+    return {"pick": machine.rate[pick] / machine.optimum if figures[pick] else 0.0, "false_negatives": None,
+            "measurements": trials}
 
 
-def confirm_and_pick(records: list[dict], space: spec.Space, machine: Machine, metric: str) -> tuple[str | None, list]:
-    """The confirm round as ``tuner.search._confirm`` chooses it, then ``best_of``; and the
-    screening false negatives: (screened, within 3% of the pick) per screened config."""
-    records = [dict(r) for r in records]
-    rows = within_noise(rank(aggregate(records, metric), metric), metric)[: space.model.confirm.top]
-    for _ in range(space.model.confirm.repeats):
-        for row in rows:
-            records.append({**machine.measure(row["key"], row["config"]), "phase": "confirm"})
-        rows = within_noise(rank(aggregate(records, metric), metric), metric)[: space.model.confirm.top]
-        if len(rows) < 2:
-            break
-    best = best_of(rank(aggregate(records, metric), metric))
-    if best is None:
-        return None, []
-    pick_value = machine.value(best["key"])
-    screened = {r["key"] for r in records if r.get("screened")}
-    full = {r["key"] for r in records if r.get("status") == "ok" and not r.get("screened")}
-    return best["key"], [machine.value(k) >= 0.97 * pick_value for k in screened - full]
+# ---- a live search, decision by decision ------------------------------------------------------
+
+
+def check_live(folder: Path) -> int:
+    """0 where the policy, fed a finished live search's records in the order they landed,
+    decides as the live search did; 1 at the first difference (printed); 2 where the
+    folder cannot be checked."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    summary = read_json(folder / "summary.json")
+    live = summary.get("policy")
+    if not live:
+        print(f"{folder}: no policy record in summary.json (a search from an older tuner)")
+        return 2
+    if live.get("resumed"):
+        print(f"{folder}: a resumed search: its first session's decisions are not in this session's records")
+        return 2
+    space = spec.load(folder / "space.yaml")
+    meta = read_json(folder / "meta.json")
+    if meta.get("base_dir"):
+        space.base = Path(meta["base_dir"])
+    ctx = knobs.Context(**live["context"])
+    policy = SearchPolicy(space, ctx)
+    records = read_trials(folder / "trials.jsonl")
+    decided = {r["task"]: r for r in records if "task" in r}
+    events = sorted([(r["decided_at"], 0, r) for r in decided.values()]
+                    + [(r["time"] - live["started_at"], 1, r) for r in records], key=lambda e: (e[0], e[1]))
+    tasks: dict[int, Task] = {}
+    for at, kind, rec in events:
+        if kind == 0:
+            decision = policy.next(at)
+            problem = _differs(decision, rec, policy)
+            if problem:
+                print(f"decision {rec['task']} ({at:.1f} s): {problem}")
+                return 1
+            tasks[rec["task"]] = decision
+        elif rec["phase"] == "lost":
+            policy.on_lost(tasks[rec["task"]], rec["reason"].rsplit("; ", 1)[0], rec["reason"].endswith("tried again"))
+        else:
+            policy.on_result(tasks[rec["task"]], rec)
+    end = policy.next(live["ended_at"])
+    if not isinstance(end, Done):
+        print(f"the end ({live['ended_at']:.1f} s): the policy would measure more ({end})")
+        return 1
+    ours, theirs = policy.pick().row, summary.get("best")
+    if (ours and ours["key"]) != (theirs and theirs.get("key", _key(policy, theirs))):
+        print(f"the pick: the policy picks {ours and ours['config']}, the live search picked {theirs and theirs['config']}")
+        return 1
+    print(f"{folder}: the same {len(decided)} decisions and the same pick ({ours and ours['config']})")
+    return 0
+
+
+def _key(policy: SearchPolicy, row: dict) -> str:
+    return policy.record_key(row)
+
+
+def _differs(decision: Any, rec: dict, policy: SearchPolicy) -> str | None:
+    """What differs between the policy's decision and the one the live search made."""
+    if not isinstance(decision, Task):
+        return f"the policy decided {decision}, the live search measured {rec['phase']} {rec['config']}"
+    live_phase = "search" if rec["phase"] == "lost" else rec["phase"]
+    if str(decision.phase) != live_phase and rec["phase"] != "lost":
+        return f"phase {decision.phase} against {rec['phase']}"
+    if policy.canon(decision.config) != policy.record_key(rec):
+        return f"config {decision.config} against {rec['config']}"
+    if decision.screen != rec.get("screen"):
+        return f"screening threshold {decision.screen} against {rec.get('screen')}"
+    if decision.confirm_round != rec.get("confirm_round"):
+        return f"confirm round {decision.confirm_round} against {rec.get('confirm_round')}"
+    return None
 
 
 # ---- the benchmark ---------------------------------------------------------------------------
@@ -357,7 +391,7 @@ def confirm_and_pick(records: list[dict], space: spec.Space, machine: Machine, m
 def _job(args: tuple) -> tuple:
     name, strategy, seed = args
     landscape, space, ctx = _load(name)
-    return name, strategy, seed, replay(landscape, space, ctx, strategy, seed)
+    return name, strategy, seed, {b: replay(landscape, space, ctx, strategy, seed, b) for b in BUDGETS}
 
 
 _CACHE: dict[str, tuple] = {}
@@ -412,8 +446,9 @@ def main() -> None:
     rep = sub.add_parser("repeat", help="measure the configs near a landscape's best twice more")
     rep.add_argument("space", nargs="+")
     rep.add_argument("--within", type=float, default=REPEAT_BAND, help="configs within this fraction of the best")
-    ap.add_argument("--seeds", type=int, default=200)
-    ap.add_argument("--gp-seeds", type=int, default=30, help="the GP sampler is slow: fewer seeds")
+    ap.add_argument("--check-live", metavar="RESULTS_DIR", help="check a finished live search's decisions")
+    ap.add_argument("--seeds", type=int, default=100)
+    ap.add_argument("--gp-seeds", type=int, default=10, help="the GP sampler is slow: fewer seeds")
     ap.add_argument("--landscapes", nargs="*", help="names under benchmarks/landscapes (default: all recorded)")
     ap.add_argument("--strategies", nargs="*", default=list(STRATEGIES))
     ap.add_argument("--jobs", type=int, default=2)
@@ -422,6 +457,8 @@ def main() -> None:
                     help="time the real quickstart search into the existing JSON, no replay")
     ap.add_argument("--out", default=str(HERE / "out" / "search_replay.json"))
     a = ap.parse_args()
+    if a.check_live:
+        sys.exit(check_live(Path(a.check_live)))
     if a.cmd == "record":
         for s in a.space:
             record(Path(s), a.repeats)
@@ -433,10 +470,13 @@ def main() -> None:
     if a.real_run_only:
         data = json.loads(Path(a.out).read_text())
         data["real_run"] = real = real_run()
-        data.setdefault("hardware", describe())
         Path(a.out).write_text(json.dumps(data, indent=1, default=str))
         print(f"quickstart, the real tuner: {real['command_wall_s']:.0f} s to its recommendation; wrote {a.out}")
         return
+    run_replays(a)
+
+
+def run_replays(a: argparse.Namespace) -> None:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     names = a.landscapes or sorted(p.stem for p in LANDSCAPES.glob("*.json"))
     jobs = [(n, s, seed) for n in names for s in a.strategies
@@ -445,32 +485,10 @@ def main() -> None:
     results: dict = {}
     with ProcessPoolExecutor(a.jobs, initializer=optuna.logging.set_verbosity,
                              initargs=(optuna.logging.WARNING,)) as pool:
-        for name, strategy, _seed, out in pool.map(_job, jobs, chunksize=8):
+        for name, strategy, _seed, out in pool.map(_job, jobs, chunksize=4):
             for b, r in out.items():
                 results.setdefault(name, {}).setdefault(strategy, {}).setdefault(b, []).append(r)
-    table: dict = {}
-    for name in names:
-        landscape = _load(name)[0]
-        ok = [g["samples_per_sec"] for g in landscape["grid"] if g["samples_per_sec"]]
-        print(f"\n{name}: {len(landscape['grid'])} configs, best {max(ok):.1f}, median "
-              f"{statistics.median(ok):.1f} samples/s; repeat CV {repeat_cv(landscape):.3f} "
-              f"({landscape['hardware'].get('cpu')}, {landscape.get('measured', '?')})")
-        print(f"  {'strategy':<10}" + "".join(f"{b:>16}" for b in BUDGETS) + "   (pick / best: median, p10)")
-        for strategy in a.strategies:
-            row = {}
-            for b in BUDGETS:
-                runs = results[name][strategy][b]
-                picks = [r["pick"] for r in runs]
-                fns = [x for r in runs for x in (r["false_negatives"] or [])]
-                row[b] = {"median": statistics.median(picks), "p10": quantile(picks, 0.1), "seeds": len(runs),
-                          "screened": len(fns), "false_negative_rate": (sum(fns) / len(fns)) if fns else None,
-                          "measurements": statistics.median(r["measurements"] for r in runs)}
-            table.setdefault(name, {})[strategy] = row
-            print(f"  {strategy:<10}" + "".join(f"{row[b]['median']:>9.3f} {row[b]['p10']:.3f}" for b in BUDGETS))
-        fn = table[name].get("tuner", {}).get(12, {})
-        if fn.get("false_negative_rate") is not None:
-            print(f"  tuner's screening at 12 configs: {fn['screened']} screened over the seeds, "
-                  f"{fn['false_negative_rate']:.1%} within 3% of the pick")
+    table = {name: _table(name, results[name], a.strategies) for name in names}
     real = real_run() if a.real_run else None
     if real:
         print(f"quickstart, the real tuner: {real['command_wall_s']:.0f} s to its recommendation "
@@ -478,14 +496,55 @@ def main() -> None:
               f"{real['speedup_vs_baseline']:.2f}x the plain loop)")
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps({
-        "real_run": real,
-        "benchmark": "search_replay", **stamp(),
+        "real_run": real, "benchmark": "search_replay", **stamp(), "previous": _previous(Path(a.out)),
         "seeds": a.seeds, "gp_seeds": a.gp_seeds, "budgets": BUDGETS, "wall_s": time.time() - t0,
         "landscapes": {n: {"measured": _load(n)[0].get("measured"), "hardware": _load(n)[0]["hardware"],
                            "configs": len(_load(n)[0]["grid"]), "repeat_cv": repeat_cv(_load(n)[0]),
-                           "judge": judge(n)} for n in names},
+                           "judge": judge(n), "held_out": bool(_load(n)[0].get("held_out"))} for n in names},
         "results": table}, indent=1, default=str))
     print(f"\nwrote {a.out} ({time.time() - t0:.0f} s)")
+
+
+def _previous(out: Path) -> dict | None:
+    """The figures at 12 configs of the run this one replaces, where that run is the last
+    one before the replay drove the policy itself (the results page shows where they moved)."""
+    try:
+        old = json.loads(out.read_text())
+    except (OSError, ValueError):
+        return None
+    if "previous" in old:
+        return old["previous"]
+    return {"date": old.get("date"), "why": "",
+            "results": {n: {s: {"12": r["12"]} for s, r in rows.items() if "12" in r}
+                        for n, rows in old.get("results", {}).items()}}
+
+
+def _table(name: str, results: dict, strategies: list[str]) -> dict:
+    """One landscape's figures per strategy and budget, printed as they are tabled."""
+    landscape = _load(name)[0]
+    ok = [g["samples_per_sec"] for g in landscape["grid"] if g["samples_per_sec"]]
+    print(f"\n{name}: {len(landscape['grid'])} configs, best {max(ok):.1f}, median "
+          f"{statistics.median(ok):.1f} samples/s; repeat CV {repeat_cv(landscape):.3f} "
+          f"({landscape['hardware'].get('cpu')}, {landscape.get('measured', '?')})"
+          + ("  [held out]" if landscape.get("held_out") else ""))
+    print(f"  {'strategy':<10}" + "".join(f"{b:>16}" for b in BUDGETS) + "   (pick / best: median, p10)")
+    table: dict = {}
+    for strategy in strategies:
+        row = {}
+        for b in BUDGETS:
+            runs = results[strategy][b]
+            picks = [r["pick"] for r in runs]
+            fns = [x for r in runs for x in (r["false_negatives"] or [])]
+            row[b] = {"median": statistics.median(picks), "p10": quantile(picks, 0.1), "seeds": len(runs),
+                      "screened": len(fns), "false_negative_rate": (sum(fns) / len(fns)) if fns else None,
+                      "measurements": statistics.median(r["measurements"] for r in runs)}
+        table[strategy] = row
+        print(f"  {strategy:<10}" + "".join(f"{row[b]['median']:>9.3f} {row[b]['p10']:.3f}" for b in BUDGETS))
+    fn = table.get("tuner", {}).get(12, {})
+    if fn.get("false_negative_rate") is not None:
+        print(f"  tuner's screening at 12 configs: {fn['screened']} screened over the seeds, "
+              f"{fn['false_negative_rate']:.1%} within 3% of the pick")
+    return table
 
 
 if __name__ == "__main__":

@@ -85,7 +85,6 @@ from __future__ import annotations
 import argparse
 import atexit
 import json
-import math
 import os
 import resource
 import shutil
@@ -97,7 +96,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-import yaml
+from common import REFS, on_core, paired_interval, plain_env, run_bench, space_file, stamp
 
 # (workload, its args, configs): sizes give epochs of a few seconds on 2 cores, so that
 # the plain loop's whole epochs stay short and epoch boundaries weigh as they do in a run.
@@ -130,12 +129,6 @@ CASES = {
     ]),
 }
 
-# Hugging Face model definitions on synthetic data, as a user wraps them
-# (benchmarks/hf_workloads.py: BatchEncoding and dict batches, the model's own loss):
-# the kind of workload the issue's independent check ran, not one the tuner ships.
-HF = str(Path(__file__).with_name("hf_workloads.py"))
-REFS = {"hf_gpt2": f"{HF}:gpt2", "hf_resnet": f"{HF}:resnet", "conv_long": "conv",
-        "hf_gpt2_long": f"{HF}:gpt2", "hf_resnet_long": f"{HF}:resnet", "tiny": f"{HF}:tiny"}  # a case name -> the workload
 # Timed epochs of the plain loop where a case's epochs are long (default: --epochs).
 EPOCHS = {"conv_long": 1}
 WINDOWED = ("user", "user_warm")  # loops timed in windows inside epochs: against bench's steady figure
@@ -322,21 +315,9 @@ def plain_loop(workload: str, args: dict, config: dict, epochs: int, device: str
 # ---- the harness ---------------------------------------------------------------------
 
 
-def plain_env(config: dict) -> dict:
-    from tuner.knobs import MALLOC_RETAIN_ENV
-
-    # malloc_retain: the user starts their run with glibc's variables set
-    return {**os.environ, **(MALLOC_RETAIN_ENV if config.get("malloc_retain") else {})}
-
-
 def plain_cmd(*loop_args: object) -> list[str]:
     """The command that runs ``plain_loop(*loop_args)`` in a fresh process."""
     return [sys.executable, __file__, "--plain", json.dumps(loop_args)]
-
-
-def on_core(core: int | None):
-    """A ``preexec_fn`` that pins the new process (and all it starts) to one core, or None."""
-    return None if core is None else (lambda: os.sched_setaffinity(0, {core}))
 
 
 def run_plain(workload: str, args: dict, config: dict, epochs: int, device: str = "cpu",
@@ -344,23 +325,6 @@ def run_plain(workload: str, args: dict, config: dict, epochs: int, device: str 
     out = subprocess.run(plain_cmd(workload, args, config, epochs, device),
                          capture_output=True, text=True, check=True, env=plain_env(config),
                          preexec_fn=on_core(core))
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
-def space_file(folder: Path, workload: str, args: dict, name: str = "truth", device: str = "cpu",
-               measure: dict | None = None) -> Path:
-    path = folder / f"{name}-{workload}.yaml"
-    path.write_text(yaml.safe_dump({"name": name, "workload": REFS.get(workload, workload), "workload_args": args,
-                                    "device": device, **({"measure": measure} if measure else {})}))
-    return path
-
-
-def run_bench(space: Path, config: dict, core: int | None = None) -> dict:
-    sets = [a for k, v in config.items() for a in ("--set", f"{k}={json.dumps(v)}")]
-    out = subprocess.run([sys.executable, "-m", "tuner", "bench", str(space), *sets, "--json"],
-                         capture_output=True, text=True, preexec_fn=on_core(core))
-    if out.returncode != 0:
-        raise RuntimeError(f"bench failed: {out.stderr.strip()[-500:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -544,20 +508,6 @@ def probed(fn, *args) -> dict:
     return {**result, "probe_before": before, "probe_after": machine_speed()}
 
 
-def paired_interval(a: list[float], b: list[float], level: float = 0.90) -> tuple[float, float, float]:
-    """The geometric mean of the rounds' own ratios a/b and its ``level`` confidence
-    interval (Student's t on the log ratios): a drift that lasts a round hits both sides
-    of that round's ratio, and what is left of the noise sets the interval's width."""
-    from scipy import stats
-
-    logs = [math.log(x / y) for x, y in zip(a, b, strict=True)]
-    mean = statistics.fmean(logs)
-    if len(logs) < 2:
-        return math.exp(mean), 0.0, math.inf
-    half = stats.t.ppf(0.5 + level / 2, len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
-    return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
-
-
 def across_rows(rows: list[dict], tolerance: float) -> dict | None:
     """A bias common to every config: the geometric mean of the rows' own geometric
     means (each row weighs the same, however many rounds it took), with the 90% interval
@@ -695,7 +645,6 @@ def main() -> None:
         print(json.dumps(plain_loop(*json.loads(a.plain))))
         return
 
-    from meta import stamp
 
     cases = GPU_CASES if a.device == "cuda" else CASES
     overrides = {k: json.loads(v) for k, v in (x.split("=", 1) for x in a.set)}

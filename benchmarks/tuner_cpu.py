@@ -73,7 +73,7 @@ def trainable(config: dict) -> None:
     import psutil
     from ray import tune
 
-    from tuner.measure import HUSH_ENV, hushed
+    from tuner.hostload import HUSH_ENV, hushed
 
     if config["hush"]:  # as a search hands it to the process that measures
         os.environ[HUSH_ENV] = config["hush"]
@@ -122,8 +122,8 @@ def one(state: str, window_s: float) -> dict:
     import ray
     from ray import tune
 
+    from tuner.hostload import wait_while_timed
     from tuner.localray import start_local_ray, tuner_processes
-    from tuner.measure import wait_while_timed
 
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
@@ -184,7 +184,7 @@ def main() -> None:
         print("RESULT " + json.dumps(one(a.one, a.window_s)), flush=True)
         return
 
-    from meta import stamp
+    from common import stamp
 
     runs: list[dict] = []
     for cycle in range(a.cycles):

@@ -11,7 +11,7 @@ import torch
 from tests.helpers import FAST_MEASURE, ref
 from tuner import apply, knobs
 from tuner.loop import Trainer
-from tuner.measure import NvmlSampler
+from tuner.nvml import NvmlSampler
 from tuner.trial import make_request, run_isolated
 from tuner.workloads import load_workload
 

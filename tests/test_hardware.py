@@ -26,7 +26,7 @@ def test_probes_read_this_machine():
 
 
 def test_gpu_peak_table_matches_whole_model_names():
-    from tuner.measure import gpu_model_key
+    from tuner.hardware import gpu_model_key
 
     names = {"NVIDIA L40": None, "NVIDIA L4": "L4", "NVIDIA L40S": "L40S", "NVIDIA H100 80GB HBM3": "H100",
              "NVIDIA H200": "H200", "NVIDIA A100-SXM4-80GB": "A100", "Tesla V100-SXM2-32GB": "V100",

@@ -59,7 +59,9 @@ def _tfevent_tags(path: Path) -> set[str]:
 
 def test_tensorboard_events_hold_each_trials_figures(searched):
     files = list((searched / "ray").glob("*/events.out.tfevents*"))
-    assert len(files) == 2, files  # one per trial
+    # one per measurement: the baseline's and the two configs'
+    assert len(files) == 3, files
+    assert len([f for f in files if "_search_" in f.parent.name]) == 2, files
     for f in files:
         tags = _tfevent_tags(f)
         assert any(t.endswith("samples_per_sec") for t in tags), tags
@@ -71,9 +73,9 @@ def test_mlflow_store_holds_a_run_per_trial(searched):
 
     mlflow.set_tracking_uri(f"sqlite:///{searched / 'mlflow.db'}")
     runs = mlflow.search_runs(experiment_names=["logged"])
-    assert len(runs) == 2
+    assert sorted(runs["params.phase"]) == ["baseline", "search", "search"]  # one per measurement
     assert (runs["metrics.samples_per_sec"] > 0).all()
-    assert set(runs["params.micro_batch_size"]) <= {"4", "8", "16"}
+    assert set(runs["params.knobs/micro_batch_size"]) <= {"4", "8", "16"}
 
 
 def test_optuna_trials_carry_figures_as_user_attributes(searched):

@@ -20,7 +20,8 @@ def _imports(path: Path) -> set[str]:
 
 
 def test_pure_modules_never_import_ray():
-    for name in ("records", "knobs", "measure", "batches", "errors", "settings", "scaffold"):
+    for name in ("records", "knobs", "measure", "windows", "hostload", "ranks", "nvml", "policy", "spec", "study",
+                 "batches", "errors", "settings", "scaffold"):
         assert not any(i == "ray" or i.startswith("ray.") for i in _imports(PACKAGE / f"{name}.py")), name
 
 
@@ -70,14 +71,15 @@ def test_the_process_that_runs_trials_never_imports_torch(tmp_path):
         "import sys\n"
         "from tests.helpers import FAST_MEASURE, ref\n"
         "from tuner.spec import Constraints\n"
-        "from tuner.tune_run import TrialJob, measure_config\n"
+        "from tuner.remote import TrialJob, measure_config\n"
         "job = TrialJob(workload=ref('sleepy'), workload_args={'step_s': 0.01}, base_dir='.', device='cpu',\n"
         "               measure=FAST_MEASURE, run={}, seed=0, trial_timeout_s=60, constraints=Constraints(),\n"
-        "               objective=None, fixed={}, derive=dict, cpus_per_trial=lambda c: 1, gpus_per_rank=0,\n"
+        "               cpus_per_trial=lambda c: 1, gpus_per_rank=0,\n"
         f"               hush_dir={str(tmp_path)!r})\n"
         "record = measure_config({'micro_batch_size': 4}, job)\n"
         "assert record['status'] == 'ok' and record['samples_per_sec'] > 0, record\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
+        "assert 'ray.tune' not in sys.modules, 'ray.tune was imported'\n"
         "print('ok')\n")
     r = _python(code)
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-2000:]
@@ -135,3 +137,23 @@ def test_no_import_cycle_in_the_package():
         return seen
 
     assert not [m for m in graph if m in reaches(m)]
+
+
+def test_no_import_cycle_among_the_benchmarks():
+    """The scripts in benchmarks/ import each other by name (their folder is on the path
+    when one runs): a shared helper lives in benchmarks/common.py, never in a script that
+    imports back."""
+    bench = PACKAGE.parent / "benchmarks"
+    names = {p.stem for p in bench.glob("*.py")}
+    graph = {p.stem: (_imports(p) & names) - {p.stem} for p in bench.glob("*.py")}
+
+    def reaches(start: str) -> set:
+        seen, stack = set(), [start]
+        while stack:
+            for d in graph.get(stack.pop(), ()):
+                if d not in seen:
+                    seen.add(d)
+                    stack.append(d)
+        return seen
+
+    assert "common" in names and not [m for m in graph if m in reaches(m)]

@@ -5,8 +5,9 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import FAST_MEASURE, hog_from_first_window, ref
-from tuner.measure import Window, _steady, machine_cpu, median_error, own_peak_rss_bytes
+from tuner.hostload import machine_cpu, own_peak_rss_bytes
 from tuner.trial import make_request, run_isolated
+from tuner.windows import Window, median_error, steady_windows
 
 pytestmark = pytest.mark.alone  # rates against references, load beside windows
 
@@ -239,7 +240,7 @@ def test_the_trial_s_peak_holds_what_its_own_import_of_torch_holds():
     import sys
 
     # VmHWM, not ru_maxrss: ru_maxrss keeps the peak of the process that exec'd it (pytest).
-    out = subprocess.run([sys.executable, "-c", "import torch; from tuner.measure import own_peak_rss_bytes; "
+    out = subprocess.run([sys.executable, "-c", "import torch; from tuner.hostload import own_peak_rss_bytes; "
                           "print(own_peak_rss_bytes())"], capture_output=True, text=True, check=True)
     import_torch_mb = int(out.stdout.strip()) / 2**20
     r = _run("linear", config={"micro_batch_size": 8})
@@ -277,7 +278,7 @@ def test_cpu_hog_mid_measurement_is_detected():
 def test_a_window_the_hypervisor_took_a_quarter_of_the_machine_from_is_disturbed():
     """Steal time (a neighbour on the host) halved window figures here at 0.6 of 2 cores;
     0.02-0.3 is this VM's ordinary level and must not redo windows."""
-    from tuner.measure import Load
+    from tuner.hostload import Load
     from tuner.settings import MeasureSettings
 
     s = MeasureSettings()
@@ -291,7 +292,7 @@ def test_a_window_the_hypervisor_took_a_quarter_of_the_machine_from_is_disturbed
 def test_screening_stops_a_config_that_cannot_reach_the_incumbent():
     # 80 samples/s (sleep-bound): against an incumbent of 1000 it stops after the start-up
     # window and the 2 screening windows
-    from tuner.measure import SCREEN_SKIP
+    from tuner.windows import SCREEN_SKIP
 
     out = _run("sleepy", {"step_s": 0.05}, {"micro_batch_size": 4}, screen={"below": 1000.0, "margin": 0.05})
     assert out["status"] == "ok" and out["screened"] is True and out["windows"] == SCREEN_SKIP + 2
@@ -332,7 +333,7 @@ def test_a_compile_group_pays_its_compile_once(tmp_path):
     assert warm["compile_s"] < cold["compile_s"]
 
 
-def test_the_windows_around_an_epoch_boundary_are_not_steady():
+def test_the_windows_around_an_epoch_boundary_are_notsteady_windows():
     """Steady windows neither hold, follow, nor precede an epoch boundary. The one before
     runs fast where DataLoader workers share the cores (they stop at the epoch's last
     batch and the training process has every core to itself); the last kept window's
@@ -344,11 +345,11 @@ def test_the_windows_around_an_epoch_boundary_are_not_steady():
     after_warmup, a, b, drain, boundary, after, c, last = (
         w(1.1, before=1), w(1.0), w(1.0), w(0.7), w(1.2, boundaries=1), w(1.1, before=1), w(1.0), w(1.0))
     kept = [after_warmup, a, b, drain, boundary, after, c, last]
-    assert _steady(kept) == [a, b, c]
+    assert steady_windows(kept) == [a, b, c]
     # a window dropped as disturbed held the boundary: its redo follows it, and the window
     # kept before it preceded it
     redo = w(1.1, before=1)
-    assert _steady([a, b, drain, redo, c, last]) == [a, b, c]
+    assert steady_windows([a, b, drain, redo, c, last]) == [a, b, c]
 
 
 @pytest.mark.slow
@@ -385,9 +386,9 @@ def test_the_driver_sleeps_while_a_trial_is_in_its_windows_and_not_after(tmp_pat
     import subprocess
     import sys
 
-    from tuner.measure import HUSH_ENV, hushed, wait_while_timed
+    from tuner.hostload import HUSH_ENV, hushed, wait_while_timed
 
-    code = ("import time; from tuner.measure import hushed\n"
+    code = ("import time; from tuner.hostload import hushed\n"
             "with hushed() as made:\n    print(made, flush=True); time.sleep(1.5)\n"
             "time.sleep(3)\n")
     child = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, HUSH_ENV: str(tmp_path)},
@@ -421,7 +422,7 @@ def test_a_process_of_the_trial_that_starts_while_it_runs_is_its_own_not_load():
     import subprocess
     import sys
 
-    from tuner.measure import LoadMeter, TreeProbe
+    from tuner.hostload import LoadMeter, TreeProbe
     from tuner.trial import kill_tree
 
     root = str(Path(__file__).resolve().parents[1])

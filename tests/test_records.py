@@ -47,12 +47,12 @@ def test_truncated_or_foreign_json_is_one_line(tmp_path):
 
 
 def test_the_recorder_cuts_a_torn_tail_before_appending(tmp_path):
-    from tuner import knobs
     from tuner.study import Recorder
 
     p = tmp_path / "trials.jsonl"
     p.write_text(_rec(0) + "\n" + _rec(1)[:15])
-    rec = Recorder(p, knobs.Context("cpu", 2))
+    rec = Recorder(p)
+    assert len(rec.previous) == 1
     rec.add({"phase": "search", "config": {"micro_batch_size": 8}, "status": "ok", "samples_per_sec": 1.0})
     assert len(read_trials(p)) == 2  # no torn line left in the middle
 
@@ -100,12 +100,8 @@ def test_a_journal_lock_left_by_a_killed_search_does_not_hold_up_the_next(tmp_pa
     30 s for it, warning every 10 s, at the resume's first write."""
     import optuna
 
-    from tuner import spec
     from tuner.study import JOURNAL, open_journal
 
-    space_file = tmp_path / "s.yaml"
-    space_file.write_text("name: j\nworkload: conv\n")
-    space = spec.load(space_file)
     out = tmp_path / "out"
     out.mkdir()
 
@@ -114,10 +110,10 @@ def test_a_journal_lock_left_by_a_killed_search_does_not_hold_up_the_next(tmp_pa
             pass
 
     with writer_lock(out):
-        optuna.create_study(storage=open_journal(space, out, Progress()), study_name="j")
+        optuna.create_study(storage=open_journal(out, Progress()), study_name="j")
     (out / f"{JOURNAL}.lock").symlink_to(out / JOURNAL)  # the lock as a killed writer left it
     t0 = time.monotonic()
     with writer_lock(out):
-        optuna.load_study(study_name="j", storage=open_journal(space, out, Progress())).ask()  # a write
+        optuna.load_study(study_name="j", storage=open_journal(out, Progress())).ask()  # a write
     assert time.monotonic() - t0 < 5
     assert not (out / f"{JOURNAL}.lock").is_symlink()

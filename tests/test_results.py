@@ -307,11 +307,10 @@ def test_a_record_that_cannot_be_written_leaves_no_torn_line_and_says_what_is_ke
     """The Recorder on a disk that fills: /dev/full answers every write with ENOSPC,
     as a full filesystem does."""
     from tuner.errors import ResultsUnwritable
-    from tuner.knobs import Context
     from tuner.study import Recorder
 
     path = tmp_path / "trials.jsonl"
-    rec = Recorder(path, Context(device="cpu", cpu_count=2))
+    rec = Recorder(path)
     for n in range(3):
         rec.add({"phase": "search", "config": {"micro_batch_size": 2 * (n + 1)}, "status": "ok"})
     kept = path.read_text()
@@ -321,7 +320,7 @@ def test_a_record_that_cannot_be_written_leaves_no_torn_line_and_says_what_is_ke
     with pytest.raises(ResultsUnwritable, match=r"full.jsonl: cannot write \(No space left on device\); "
                                                 r"the 3 measurements before it are kept"):
         rec.add({"phase": "search", "config": {"micro_batch_size": 8}, "status": "ok"})
-    assert len(rec.records) == 3 and path.read_text() == kept
+    assert rec.written == 3 and path.read_text() == kept
 
 
 @contextlib.contextmanager
@@ -449,22 +448,32 @@ def test_a_trial_lost_again_after_its_retry_is_left_to_resume(tmp_path):
     lost, not as an infeasible search result, so that resume measures the config."""
     from types import SimpleNamespace
 
+    from tuner import spec
     from tuner.knobs import Context
+    from tuner.policy import SearchPolicy
+    from tuner.records import read_trials
     from tuner.study import Recorder
-    from tuner.tune_run import _on_result
+    from tuner.tables import Progress
+    from tuner.tune_run import PolicySearcher, Steps
 
     lost, crashed = tmp_path / "lost.txt", tmp_path / "crashed.txt"
     lost.write_text("ray.exceptions.ActorUnavailableError: The actor abc is unavailable: RpcError\n")
     crashed.write_text("RuntimeError: something else\n")
-    recorder = Recorder(tmp_path / "trials.jsonl", Context(device="cpu", cpu_count=2))
-    run = SimpleNamespace(recorder=recorder, progress=SimpleNamespace(update=lambda *a, **k: None),
-                          space=SimpleNamespace(model=None), job=SimpleNamespace(knob_config=dict))
-    callback = _on_result(run)
-    callback.on_trial_error(0, [], SimpleNamespace(error_file=str(lost), config={"micro_batch_size": 8}))
-    callback.on_trial_error(0, [], SimpleNamespace(error_file=str(crashed), config={"micro_batch_size": 16}))
-    first, second = recorder.records
-    assert first["phase"] == "lost" and first["reason"].endswith("run again on resume")
-    assert (second["phase"], second["status"]) == ("search", "infeasible")
-    assert second["reason"].startswith("trial crashed in Ray")
-    # what resume counts as measured (tuner.search: the search records)
-    assert [r["config"]["micro_batch_size"] for r in recorder.records if r["phase"] == "search"] == [16]
+    space = spec.parse({"name": "t", "workload": "conv", "knobs": {"micro_batch_size": [8, 16]},
+                        "sampler": "grid", "budget": {"trials": 2}})
+    ctx = Context(device="cpu", cpu_count=2)
+    recorder = Recorder(tmp_path / "trials.jsonl")
+    policy = SearchPolicy(space, ctx, sink=recorder.add)
+    policy.on_result(policy.next(0.0), {"status": "ok", "config": {"micro_batch_size": 8}, "samples_per_sec": 1.0})
+    searcher = PolicySearcher(policy, recorder, Progress(2, "samples_per_sec", quiet=True), started=0.0)
+    steps = Steps(searcher, job=None, watch=None)
+    first, second = searcher.suggest("a"), searcher.suggest("b")
+    steps.on_trial_error(0, [], SimpleNamespace(trial_id="a", error_file=str(lost), config=first))
+    steps.on_trial_error(0, [], SimpleNamespace(trial_id="b", error_file=str(crashed), config=second))
+    records = read_trials(tmp_path / "trials.jsonl")
+    assert [r["phase"] for r in records] == ["baseline", "lost", "search"]
+    assert records[1]["reason"].endswith("run again on resume")
+    assert records[2]["status"] == "infeasible" and records[2]["reason"].startswith("trial crashed in Ray")
+    # what resume counts as measured (the search records)
+    assert [r["config"]["micro_batch_size"] for r in records if r["phase"] == "search"] == \
+        [second["knobs"]["micro_batch_size"]]

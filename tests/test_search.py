@@ -154,7 +154,9 @@ def test_faulty_trials_are_recorded_and_the_search_finishes(tmp_path, ray_local,
     assert len(summary["infeasible"]) == 5
     # the trials' folders are named for their knobs (not for the Board's state they got)
     folders = [p.name for p in (tmp_path / "r" / "faults" / "ray").iterdir() if p.is_dir()]
-    assert len(folders) == 6 and all("micro_batch_size=" in f and "tuner_board" not in f for f in folders)
+    searched = [f for f in folders if "_search_" in f]
+    assert len(searched) == 6 and all("micro_batch_size=" in f for f in searched)
+    assert len(folders) == 7  # and the baseline's
     assert all(r["driver_asleep"] for r in records if r["status"] == "ok")  # its loop slept through windows
     # nothing of the search outlives it: no folder of marks (measure.hushed)
     assert not list(own_tmp.glob("tuner-hush-*"))
@@ -324,53 +326,6 @@ def _sleepy_search(tmp_path, cluster, name: str, rest: str) -> list[dict]:
     return [r for r in _records(tmp_path / "r" / name) if r["phase"] == "search"]
 
 
-class _Rounds:
-    """Stands in for a SearchRun in the confirm rounds: it measures nothing, it hands each
-    config its fixed figure and keeps the records, as the Recorder does."""
-
-    def __init__(self, space, records, rates):
-        self.space, self.records, self.rates = space, list(records), rates
-        self.recorder = self.progress = self
-        self.concurrent, self.t_search = 1, time.time()
-
-    def add(self, rec):
-        self.records.append(rec)
-
-    def update(self, **_):
-        pass
-
-    def measure_all(self, batch):
-        return [_rec(config["x"], self.rates[config["x"]]) for config, _ in batch]
-
-
-def _rec(x, rate, **extra):
-    return {"key": f"k{x}", "config": {"x": x}, "status": "ok", "samples_per_sec": rate, **extra}
-
-
-def test_a_search_killed_in_a_confirm_round_takes_it_up_again_within_its_share():
-    from tuner.search import _confirm
-
-    # confirm: 2 rounds of the top 2 and the baseline = a share of 6 (of 12 trials)
-    space = spec.parse({"name": "t", "workload": "conv", "budget": {"trials": 12},
-                        "confirm": {"top": 2, "repeats": 2}})
-    assert space.model.confirm_measurements() == 6
-    rates = {0: 50.0, 1: 100.0, 2: 99.0, 3: 98.0}  # 1, 2, 3 within noise of each other
-    base = _rec(0, 50.0, phase="baseline")
-    searched = [_rec(x, rates[x], phase="search") for x in (1, 2, 3)]
-    # killed in round 1, after its first measurement (the leader's)
-    killed = [base, *searched, _rec(1, 100.0, phase="confirm", confirm_round=1)]
-    run = _Rounds(space, killed, rates)
-    _confirm(run, base)
-    new = [(r["config"]["x"], r["phase"], r["confirm_round"]) for r in run.records[len(killed):]]
-    # round 1 again, whole (the top 2 and the baseline), then round 2 with the share's last
-    # 2 measurements: the leader and the baseline; 6 in all with the one before the kill
-    assert new == [(1, "confirm", 1), (2, "confirm", 1), (0, "baseline", 1), (1, "confirm", 2), (0, "baseline", 2)]
-    # resumed once more, after it finished: the share is spent, nothing runs twice
-    done = len(run.records)
-    _confirm(run, base)
-    assert len(run.records) == done
-
-
 def test_the_tuner_s_own_processes_are_ray_s_daemons_and_agents_and_not_its_workers(ray_local):
     """The CPU they use beside a trial is reported as the tuner's own, and they run at a
     lower priority than the trial. Ray's agents take a "ray::" title as its workers do:
@@ -516,3 +471,41 @@ def test_two_rank_trials_run_at_once_and_never_share_a_logical_gpu(tmp_path, log
         assert len(slots[-1]) == 2
     assert a["started_at"] < b["ended_at"] and b["started_at"] < a["ended_at"]  # at once
     assert not slots[0] & slots[1]  # no GPU given to both
+
+
+def test_the_replay_decides_as_the_live_search_did(tmp_path, ray_local):
+    """``benchmarks/search_replay.py --check-live`` feeds a finished search's records to the
+    policy in the order they landed: the same configs, thresholds, confirm rounds and pick.
+    A folder whose records say otherwise fails at its first difference."""
+    import shutil
+
+    # sleep-bound: the micro-batch sets the rate, the fused optimizer does not, so the
+    # batch of 2 is screened out against 8 and both batches of 8 stay within noise of each
+    # other for two confirm rounds
+    space = _space(tmp_path, f"""\
+        name: live
+        workload: {FIXTURES}:sleepy
+        workload_args: {{step_s: 0.01}}
+        knobs:
+          micro_batch_size: [8, 2]
+          fused_optimizer: [false, true]
+        budget: {{trials: 4, trial_timeout_s: 60}}
+        confirm: {{top: 2, repeats: 2}}
+        """, measure_line(max_timed_s=4, recheck_after=1))
+    run_search(space, results_root=tmp_path / "r", quiet=True)
+    out = tmp_path / "r" / "live"
+    records = _records(out)
+    assert any(r.get("screened") for r in records)
+    assert {r.get("confirm_round") for r in records} >= {1, 2}
+    check = [sys.executable, str(Path(__file__).parent.parent / "benchmarks" / "search_replay.py"), "--check-live"]
+    r = subprocess.run([*check, str(out)], capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "the same" in r.stdout
+    # the same folder with one threshold that the policy would not have given
+    forged = tmp_path / "forged"
+    shutil.copytree(out, forged)
+    held = next(r for r in records if r.get("screen"))
+    held["screen"] = {**held["screen"], "below": held["screen"]["below"] * 2}
+    (forged / "trials.jsonl").write_text("".join(json.dumps(x) + "\n" for x in records))
+    r = subprocess.run([*check, str(forged)], capture_output=True, text=True, timeout=180)
+    assert r.returncode == 1 and "screening threshold" in r.stdout, r.stdout + r.stderr

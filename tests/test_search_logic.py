@@ -1,6 +1,5 @@
 """The search's plain parts: resources, aggregation, Pareto (no Ray)."""
 
-import json
 
 import pytest
 
@@ -101,8 +100,7 @@ def _full(value, config, error=0.01):
 
 
 def test_after_screened_trials_in_a_row_the_incumbent_is_measured_again():
-    from tuner.screening import BOARD_KEY, Board, rescreen
-    from tuner.tune_run import TrialJob
+    from tuner.policy import Board
 
     board = Board(recheck_after=2)
     assert board.screen() is None  # nothing measured yet
@@ -113,34 +111,22 @@ def test_after_screened_trials_in_a_row_the_incumbent_is_measured_again():
     # the machine slowed: two configs screened out against 220 in a row
     for value in (150.0, 148.0):
         board.update({**_full(value, {"x": 2}), "screened": True})
-    screen = board.screen()
-    assert screen["recheck"] == {"x": 1} and screen["below"] == 220.0
-    assert "recheck" not in board.screen()  # asked once per run of screened trials
+    assert board.recheck_due() and board.screen()["below"] == 220.0
+    assert board.take_recheck() == {"x": 1}
+    assert not board.recheck_due()  # asked once per run of screened trials
     # a disturbed re-measurement changes nothing; a quiet one is the threshold now
     board.update({**_full(60.0, {"x": 1}), "phase": "recheck", "disturbed": True})
     assert board.screen()["below"] == 220.0
     board.update({**_full(152.0, {"x": 1}), "phase": "recheck"})
     assert board.screen()["below"] == 152.0
-    # the trial that re-measured applies the same rule itself (the Board is the driver's)
-    assert rescreen(screen, {**_full(60.0, {"x": 1}), "disturbed": True}) == {"below": 220.0, "margin": screen["margin"]}
-    assert rescreen(screen, _full(152.0, {"x": 1})) == {"below": 152.0, "margin": screen["margin"]}
-    assert screen["recheck"] == {"x": 1}  # the screen handed in is left as it was
     # a full measurement above it is the incumbent; one that is not screened breaks the run
     board.update(_full(160.0, {"x": 3}))
     board.update({**_full(100.0, {"x": 4}), "screened": True})
     board.update(_full(155.0, {"x": 5}))
     board.update({**_full(100.0, {"x": 6}), "screened": True})
-    assert board.screen()["below"] == 160.0 and "recheck" not in board.screen()
+    assert board.screen()["below"] == 160.0 and not board.recheck_due()
     board.update({**_full(100.0, {"x": 7}), "screened": True})
-    assert board.screen()["recheck"] == {"x": 3}
-    # what a Tune trial gets in its config, and leaves out of the config it runs
-    board.cold["g1"] = 16.5
-    state = json.loads(board.state())
-    assert state["cold"] == {"g1": 16.5} and state["screen"]["below"] == 160.0
-    job = TrialJob(workload="w", workload_args={}, base_dir=".", device="cpu", measure={}, run={}, seed=0,
-                   trial_timeout_s=1, constraints=None, objective=None, fixed={"a": 1}, derive=dict,
-                   cpus_per_trial=lambda c: 1, gpus_per_rank=0)
-    assert job.knob_config({"x": 2, BOARD_KEY: board.state()}) == {"a": 1, "x": 2}
+    assert board.recheck_due() and board.take_recheck() == {"x": 3}
     noisy = Board()
     noisy.update(_full(100.0, {"x": 1}, error=0.01))
     noisy.update(_full(120.0, {"x": 2}, error=0.06))  # the incumbent now, read on noisy windows
@@ -149,7 +135,7 @@ def test_after_screened_trials_in_a_row_the_incumbent_is_measured_again():
     never.update(_full(220.0, {"x": 1}))
     for _ in range(5):
         never.update({**_full(100.0, {"x": 2}), "screened": True})
-    assert "recheck" not in never.screen()
+    assert not never.recheck_due()
 
 
 def test_a_leader_whose_repeats_disagree_has_not_beaten_the_rows_behind_it():
@@ -170,59 +156,36 @@ def test_a_leader_whose_repeats_disagree_has_not_beaten_the_rows_behind_it():
     assert [r["key"] for r in within_noise(ranked, "samples_per_sec")] == ["a", "b"]
 
 
-def test_the_time_budget_keeps_room_for_the_confirm_round_as_its_contenders_measure(tmp_path):
+def test_the_time_budget_keeps_room_for_the_confirm_round_as_its_contenders_measure():
     """Under a time budget the search stops starting trials that cannot end in it, and keeps
     room for the confirm round: the top configs and the baseline measured again in full,
     each as long as its own full measurement took (contenders with workers to start read
     9 s where a typical trial took 3), a contender not yet found as long as a typical full
     trial; a screened trial's short wall sizes neither. That is one round's room: a
     second round runs only if it fits."""
-    import time
-    from types import SimpleNamespace
+    from tuner.policy import Clock, median_wall
 
-    from tuner.tune_run import (
-        _confirm_reserve,
-        _median_wall,
-        _time_left,
-        next_trial_fits,
-        round_fits,
-    )
-
-    space = _space(tmp_path, "name: t\nworkload: conv\nknobs:\n  micro_batch_size: [8, 16, 32, 64]\n"
-                             "confirm: {top: 2, repeats: 1}\nbudget: {time_s: 100}\n")
+    clock = Clock(time_s=100.0, top=2, confirming=True)
+    metric = "samples_per_sec"
 
     def rec(key, value, wall, phase="search", **more):
         return {"phase": phase, "status": "ok", "key": key, "config": {"micro_batch_size": key},
                 "samples_per_sec": value, "samples_per_sec_error": 0.01, "trial_wall_s": wall, **more}
 
     recs = [rec(8, 100.0, 5.0, phase="baseline"), rec(16, 200.0, 9.0)]
-    run = SimpleNamespace(space=space, recorder=SimpleNamespace(records=recs), t_search=time.time())
     # the leader's own 9 s, a second contender as long as a typical full trial (median of
     # 5 and 9), the baseline's 5 s
-    assert _confirm_reserve(run) == pytest.approx(9 + 7 + 5)
+    assert clock.reserve(recs, metric) == pytest.approx(9 + 7 + 5)
     recs += [rec(32, 190.0, 3.0), rec(64, 400.0, 1.0, screened=True),
              {"phase": "search", "status": "infeasible", "key": 4, "config": {}, "trial_wall_s": 0.5}]
-    assert _confirm_reserve(run) == pytest.approx(9 + 3 + 5)  # the screened 400 is no contender
-    assert _median_wall(recs) == 3.0  # what the next trial costs, screened ones included
-    assert _time_left(run) == pytest.approx(100 - 17, abs=1.0)
+    assert clock.reserve(recs, metric) == pytest.approx(9 + 3 + 5)  # the screened 400 is no contender
+    assert median_wall(recs) == 3.0  # what the next trial costs, screened ones included
+    assert clock.left(0.0, recs, metric) == pytest.approx(100 - 17)
     # the search proper keeps time for one round; a second starts only if it fits
-    run.t_search = time.time() - 80
-    assert round_fits(run)
-    run.t_search = time.time() - 85
-    assert not round_fits(run)
-    assert _median_wall([]) is None
+    assert clock.round_fits(80.0, recs, metric) and not clock.round_fits(85.0, recs, metric)
+    assert median_wall([]) is None
     # the next trial: 100 - 17 of the reserve - 78 spent leaves 5 s, a typical trial's 3
     # fit; after screened trials in a row it first re-measures the leader (its own 9 s)
-    from tuner.screening import Board
-
-    run.board = Board(recheck_after=2)
-    for r in recs[:3]:
-        run.board.update(r)
-    run.t_search = time.time() - 78
-    assert next_trial_fits(run) and not next_trial_fits(run, recheck=True)
-    for _ in range(2):
-        run.board.update(rec(64, 50.0, 1.0, screened=True))
-    assert run.board.recheck_due()
-    # no room for both: the trial runs without the recheck, screened against the old figure
-    assert "recheck" not in json.loads(run.board.state(recheck=False))["screen"]
-    assert json.loads(run.board.state())["screen"]["recheck"] == {"micro_batch_size": 16}
+    assert clock.trial_fits(78.0, recs, metric)
+    assert not clock.trial_fits(78.0, recs, metric, first={"micro_batch_size": 16})
+    assert Clock(time_s=None, top=2, confirming=True).trial_fits(1e9, recs, metric)

@@ -36,33 +36,16 @@ def _parse_sets(items: list[str]) -> dict[str, Any]:
     return out
 
 
-def _bench_request(space: Any, args: argparse.Namespace, extra: dict | None = None) -> dict:
-    """The measurement request of ``bench``/``profile``: the space's recommended config
-    (or the baseline), an exported config, then --set overrides; checked strictly."""
-    from tuner import apply
-    from tuner.trial import make_request, resolve_config
+def _bench_request(space: Any, args: argparse.Namespace, extra: dict | None = None) -> Any:
+    """The measurement request of ``bench``/``profile`` (``trial.bench_request``): an
+    exported config, then --set overrides."""
+    from tuner.trial import bench_request
 
     overrides: dict[str, Any] = dict(extra or {})
     if getattr(args, "config", None):
         overrides.update(load_exported_config(args.config))
     overrides.update(_parse_sets(args.set))
-    m = space.model
-    base = make_request(workload=m.workload, workload_args=m.workload_args,
-                        base_dir=str(space.base_dir), device=m.device)
-    resolved = resolve_config(base)
-    workload, device = resolved.workload, resolved.device  # the device and workload decide the defaults
-    if args.baseline:
-        config = space.baseline_config()
-    else:
-        ctx = apply.context_for(device, has_groups=workload.groups is not None)
-        config = space.recommended_config(ctx)
-    config = space.derive({**config, **overrides})
-    request = make_request(workload=m.workload, workload_args=m.workload_args,
-                           base_dir=str(space.base_dir), config=config, baseline=args.baseline,
-                           strict=True, device=m.device, measure=m.measure.model_dump(),
-                           run=m.run.model_dump(), seed=m.seed)
-    resolve_config(request)  # a knob that cannot apply here is an error before anything runs
-    return request
+    return bench_request(space, overrides, baseline=args.baseline)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

@@ -174,7 +174,7 @@ def doctor(address: str | None = None, out: Any = None) -> int:
         check("fp16", True, "fp16 autocast + GradScaler")
     else:
         cap = torch.backends.cpu.get_cpu_capability()
-        # AVX512-BF16 alone (no AMX tiles) left bf16 behind fp32 on the conv net here
+        # AVX512-BF16 alone (no AMX tiles) can leave bf16 behind fp32
         kind = {"amx": "native AMX: fast",
                 "avx512_bf16": "AVX512-BF16 without AMX: not always faster than fp32, the search measures it"
                 }.get(cpu_bf16(), "no native bf16 instructions: may be slower than fp32")

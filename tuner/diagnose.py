@@ -108,15 +108,22 @@ def diagnose(record: dict, max_memory_mb: float | None = None) -> Diagnosis:
         if on_gpu and not c["cudnn_benchmark"]:
             recs.append("cudnn_benchmark=true (fixed input shapes)")
 
+    flags += _flags(record, c, on_gpu)
+    return Diagnosis(verdict, evidence, recs, flags)
+
+
+def _flags(record: dict, c: dict, on_gpu: bool) -> list[str]:
+    """What else the record says of the config's figure: a heavy compile, the heap's
+    draw, windows that disagree."""
+    flags: list[str] = []
     compile_s, run_s = record.get("compile_s") or 0.0, record.get("projected_run_s")
     if run_s and compile_s / run_s >= COMPILE_HEAVY:
         flags.append(f"compile takes {compile_s:.0f} s, {compile_s / run_s:.0%} of the planned run: "
                      f"compile=off or a longer run")
     faults = record.get("page_faults_per_step")
     if not on_gpu and knobs.GLIBC and not c["malloc_retain"] and faults and faults >= CHURN_FAULTS:
-        # Workers started anew: a process's first epoch drew more faults than its later
-        # ones, which this figure holds (hf_gpt2: a check timed in the first epoch read
-        # 0.96 of it; with malloc_retain, 1.0).
+        # Workers started anew: a process's first epoch draws more faults than its later
+        # ones, which this figure holds.
         first = (" (with DataLoader workers started anew each epoch, its first epoch also runs a few "
                  "percent slower than the later ones this figure holds)"
                  if c["num_workers"] > 0 and not c["persistent_workers"] else "")
@@ -126,7 +133,7 @@ def diagnose(record: dict, max_memory_mb: float | None = None) -> Diagnosis:
     spread = record.get("samples_per_sec_spread")
     if spread is not None and spread >= NOISY:
         flags.append(f"timing windows spread {spread:.0%}: another process may share this machine")
-    return Diagnosis(verdict, evidence, recs, flags)
+    return flags
 
 
 def _memory(record: dict, max_memory_mb: float | None) -> tuple[float | None, float | None]:

@@ -6,7 +6,7 @@ GPUs, ``1 + num_workers`` CPUs each. Ray Train starts the process group (NCCL on
 GPUs, gloo on CPUs) and tears it down. Every rank builds the same ``Trainer``: DDP
 with the ``ddp_*`` knobs, its own shard of the data, its own DataLoader workers. Every
 rank runs the same measurement, which agrees on each window's figures at the window
-edge (``tuner.measure.Agree``). Rank 0 reports the record.
+edge (``tuner.ranks.Agree``). Rank 0 reports the record.
 
 The ranks of one trial stay on one node (``STRICT_PACK``) unless the space asks for
 ``resources.spread_ranks``. A rank that raises fails the Train run, and the error

@@ -7,6 +7,7 @@ import platform
 import socket
 from functools import lru_cache
 from importlib import metadata
+from typing import Any
 
 
 def _version(pkg: str) -> str | None:
@@ -85,7 +86,7 @@ def describe() -> dict:
         "cpu_bf16": cpu_bf16(),
         "python": platform.python_version(),
         # (a str, not torch's TorchVersion: unpickling a record must not import torch
-        # in the driver or a Tune actor, 2 s the first time, on every trial's clock)
+        # in the driver or a Tune actor, seconds the first time, on every trial's clock)
         "torch": str(torch.__version__),
         "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
@@ -115,3 +116,39 @@ def pick_device(requested: str) -> str:
 
         raise UserError("device: 'cuda' was asked for but no CUDA GPU is visible here")
     return requested
+
+
+# ---- peak FLOP/s, for MFU --------------------------------------------------------------
+
+# Dense peak TFLOP/s per GPU model (bf16/fp16 tensor cores; tf32; fp32 without tensor cores).
+_GPU_PEAK_TFLOPS = {
+    "H200": (989.0, 494.0, 67.0), "H100": (989.0, 494.0, 67.0), "A100": (312.0, 156.0, 19.5),
+    "L40S": (362.0, 183.0, 91.6), "A10": (125.0, 62.5, 31.2), "L4": (121.0, 60.0, 30.3),
+    "V100": (125.0, 15.7, 15.7), "T4": (65.0, 8.1, 8.1), "RTX 4090": (165.0, 82.6, 82.6),
+}
+
+
+def peak_flops(device: Any, precision: str, tf32: bool) -> float | None:
+    """The device's dense peak FLOP/s for this precision, or None where unknown (CPUs)."""
+    if device.type != "cuda":
+        return None
+    import torch
+
+    key = gpu_model_key(torch.cuda.get_device_name(device))
+    if key is None:
+        return None
+    half, tf, fp32 = _GPU_PEAK_TFLOPS[key]
+    return (half if precision in ("bf16", "fp16") else (tf if tf32 else fp32)) * 1e12
+
+
+def gpu_model_key(name: str) -> str | None:
+    """The peak table's entry for a CUDA device name, matching whole model names
+    ("NVIDIA L40" is not an "L4"; "NVIDIA A100-SXM4-80GB" is an "A100"), or None."""
+    import re
+
+    tokens = [t for t in re.split(r"[\s\-_/]+", name.upper()) if t]
+    for key in sorted(_GPU_PEAK_TFLOPS, key=len, reverse=True):
+        k = key.upper().split()
+        if any(tokens[i:i + len(k)] == k for i in range(len(tokens) - len(k) + 1)):
+            return key
+    return None

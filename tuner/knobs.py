@@ -24,9 +24,9 @@ GLIBC = platform.libc_ver()[0] == "glibc"
 # malloc_retain: glibc's thresholds as environment variables (what a user's own run sets)
 # and as mallopt parameters (what a running process sets: the variables are read once,
 # when malloc first runs). Buffers up to 1 GiB come from the heap, and the heap is never
-# trimmed (mallopt's int -1 is the variable's 2**64 - 1). A 64 MB mmap threshold left
-# the built-in transformer's logits at batch 64 (134 MB, and their gradient) mapped anew
-# every step: 65,600 faults per step with the knob on or off.
+# trimmed (mallopt's int -1 is the variable's 2**64 - 1). A lower mmap threshold leaves a
+# language model's logits (often over 100 MB, and their gradient) mapped anew every step,
+# with the knob on or off.
 MALLOC_RETAIN_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1 << 30), "MALLOC_TRIM_THRESHOLD_": str(2**64 - 1)}
 
 
@@ -40,7 +40,7 @@ class Context:
     bf16_ok: bool = True
     fp16_ok: bool = True
     # bf16 in hardware (a CPU with AVX512-BF16 or AMX): without it a CPU runs bf16 autocast
-    # several times slower than fp32 (3-4x on the built-in transformer here)
+    # several times slower than fp32
     bf16_native: bool = True
 
 
@@ -153,7 +153,7 @@ _TABLE = [
          "no trimming (fixed, where glibc moves them itself), so a step's buffers are "
          "reused, not returned to the kernel and faulted in again",
          False, lambda ctx: GLIBC, inactive=_needs_glibc,
-         cost="freed buffers stay in the heap: peak host memory +1-8% here, +29% on a 134 MB-logits transformer", priority=9),
+         cost="freed buffers stay in the heap: peak host memory grows, most with large per-step buffers (logits)", priority=9),
     Knob("batch_grouping", str, "multi-source data: mixed batches, or each batch from one source",
          "mixed", lambda ctx: "by_source" if ctx.has_groups else "mixed", choices=GROUPINGS,
          inactive=_needs_groups, recompiles=True, priority=3),

@@ -115,7 +115,7 @@ def start_ray(address: str | None, state_api: bool = True) -> bool:
 # measures what each costs beside a trial). The raylet's own timers, from 0.1-0.2 s to
 # 1 s: its check of the object store's memory pressure (to ask workers for a GC), the
 # object manager's tick (pulls and pushes between nodes: a local Ray is one node), its
-# disk-full check, and its culling of idle workers; they woke it about a hundred times a
+# disk-full check, and its culling of idle workers; together they wake it many times a
 # second beside a sleeping trial. Its resource reports to the GCS (0.1 s) are left:
 # placement groups, one per trial, are scheduled from them. So is its memory monitor
 # (0.25 s): Ray's OOM killer, which a trial that runs away with memory needs.
@@ -137,23 +137,23 @@ QUIET_RAY_CONFIG: dict[str, Any] = {
 
 # The dashboard agent's, read from the environment it starts in: its reporter reads every
 # process's stats each 5 s for the dashboard, and it checks that the raylet lives every
-# 0.4 s (0.0055-0.006 cores beside a trial with the config above; 0.0015-0.002 with these).
+# 0.4 s: CPU beside every trial.
 QUIET_RAY_ENV = {"REPORTER_UPDATE_INTERVAL_MS": "60000", "RAY_DASHBOARD_AGENT_CHECK_PARENT_INTERVAL_S": "2"}
 
 
 # What ``ray.init`` starts on a head node that a local search has no use for, and has no
 # switch for (``ray start`` has flags for both): the log monitor, which reads Ray's log
-# files every 0.1 s for drivers that want workers' output (0.010 cores beside a trial),
-# and the autoscaler's monitor, which has nothing to scale on one machine and no reader
-# for its status without ``ray status`` (0.002 cores, 18 wake-ups a second).
+# files every 0.1 s for drivers that want workers' output, and the autoscaler's monitor,
+# which has nothing to scale on one machine and no reader for its status without
+# ``ray status`` (``benchmarks/tuner_cpu.py`` measures what each costs beside a trial).
 QUIET_RAY_PARAMS: dict[str, Any] = {"include_log_monitor": False, "no_monitor": True}
 
 
 def _no_api_server(node: Any, **_: Any) -> None:
     """``Node.start_api_server`` of a local search whose trials have one rank: none.
     Without the dashboard, Ray still starts its head process, for its state API and the
-    usage-stats report, and waits for it to register (0.75 s of every start here); it
-    then holds 115 MB and wakes 4 times a second (0.006 cores) beside every trial. Ray
+    usage-stats report, and waits for it to register (part of every start); it then holds
+    memory and wakes several times a second beside every trial. Ray
     Train reads the state API (its placement-group cleaner asks whether the run's
     controller lives, and waits 10 s for an answer that never comes without it), so a
     search with several ranks keeps it."""
@@ -269,9 +269,9 @@ def tuner_processes(local: bool) -> list[int]:
             name, cmd, parents = p.name(), p.cmdline(), p.parents()
             if p.pid not in roots and not any(q.pid in roots for q in parents):
                 continue  # not Ray's, nor started by Ray (the raylet's agents and workers)
-            if _is_ray_worker(name) or any(_is_ray_worker(a) for a in cmd[:1]):
+            if is_ray_worker(name) or any(is_ray_worker(a) for a in cmd[:1]):
                 continue  # a worker (an idle one may run the next trial)
-            if any(_is_ray_worker(q.name()) for q in parents):
+            if any(is_ray_worker(q.name()) for q in parents):
                 continue  # under a worker: a trial's own processes
         except psutil.Error:
             continue
@@ -282,21 +282,20 @@ def tuner_processes(local: bool) -> list[int]:
 
 
 # Ray's per-node agents take a "ray::" process title as its workers do, but are daemons:
-# at nice 0 and left out, the dashboard agent alone used 0.006-0.016 cores beside a trial
-# here (its metrics), counted as interference rather than as the tuner's own.
+# at nice 0 and left out, the dashboard agent's metrics used CPU beside a trial, counted as
+# interference rather than as the tuner's own.
 _RAY_AGENTS = ("ray::DashboardAgent", "ray::RuntimeEnvAgent")
 
 
-def _is_ray_worker(name: str) -> bool:
+def is_ray_worker(name: str) -> bool:
+    """Whether a process title is a Ray worker's (a trial may run there), not a per-node agent's."""
     return name.startswith("ray::") and not name.startswith(_RAY_AGENTS)
 
 
 def _lower_priority(pid: int, nice: int = 10) -> None:
     """``pid`` at nice 10 and every thread of it at SCHED_IDLE: it runs on a core the
-    trial leaves idle, and does not preempt the trial when it wakes. Measured on 2 cores
-    beside a 2-thread loop (``benchmarks/ray_cost.py``, 3 runs): Ray's processes with the
-    daemons at nice 10 cost the loop 4-6% against the same processes stopped, 2.5-3.4%
-    with them at SCHED_IDLE. Threads the daemon starts later inherit the policy; its
+    trial leaves idle, and does not preempt the trial when it wakes (``benchmarks/ray_cost.py``
+    measures what Ray's processes cost a loop beside them, at each setting). Threads the daemon starts later inherit the policy; its
     children (no trial among them: the raylet starts the workers, and it keeps its
     priority) too. A thread may always give up priority this way: no privilege needed."""
     from tuner.trial import renice

@@ -266,8 +266,8 @@ class Trainer:
             # training step (Hugging Face's, Lightning's) and the exported script's step():
             # when they are freed decides how glibc's malloc trims and re-faults the heap
             # on a CPU. Held until the next step instead, as an inline `for batch in
-            # loader:` body holds them, a small transformer took half the page faults and
-            # read 1.07-1.18x a step function's rate (malloc_retain removes the difference).
+            # loader:` body holds them, the heap faults differently and the rate moves with
+            # it (malloc_retain removes the difference).
             batch = self.move(batch)
             # DDP all-reduces in every backward unless told not to: with no_sync, only the
             # accumulation step's last micro-batch does.

@@ -18,10 +18,148 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from tuner.errors import UserError
+
+
+class Phase(str, Enum):
+    """Why a measurement was made (a record's ``phase``); compares equal to its string,
+    as old results folders hold it."""
+
+    BASELINE = "baseline"  # the plain PyTorch loop
+    SEARCH = "search"  # a config the sampler chose
+    RECHECK = "recheck"  # the incumbent again, after screened trials in a row
+    CONFIRM = "confirm"  # a contender again, in a confirm round
+    LOST = "lost"  # Ray lost the trial with its node or worker: no result
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Status(str, Enum):
+    """How a measurement ended (a record's ``status``)."""
+
+    OK = "ok"
+    INFEASIBLE = "infeasible"  # out of memory, non-finite loss, hung, crashed, over a constraint
+    LOST = "lost"
+
+    def __str__(self) -> str:
+        return self.value
+
+class Figures(TypedDict, total=False):
+    """What a measurement measured (``tuner.measure``), in the trial's own process."""
+
+    samples_per_sec: float | None  # sustained: the steady rate over an epoch of the planned size, boundary included
+    samples_per_sec_spread: float  # (max - min) / median of the windows' rates
+    samples_per_sec_error: float  # the relative standard error of the windows' median
+    samples_per_sec_windows: list[float]  # each kept window's rate, at the sustained scale
+    steady_samples_per_sec: float  # the rate clear of epoch boundaries
+    samples_per_sec_per_rank: float
+    step_time_ms: float
+    data_wait_fraction: float  # of the timed time, waiting for the next batch
+    windows: int
+    window_steps: int
+    timed_s: float
+    warmup_s: float
+    startup_s: float  # building the trainer (model, optimizer, loader)
+    compile_s: float  # the warm-up beyond steady steps that is not worker start-up
+    worker_start_s: float
+    one_time_s: float
+    epoch_overhead_s: float | None  # what one epoch boundary costs beyond an ordinary fetch
+    epoch_starts_measured: int
+    epoch_overhead_from: str  # "windows" or "pauses"
+    between_windows_s: float
+    timed_clock_s: list[float]  # CLOCK_MONOTONIC at the first window's start and the last one's end
+    epoch_size: int | None
+    epoch_s: float | None
+    projected_run_s: float | None  # the planned run: epochs x epoch time + one-time costs
+    loss_finite: bool | None
+    mfu: float | None
+    achieved_tflops: float | None
+    peak_device_memory_mb: float | None  # the allocator's peak
+    peak_device_reserved_mb: float | None
+    peak_host_memory_mb: float  # peak RSS of the trial's process + its DataLoader workers' private pages
+    page_faults_per_step: float | None
+    host_memory_measure: str
+    interference_cores: float | None  # median over the kept windows: CPU used outside the trial
+    tuner_cpu_cores: float | None  # the part of it that was the tuner's own
+    steal_cores: float | None
+    interference_cores_windows: list[float | None]
+    disturbed_windows_dropped: int
+    disturbed_windows_left_out: int
+    disturbed: bool  # more than a third of the kept windows disturbed: never picks the winner
+    screened: bool  # stopped after a few windows as out of the running
+    below_incumbent: bool
+    screened_below: float | None
+    driver_asleep: bool
+    gpu_util_pct: float | None  # NVML, during the timed windows
+    gpu_memory_used_mb: float | None
+    gpu_power_w: float | None
+    gpu_sm_clock_mhz: float | None
+    nvml_note: str | None
+    world_size: int
+    ranks: list[dict]  # several ranks: each rank's own figures
+    slowest_rank: int
+    host_memory_per_node_mb: dict[str, float]
+
+
+class Outcome(TypedDict, total=False):
+    """How the trial's process ended and what it ran (``tuner.trial``)."""
+
+    status: Status
+    reason: str | None  # one line, for a status other than ok
+    error_kind: str  # oom, invalid, workload, compile, error, timeout, died
+    config: dict  # every knob, resolved on the trial's device
+    notes: list[str]  # knobs held at their default, and why
+    nice: int
+    has_groups: bool
+    baseline: bool  # the plain PyTorch loop
+    device: str
+    hardware: dict
+    compile_cache: str | None  # cold or warm: the compile group's inductor cache
+    trial_wall_s: float  # the whole trial: process start to result
+    attempts: int
+    traceback: str
+
+
+class Where(TypedDict, total=False):
+    """Where Ray ran the trial (``tuner.remote.measure_config``)."""
+
+    started_at: float
+    ended_at: float
+    node: str | None
+    node_ip: str
+    gpu_ids: list[str]
+    gpu_model: str | None
+    cpus_reserved: float
+    compile_group: str | None
+    workload: dict
+    trial_id: str
+
+
+class Decided(TypedDict, total=False):
+    """Why the search made the measurement (``tuner.policy.SearchPolicy.on_result``)."""
+
+    phase: Phase
+    key: str  # what the config really runs (inactive knobs at their default)
+    task: int  # the order in which the policy decided it
+    decided_at: float  # the policy's clock: seconds since the search started
+    screen: dict  # the threshold it was held to: {"below": samples/sec, "margin": fraction}
+    trial_number: int  # the search's configs, in order
+    confirm_round: int
+    compile_s_cold: float | None  # the compile its group's first (cold) trial paid
+    time: float  # when it was written to trials.jsonl
+
+
+class Record(Figures, Outcome, Where, Decided, total=False):
+    """One line of ``trials.jsonl``: a measurement, whole. Each part is written by the
+    room its docstring names, in that order; ``SearchPolicy.on_result`` completes it.
+    Old folders hold the same keys (``phase`` and ``status`` as plain strings, which the
+    enums compare equal to)."""
+
 
 OBJECTIVE_METRICS = {"samples_per_sec": "max", "projected_run_s": "min", "samples_per_sec_per_rank": "max"}
 PENALTY = {"max": 0.0, "min": 1e18}  # what Optuna is told for an infeasible trial
@@ -29,7 +167,7 @@ LOCK = ".lock"
 LOCK_INFO = ".lock.json"
 
 
-def read_trials(path: Path, warn: Any = sys.stderr) -> list[dict]:
+def read_trials(path: Path, warn: Any = sys.stderr) -> list[Record]:
     """Every record of ``trials.jsonl``; a torn last line is skipped with a warning."""
     try:
         lines = path.read_text().split("\n")
@@ -158,7 +296,7 @@ def device_model(record: dict) -> str:
     return (record.get("hardware") or {}).get("gpu") or record.get("gpu_model") or "cpu"
 
 
-def aggregate(records: list[dict], metric: str) -> list[dict]:
+def aggregate(records: list[Record], metric: str) -> list[dict]:
     """One row per distinct config: the median of its measurements and their spread
     (and, for several ranks, the scaling efficiency)."""
     groups: dict[tuple[str, str], list[dict]] = {}
@@ -265,7 +403,7 @@ def no_winner_reason(records: list[dict], metric: str, folder: str) -> str:
             f"`tuner resume {folder} --trials {len(searched) + 4}`")
 
 
-def baseline_of(records: list[dict], metric: str) -> dict | None:
+def baseline_of(records: list[Record], metric: str) -> Record | None:
     """The baseline: its first record, with the figures pooled over all of its
     measurements (the confirm rounds re-measure it beside the contenders)."""
     bases = [r for r in records if r.get("phase") == "baseline"]
@@ -319,7 +457,10 @@ def pareto_front(rows: list[dict], metric: str) -> list[dict]:
 
 def with_cold_compile(record: dict, cold_s: float | None) -> dict:
     """A trial that compiled with its group's warm cache: its projection keeps the cold
-    compile cost (``compile_s_cold``), because the user's first run pays it."""
+    compile cost (``compile_s_cold``), because the user's first run pays it. A record that
+    has it already is left as it is."""
+    if "compile_s_cold" in record:
+        return record
     if record.get("compile_cache") == "cold":
         record["compile_s_cold"] = record.get("compile_s")
     elif record.get("compile_cache") == "warm" and cold_s is not None:

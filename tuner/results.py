@@ -345,12 +345,12 @@ def framework_snippet(payload: dict, fmt: str) -> str:
         lines += ["# the Trainer adds work of its own that the tuner's figure does not hold:",
                   "# - each step: gradient clipping (max_grad_norm=1.0: a norm over every gradient;",
                   "#   max_grad_norm=0 turns it off), a learning-rate scheduler step, its loss checks",
-                  "#   and callbacks: on a 2-core CPU about 2-3 ms a step on models of a million",
-                  "#   parameters (clipping 0.7-1.0 ms of it), 0.6 ms on a model of almost none:",
-                  "#   6-7% of a 30-45 ms step, less of a longer one"]
+                  "#   and callbacks: measured on a 2-core Intel Xeon VM (2026-11-28), about 2-3 ms a",
+                  "#   step on models of a million parameters, 0.6 ms on a model of almost none",
+                  "#   (docs/benchmarks.md, anatomy)"]
         if payload["config"].get("num_workers"):
-            # The Trainer's loader looks a batch ahead to know the last one; measured on conv's
-            # 16-step epochs with one worker, it was most of the Trainer's gap to the tuner.
+            # The Trainer's loader looks a batch ahead to know the last one: with short epochs
+            # and a worker, most of the Trainer's gap to the tuner (docs/benchmarks.md).
             lines += ["# - each epoch: its loader (accelerate's DataLoaderShard) reads one batch ahead, so",
                       "#   an epoch's first step waits for two batches: with DataLoader workers, one batch's",
                       "#   preparation more per epoch (persistent_workers does not avoid it; small where an",
@@ -362,10 +362,10 @@ def framework_snippet(payload: dict, fmt: str) -> str:
                   "dataloader_kwargs = " + _dict_literal(loader)]
         lines += code
         lines += ["# Lightning adds per-step work of its own that the tuner's figure does not hold: its",
-                  "# loop, the optimizer step's closure, progress bar and logger: on a 2-core CPU about",
-                  "# 3-4 ms a step on models of a million parameters, 0.7 ms on a model of almost none:",
-                  "# 9-10% of a 30-45 ms step, less of a longer one (enable_progress_bar=False and",
-                  "# logger=False turn the bar and the logger off)",
+                  "# loop, the optimizer step's closure, progress bar and logger: measured on a 2-core",
+                  "# Intel Xeon VM (2026-11-28), about 3-4 ms a step on models of a million parameters,",
+                  "# 0.7 ms on a model of almost none (docs/benchmarks.md, anatomy); enable_progress_bar=",
+                  "# False and logger=False turn the bar and the logger off",
                   "trainer = L.Trainer(**trainer_kwargs)",
                   "train_loader = torch.utils.data.DataLoader(dataset, **dataloader_kwargs)"]
     return "\n".join(lines) + "\n"

@@ -144,7 +144,7 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         two starts differ in that knob alone, the later starts take the value that read
         better (a start holding the loser's value takes the winner's). The starts pair
         the guides' advice with one knob changed where the guides' value wins on some
-        hosts and loses on others (bf16 on a CPU: 1.3-1.8x fp32 on one host, 0.70-0.94x on
+        hosts and loses on others (bf16 on a CPU: faster than fp32 on one host, slower on
         another with the same AVX512-BF16 flag); the starts after the pair then measure
         their own question (the split of the cores) on the side the pair found faster."""
         figures: dict = {}
@@ -225,9 +225,9 @@ class GuidedSampler(optuna.samplers.BaseSampler):
 # Spaces up to this many configs have every config scored for the next trial.
 SCORE_ALL = 5000
 
-# A screened config predicted within 8% of the incumbent is measured in full: ridge
-# shrinks the predictions of the best configs towards the mean, a few % below their
-# figures, so a narrower band would never fire.
+# A screened config predicted within this of the incumbent is measured in full: ridge
+# shrinks the predictions of the best configs towards the mean, a few percent below their
+# figures, so a much narrower band would never fire.
 RETRY_WITHIN = 1.08
 
 
@@ -307,8 +307,7 @@ def oversubscription(config: dict, cores: int | None) -> float:
     """Intra-op threads that DataLoader workers leave without a core of their own, as a
     fraction of the cores (threads unset: PyTorch takes every core). Workers tolerate
     sharing cores; a multi-threaded op stalls at its barriers while one of its threads
-    waits for a core (on 2 cores, 2 workers with 1 thread was best, 1 worker with 2
-    threads read 0.69 of it)."""
+    waits for a core."""
     if not cores:
         return 0.0
     threads = config.get("torch_threads") or cores

@@ -1,28 +1,20 @@
-"""``tuner run``: the search, with Ray Tune scheduling trials and Optuna choosing them.
+"""``tuner run``: the search, with Ray Tune scheduling trials and the search policy
+(``tuner.policy``, Optuna inside) choosing them.
 
 Order of a search:
 
 1. validate the space and import the workload (errors before Ray starts);
-2. start Ray (in-process) or attach to ``--address``;
-3. measure the baseline (the plain PyTorch loop) as a Ray task;
-4. ``Tuner.fit`` with ``OptunaSearch`` (our ``GuidedSampler`` by default, Optuna's
-   study kept in a journal file); the first trials are PyTorch's defaults in the
-   optimized loop and the guides' recommended config (and, on CPUs, the same with the
-   other splits of the cores); one trial per config,
-   resources from the config;
-   every trial runs in its own process (``tuner.trial.run_isolated``) so that a
-   hang, crash or OOM is a result, and is written to ``trials.jsonl`` as it lands;
-5. re-measure the top configs (``confirm``), interleaved with the baseline, and choose
-   the winner on the median of all of its measurements (on top of ``budget.trials``,
-   which counts the configs tried);
-6. write ``summary.json`` and print the top configs against the baseline.
-
-The rooms it calls on: ``tuner.localray`` (Ray), ``tuner.tune_run`` (the Tune run),
-``tuner.screening`` (the Board), ``tuner.study`` (records and the Optuna study).
+2. write the results folder (``meta.json``, ``space.yaml``) and start Ray (in-process)
+   or attach to ``--address``;
+3. hand the policy to Ray Tune (``tuner.tune_run.drive``): every measurement it decides,
+   the baseline, the configs tried, the rechecks and the confirm rounds, is a Tune trial
+   measured in its own process, and written to ``trials.jsonl`` as it lands;
+4. write ``summary.json`` (the pick) and print the top configs against the baseline.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -45,24 +37,21 @@ from tuner.localray import (
     start_ray,
     tuner_processes,
 )
+from tuner.policy import SearchPolicy, measure_settings
 from tuner.records import (
     aggregate,
     baseline_of,
     best_of,
-    cold_compile_of,
     no_winner_reason,
     pareto_front,
     rank,
     speedup,
     winner_first,
-    with_cold_compile,
-    within_noise,
     writer_lock,
 )
-from tuner.screening import Board
-from tuner.study import Recorder, open_journal, repair_study, writable_results
+from tuner.remote import TrialJob
+from tuner.study import Recorder, open_journal, writable_results
 from tuner.tables import Progress
-from tuner.tune_run import SearchRun, TrialJob, fit, round_fits
 
 
 def meta_created(out: Path) -> str:
@@ -154,49 +143,21 @@ def run_search(space: spec.Space, *, results_root: Path, address: str | None = N
 
 def _search(space: spec.Space, out: Path, progress: Progress, ray_start_s: float, sessions: int) -> dict:
     import optuna
-    import ray
+
+    from tuner.tune_run import drive
 
     m = space.model
-    trials_path = out / "trials.jsonl"
     shape = cluster_shape()
     device, cpus_per_trial, gpus_per_trial, concurrent = plan_resources(space, shape)
-
-    from tuner.trial import make_request, resolve_config
-
-    # bf16 where the trials run (a V100 or T4 has none: the guides' bf16 start would be a
-    # wasted trial), asked of a GPU node, not of this driver.
-    # On CPUs: whether they run bf16 in hardware (without, the guides' bf16 start ran conv at
-    # 18 samples/s against fp32's 293 here, and that one trial made the search's model
-    # blame every other knob of that start).
-    # Asked first: the worker that answers measures the baseline next, and its start
-    # overlaps this driver's import of the workload.
-    facts = (ray.remote(num_gpus=gpus_per_trial)(_gpu_facts) if device == "cuda"
-             else ray.remote(num_cpus=1)(_cpu_facts)).remote()
-    # The knob context of the trial machines: device kind, cores, whether the workload has sources.
-    workload = resolve_config(make_request(
-        workload=m.workload, workload_args=m.workload_args, base_dir=str(space.base_dir), device="cpu")).workload
-    bf16_ok, cuda_ok, bf16_native = True, device == "cuda", True
-    if device == "cuda":
-        bf16_ok, cuda_ok = ray.get(facts)
-    else:
-        bf16_native = ray.get(facts)
-    ctx = knobs.Context(device=device, cpu_count=shape["max_node_cpus"], has_groups=workload.groups is not None,
-                        bf16_ok=bf16_ok, bf16_native=bf16_native)
-    for name, values in space.domain.items():  # a GPU knob searched on CPUs is a wasted trial
-        if knobs.KNOBS[name].gpu_only and device != "cuda" and len(values) > 1:
-            raise UserError(f"knobs.{name}: a GPU knob, but this search runs on CPUs; remove it or fix it")
-    # The first trials: PyTorch's defaults in the optimized loop, then the guides' advice.
-    start = space.start_points(ctx)
-
-    recorder = Recorder(trials_path, ctx)
+    ctx, cuda_there = trial_context(space, device, gpus_per_trial, shape)
+    recorder = Recorder(out / "trials.jsonl")
     local_ray = ray_start_s > 0 and not attached()  # a Ray started here, on this machine only
-    screening = m.objective.metric == "samples_per_sec" and not m.objective.memory and m.measure.screen_windows > 0
     job = TrialJob(
         workload=m.workload, workload_args=m.workload_args, base_dir=str(space.base_dir),
-        device=m.device, measure=search_measure(space), run=m.run.model_dump(), seed=m.seed,
-        trial_timeout_s=m.budget.trial_timeout_s, constraints=m.constraints, objective=m.objective,
-        fixed=space.fixed, derive=space.derive, cpus_per_trial=cpus_per_trial, gpus_per_rank=gpus_per_trial,
-        spread_ranks=m.resources.spread_ranks, ddp_backend="nccl" if cuda_ok else "gloo",
+        device=m.device, measure=measure_settings(space), run=m.run.model_dump(), seed=m.seed,
+        trial_timeout_s=m.budget.trial_timeout_s, constraints=m.constraints,
+        cpus_per_trial=cpus_per_trial, gpus_per_rank=gpus_per_trial,
+        spread_ranks=m.resources.spread_ranks, ddp_backend="nccl" if cuda_there else "gloo",
         observers=tuner_processes(local=local_ray),
         # One inductor cache per compile group, per node, for this search (kept for resume).
         compile_root=os.path.join(tempfile.gettempdir(), "tuner-compile-" + hashlib.sha1(
@@ -205,117 +166,59 @@ def _search(space: spec.Space, out: Path, progress: Progress, ray_start_s: float
         hush_dir=tempfile.mkdtemp(prefix="tuner-hush-") if concurrent == 1 else None,
         nice=os.getpriority(os.PRIO_PROCESS, 0),
     )
-    board = Board(screening=screening, recheck_after=m.measure.recheck_after)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    policy = SearchPolicy(space, ctx, storage=open_journal(out, progress), records=recorder.previous,
+                          sink=recorder.add)
+    base = baseline_of(recorder.previous, m.objective.metric)
+    if base and base.get("status") == "ok" and not base.get("disturbed"):
+        progress.baseline = base.get(m.objective.metric)
+    started = time.time()
     try:
-        for r in recorder.records:  # a resumed search: what was measured before
-            if r.get("phase") in ("search", "recheck", "confirm"):
-                board.update(r)
-        run = SearchRun(space, ctx, job, out, recorder, progress, concurrent, t_search=time.time(), board=board,
-                        watch=Watch(out, grace_s=m.budget.trial_timeout_s))
-
-        previous = [r for r in recorder.records if r.get("phase") == "search"]
-        baseline_rec = next((r for r in recorder.records if r.get("phase") == "baseline"), None)
-        if baseline_rec is None:
-            progress.update(msg="measuring the baseline (plain PyTorch loop)")
-            [baseline_rec] = run.measure_all([(space.baseline_config(), True)])
-            baseline_rec["phase"] = "baseline"
-            recorder.add(baseline_rec)
-        if baseline_rec.get("status") == "ok" and not baseline_rec.get("disturbed"):
-            # (a baseline measured on a disturbed machine would inflate every "x baseline";
-            # the summary's comes from all of its rounds)
-            progress.baseline = baseline_rec.get(m.objective.metric)
-
-        # -- the search proper
-        remaining = max(0, m.search_trials() - len({r["key"] for r in previous}))
-        optuna.logging.set_verbosity(optuna.logging.WARNING)
-        storage = open_journal(space, out, progress)
-        if previous:
-            repair_study(space, ctx, storage, previous)
-        if remaining > 0:
-            fit(run, start, storage, remaining, previous,
-                 ray_name="ray" if sessions == 0 else f"ray-resume-{sessions}")
-
-        # -- confirm: re-measure the top configs in interleaved rounds (A B C base, A B C
-        #    base: a drift of the machine hits every contender and the baseline alike) and
-        #    choose on the median of all measurements.
-        if confirms(space):
-            _confirm(run, baseline_rec)
-        search_wall_s = time.time() - run.t_search
-
-        summary = summarize(space, recorder.records, baseline_of(recorder.records, m.objective.metric) or baseline_rec,
-                            describe_cluster=shape,
-                            search_wall_s=search_wall_s, ray_start_s=ray_start_s, device=device, out_folder=out)
-        (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
-        return summary
+        drive(policy, job, recorder=recorder, progress=progress, concurrent=concurrent, started=started,
+              watch=Watch(out, grace_s=m.budget.trial_timeout_s), log_to=m.log_to, name=m.name,
+              ray_name="ray" if sessions == 0 else f"ray-resume-{sessions}")
     finally:
         if job.hush_dir:
             shutil.rmtree(job.hush_dir, ignore_errors=True)
+    search_wall_s = time.time() - started
+    records = policy.records
+    summary = summarize(space, records, baseline_of(records, m.objective.metric) or {"config": None},
+                        describe_cluster=shape, search_wall_s=search_wall_s, ray_start_s=ray_start_s,
+                        device=device, out_folder=out)
+    # what ``benchmarks/search_replay.py --check-live`` needs to decide as this search did
+    summary["policy"] = {"context": dataclasses.asdict(ctx), "ended": policy.ended, "started_at": started,
+                         "ended_at": search_wall_s, "resumed": bool(recorder.previous)}
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    return summary
 
 
-def confirms(space: spec.Space) -> bool:
-    """Whether the search ends with confirm rounds."""
-    return space.model.confirm_measurements() > 0
+def trial_context(space: spec.Space, device: str, gpus_per_trial: int, shape: dict) -> tuple[knobs.Context, bool]:
+    """The knob context of the machines the trials run on, and whether their GPUs are
+    CUDA's (logical GPUs are not: their ranks talk over gloo): the device kind, the cores,
+    whether the workload has sources, and what bf16 does there, asked of a trial node
+    rather than of this driver (a V100 or T4 has no bf16: the guides' bf16 start would be
+    a wasted trial; a CPU without bf16 in hardware runs it several times slower than
+    fp32, and that one trial would make the search's model blame every other knob of its
+    start). Asked first: the worker that answers measures the baseline next, and its start
+    overlaps this driver's import of the workload."""
+    import ray
 
+    from tuner.workloads import load_workload
 
-def search_measure(space: spec.Space) -> dict:
-    """How a search measures each config: the space's ``measure`` settings, except that
-    with confirm rounds to follow every measurement stops at ``min_windows``. Precision
-    then comes from repeats: the contenders and the baseline are measured again in
-    interleaved rounds and their figures pooled, which a drift of the machine hits
-    alike, where more windows in one go would not. On this 2-core VM a window's figure
-    spreads 10-15%, so the 1% error target sent every contender to ``max_windows``: a
-    third of a search's time for a precision the confirm rounds then re-measured."""
-    settings = space.model.measure.model_dump()
-    if confirms(space):
-        settings["max_windows"] = settings["min_windows"]
-    return settings
-
-
-def _confirm(run: SearchRun, baseline_rec: dict) -> None:
-    """Interleaved rounds over the contenders and the baseline (A B C base, A B C base:
-    a drift of the machine hits every contender and the baseline alike).
-
-    The contenders are the top ``confirm.top`` configs still within noise of the leader;
-    after each round the ranking is redone, and the rounds stop once a single contender
-    is left within noise (the order is clear), after ``confirm.repeats`` rounds, or once
-    the confirm rounds' share of ``budget.trials`` is spent (a round that does not fit
-    whole keeps its best contenders and the baseline). A round's measurements run
-    concurrently where trials can (several GPUs), one after the other on a CPU machine,
-    in order. Under a time budget, a round after the first starts only if it fits.
-    """
-
-    m, recorder, progress = run.space.model, run.recorder, run.progress
-    metric = m.objective.metric
-    # A resumed search: what the rounds already measured is spent, and the last round
-    # they reached is taken up again (it may have been cut short) with what is left.
-    done = [r for r in recorder.records if r.get("confirm_round")]
-    left = m.confirm_measurements() - len(done)
-    reached = max((r["confirm_round"] for r in done), default=0)
-    first = reached - 1 if reached and left > 0 else reached
-    for rnd in range(first, m.confirm.repeats):
-        # the search proper kept time for one round; another starts only if it fits
-        if m.budget.time_s is not None and (time.time() - run.t_search >= m.budget.time_s
-                                            or rnd > first and not round_fits(run)):
-            progress.update(msg="time budget spent: no more confirm rounds")
-            break
-        contenders = within_noise(rank(aggregate(recorder.records, metric), metric), metric)[: m.confirm.top]
-        if left < 1 or not contenders or (rnd > 0 and len(contenders) < 2):
-            break  # the first round always runs: the winner is chosen on repeated figures
-        with_base = baseline_rec.get("status") == "ok" and left >= 2
-        batch = [(row["config"], False) for row in contenders[: left - with_base]]
-        if with_base:
-            batch.append((baseline_rec["config"], True))
-        left -= len(batch)
-        progress.update(msg=f"confirm round {rnd + 1}/{m.confirm.repeats}: re-measuring {len(batch) - with_base} "
-                            f"contender(s) within noise of the leader" + (" and the baseline" if with_base else "")
-                            + ", interleaved")
-        step = max(1, run.concurrent)
-        for i in range(0, len(batch), step):
-            group = batch[i:i + step]
-            for (_, is_base), rec in zip(group, run.measure_all(group), strict=True):
-                rec["phase"] = "baseline" if is_base else "confirm"
-                rec["confirm_round"] = rnd + 1
-                recorder.add(with_cold_compile(rec, cold_compile_of(recorder.records, rec.get("compile_group"))))
+    m = space.model
+    facts = (ray.remote(num_gpus=gpus_per_trial)(_gpu_facts) if device == "cuda"
+             else ray.remote(num_cpus=1)(_cpu_facts)).remote()
+    groups = load_workload(m.workload, m.workload_args, space.base_dir).groups
+    bf16_ok, bf16_native, cuda_there = True, True, False
+    if device == "cuda":
+        bf16_ok, cuda_there = ray.get(facts)
+    else:
+        bf16_native = ray.get(facts)
+    for name, values in space.domain.items():  # a GPU knob searched on CPUs is a wasted trial
+        if knobs.KNOBS[name].gpu_only and device != "cuda" and len(values) > 1:
+            raise UserError(f"knobs.{name}: a GPU knob, but this search runs on CPUs; remove it or fix it")
+    return knobs.Context(device=device, cpu_count=shape["max_node_cpus"], has_groups=groups is not None,
+                         bf16_ok=bf16_ok, bf16_native=bf16_native), cuda_there
 
 
 def _gpu_facts() -> tuple[bool, bool]:

@@ -38,7 +38,7 @@ class MeasureSettings(Strict):
     """Add windows (up to max_windows) while the median's relative standard error,
     estimated robustly from the windows' median absolute deviation, exceeds this.
     (In a search with confirm rounds every measurement stops at min_windows: precision
-    comes from the interleaved repeats, ``tuner.search.search_measure``.)"""
+    comes from the interleaved repeats, ``tuner.policy.measure_settings``.)"""
     epoch_steps: int | None = Field(None, ge=1)
     """Optimizer steps per measured epoch; None: five windows, so that the timed phase
     crosses epoch boundaries and has windows clear of them."""
@@ -53,8 +53,9 @@ class MeasureSettings(Strict):
     recheck_after: int = Field(3, ge=0)
     """After this many screened trials in a row, the incumbent is measured again before
     the next trial, and its new figure becomes the threshold: a machine that slowed
-    since the incumbent was measured (this VM drifted 30% within a minute, with no steal
-    to show for it) would otherwise screen out every config after it. 0: never."""
+    since the incumbent was measured (a VM's host can drift by tens of percent within a
+    minute, with no steal to show for it) would otherwise screen out every config after
+    it. 0: never."""
     max_interference: float = Field(0.10, gt=0, le=1)
     """A window is disturbed when processes outside the trial (the tuner's own
     included) used more than this share of the machine's cores while no core was

@@ -10,6 +10,7 @@ See ``search_spaces/quickstart.yaml`` for a commented example.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -176,14 +177,12 @@ class Space:
     def recommended_config(self, ctx: knobs.Context) -> dict:
         """The guides' pick for each searched or fixed knob, where the space allows it;
         else the default point's value (the guides have no advice there that the space
-        holds: the first listed value would be advice nobody gave, as torch_threads 1 was
-        for a space of [1, 2] whose guides' value is PyTorch's default)."""
+        holds: the first listed value would be advice nobody gave)."""
         rec, default = knobs.recommended(ctx), self.default_point(ctx)
         config = {k: (rec[k] if rec[k] in values else default[k]) for k, values in self.domain.items()}
         threads = self.domain.get("torch_threads")
         if ctx.device == "cpu" and threads and len(threads) > 1:
-            # Threads and DataLoader workers share the cores: the threads the workers leave
-            # (1 worker and 2 threads on 2 cores read 0.69 of the best, 2 workers and 1 thread).
+            # Threads and DataLoader workers share the cores: the threads the workers leave.
             workers = int(config.get("num_workers", self.fixed.get("num_workers", 0)) or 0)
             fits = [t for t in threads if t is not None and (t == 1 or t + workers <= ctx.cpu_count)]
             config["torch_threads"] = max(fits) if fits else min(t for t in threads if t is not None)
@@ -193,25 +192,20 @@ class Space:
         """The guided search's first configs: PyTorch's defaults, the guides' advice, and on
         CPUs where both threads and workers are searched, the advice with the other splits
         of the cores (threads and workers share them, and which side wins depends on the
-        workload: of 12 landscapes recorded on 2 cores, 5 were best with 1 thread and
-        workers, 3 with 2 threads and no worker, 4 with 2 threads and workers): every core
-        to threads with the fewest workers, and, where the advice has the fewest threads,
-        the most workers listed (workers tolerate sharing cores; a conv net on 2 cores was
-        best with 2, which a search starting from 1 worker rarely reached).
+        workload): every core to threads with the fewest workers, and, where the advice has
+        the fewest threads, the most workers listed (workers tolerate sharing cores, and a
+        search starting from one worker rarely reaches many).
 
         On a CPU the advice starts at the largest micro-batch listed (the guides: a small
         batch leaves the device underused; a larger one spreads each step's fixed costs
-        over more samples): on the 8 landscapes recorded where bf16 won, the fastest
-        config had it, or the fastest with it read within 1.4% of the fastest (on the 3
-        where fp32 won, the fastest with it read 0.93-1.00). Not on a GPU: the largest
+        over more samples). Not on a GPU: the largest
         listed may not fit, and an infeasible start teaches the model that every value
         it holds is bad.
 
         On a CPU where the advice is bf16 and fp32 is listed, the next start is the advice
         in fp32: whether bf16 autocast is faster depends on the host more than the CPU's
-        flags say (recorded on 2 cores, both with AVX512-BF16 and no AMX: the best bf16
-        config read 1.3-1.8x the best fp32 one on an AMD EPYC, 0.70-0.94x on an Intel Xeon),
-        and the starts after it take whichever of the pair read faster
+        flags say (with AVX512-BF16 and no AMX it was faster on one host and slower on
+        another: docs/how-it-searches.md), and the starts after it take whichever of the pair read faster
         (``GuidedSampler``), so that the splits of the cores are measured at the host's
         faster precision."""
         default, rec = self.default_point(ctx), self.recommended_config(ctx)
@@ -462,3 +456,54 @@ def check_workload(space: Space) -> None:
     except (UserError, WorkloadError) as exc:
         field = ("workload_args",) if str(exc).startswith("workload_args") else ("workload",)
         raise UserError(f"{where(field)}: {exc}") from None
+
+
+# ---- configs as the search sees them ------------------------------------------------------
+
+
+def canonical(config: dict, ctx: knobs.Context) -> str:
+    """A key of what a config really runs: inactive knobs held at their default."""
+    full, _ = knobs.resolve(config, ctx, strict=False)
+    return json.dumps(full, sort_keys=True)
+
+
+
+class SearchSpace:
+    """Optuna's define-by-run space: conditional knobs asked only where they apply.
+
+    A class rather than a closure: Ray pickles the searcher into its experiment folder.
+    """
+
+    def __init__(self, space: Space, ctx: knobs.Context):
+        self.searched, self.fixed, self.ctx = space.searched, space.fixed, ctx
+        # knobs that others depend on (num_workers) are asked first
+        self.order = sorted(self.searched, key=lambda k: (knobs.KNOBS[k].inactive is not None, k))
+
+    def _applies(self, name: str, chosen: dict) -> bool:
+        inactive = knobs.KNOBS[name].inactive
+        return inactive is None or not inactive({**knobs.defaults(), **chosen}, self.ctx)
+
+    def __call__(self, trial: Any) -> None:
+        chosen: dict[str, Any] = dict(self.fixed)
+        for name in self.order:
+            if self._applies(name, chosen):
+                chosen[name] = trial.suggest_categorical(name, self.searched[name])
+
+    def active(self, config: dict) -> dict:
+        """The searched params that apply to ``config`` (what Optuna would be asked)."""
+        chosen: dict[str, Any] = dict(self.fixed)
+        out = {}
+        for name in self.order:
+            if self._applies(name, {**chosen, **config}):
+                out[name] = chosen[name] = config[name]
+        return out
+
+
+class Canonical:
+    """Picklable ``config -> key`` for the guided sampler (fixed knobs and derivations applied)."""
+
+    def __init__(self, space: Space, ctx: knobs.Context):
+        self.space, self.ctx = space, ctx
+
+    def __call__(self, config: dict) -> str:
+        return canonical(self.space.derive({**self.space.fixed, **config}), self.ctx)

@@ -3,7 +3,7 @@
 ``run_isolated(request)`` starts a fresh Python process (spawned, not forked: a
 user's training starts as one), measures the config there and returns a plain dict.
 The child measures its own memory and the load beside it at window edges
-(``tuner.measure.TreeProbe``); the parent only blocks on the child's pipe (it takes no
+(``tuner.hostload.TreeProbe``); the parent only blocks on the child's pipe (it takes no
 CPU from the trial), kills the tree when the trial exceeds its time limit, and turns
 every failure into a result with ``status: infeasible`` and a one-line ``reason``.
 """
@@ -27,18 +27,18 @@ from typing import Any, NamedTuple
 import psutil
 
 from tuner.errors import UserError, WorkloadError
+from tuner.records import Record, Status
 
 # Imported by the trial's process before its clock starts: torch, and torch._dynamo, which
-# the first optimizer step imports otherwise (1.5 s here, sympy and torch.distributed
-# among it). A user's process pays both once, before its first step; neither is part of
-# a config's cost.
+# the first optimizer step imports otherwise (sympy and torch.distributed among it). A
+# user's process pays both once, before its first step; neither is part of a config's
+# cost.
 #
-# The process is spawned, not forked from a server that imported these once (which saved
-# about 2.7 s of each trial here): a forked child's glibc heap follows its server's, and its
-# rate with it. On hf_resnet without malloc_retain, 25 trials forked from one server all
-# drew the heap that takes twice the page faults per step (655 samples/s against 715);
-# bench with its trial forked read 1.034 of a user's fresh process, spawned 0.998
-# (docs/how-it-measures.md, "Your process against the tuner's figure").
+# The process is spawned, not forked from a server that imported these once (which would
+# save seconds per trial): a forked child's glibc heap follows its server's, and its rate
+# with it, so every trial forked from one server drew the same heap, and read faster or
+# slower than a user's fresh process (docs/how-it-measures.md, "Your process against the
+# tuner's figure").
 _PRELOAD = ["torch", "torch._dynamo", "tuner.loop", "tuner.measure", "tuner.hardware", "tuner.workloads.builtin"]
 
 
@@ -124,15 +124,39 @@ def resolve_config(request: TrialRequest) -> Resolved:
     return Resolved(config, notes, workload, device)
 
 
+def bench_request(space: Any, overrides: dict | None = None, baseline: bool = False) -> TrialRequest:
+    """What ``tuner bench`` measures: the space's recommended config for this machine's
+    device (the guides' advice within the space; ``baseline``: the plain PyTorch loop),
+    with ``overrides`` applied, every knob checked strictly (a knob that cannot apply here
+    is an error before anything runs)."""
+    from tuner import apply
+
+    m = space.model
+    resolved = resolve_config(make_request(workload=m.workload, workload_args=m.workload_args,
+                                           base_dir=str(space.base_dir), device=m.device))
+    if baseline:
+        config = space.baseline_config()
+    else:
+        ctx = apply.context_for(resolved.device, has_groups=resolved.workload.groups is not None)
+        config = space.recommended_config(ctx)
+    config = space.derive({**config, **(overrides or {})})
+    request = make_request(workload=m.workload, workload_args=m.workload_args, base_dir=str(space.base_dir),
+                           config=config, baseline=baseline, strict=True, device=m.device,
+                           measure=m.measure.model_dump(), run=m.run.model_dump(), seed=m.seed)
+    resolve_config(request)
+    return request
+
+
 def execute(request: TrialRequest, progress: Callable[[str], None] | None = None,
-            rank_info: dict | None = None) -> dict:
+            rank_info: dict | None = None) -> Record:
     """Build and measure the request's config in this process; return metrics + context.
     (Each rank of a multi-rank trial calls it too: ``tuner.distributed``.)"""
     import torch
 
     from tuner.hardware import describe
+    from tuner.hostload import TreeProbe
     from tuner.loop import Trainer
-    from tuner.measure import TreeProbe, measure
+    from tuner.measure import measure
     from tuner.settings import MeasureSettings, RunPlan
 
     t0 = time.perf_counter()
@@ -165,9 +189,9 @@ def execute(request: TrialRequest, progress: Callable[[str], None] | None = None
         if cleanup:
             shutil.rmtree(cache_dir, ignore_errors=True)
     metrics["compile_cache"] = cache_state
-    status, reason = "ok", None
+    status, reason = Status.OK, None
     if not metrics["loss_finite"]:
-        status, reason = "infeasible", metrics.pop("reason")
+        status, reason = Status.INFEASIBLE, metrics.pop("reason")
     return {"status": status, "reason": reason, **metrics, "config": config, "notes": notes,
             "nice": os.getpriority(os.PRIO_PROCESS, 0),
             "has_groups": workload.groups is not None,
@@ -179,10 +203,8 @@ def run_at_niceness(target: int | None) -> str | None:
 
     Ray starts its workers at nice 15 (``RAY_worker_niceness``), and a trial launched by
     one inherits it. At nice 15 every process at the default priority, the Tune driver
-    among them, preempts the trial at once (a compute-bound config, 2 threads and no
-    workers, read 0.86 and 1.04 of ``bench`` as a Tune trial in two pairs on 2 cores;
-    a sleep-bound step, waking 2 x per step, ran 19% faster at nice 0, and two DDP ranks
-    18% faster once every thread was put back, gloo's included). The user's own script
+    among them, preempts the trial at once: a step that sleeps and wakes, and the threads
+    of DDP ranks (gloo's included), run measurably slower there. The user's own script
     runs at their niceness. Linux niceness is per thread, and the threads created after
     this (torch's, DataLoader workers) inherit it. Lowering niceness needs CAP_SYS_NICE
     (or RLIMIT_NICE); without it the trial stays where it is and the note says so.
@@ -282,9 +304,9 @@ def kill_tree(pid: int) -> None:
     psutil.wait_procs(procs, timeout=5)
 
 
-def infeasible(kind: str, reason: str, request: TrialRequest, **extra: Any) -> dict:
+def infeasible(kind: str, reason: str, request: TrialRequest, **extra: Any) -> Record:
     """The record of a trial that produced no figure: its kind and one-line reason."""
-    return {"status": "infeasible", "error_kind": kind, "reason": reason, "samples_per_sec": None,
+    return {"status": Status.INFEASIBLE, "error_kind": kind, "reason": reason, "samples_per_sec": None,
             "loss_finite": None, "config": request.config, "baseline": request.baseline, **extra}
 
 
@@ -308,8 +330,8 @@ def stall_limit(gaps: list[float]) -> float | None:
 def _main_left_behind() -> Iterator[None]:
     """A spawned child runs its parent's main script again (as ``__mp_main__``) unless
     the main module is named ``__main__``. In a Ray worker that script is Ray's
-    ``default_worker.py``: every trial imported Ray (0.3 s, and 36 MB in its peak memory
-    here) that the user's training never holds. The trial needs nothing from it (its
+    ``default_worker.py``: every trial would import Ray (its time, and its memory in the
+    trial's peak) that the user's training never holds. The trial needs nothing from it (its
     target is ``tuner.trial._child``, its workload loaded by path), so the main module
     is given that name for the start."""
     main = sys.modules["__main__"]
@@ -321,7 +343,7 @@ def _main_left_behind() -> Iterator[None]:
         main.__spec__ = spec
 
 
-def _run_once(request: TrialRequest, timeout_s: float, progress: Callable[[str], None] | None) -> dict:
+def _run_once(request: TrialRequest, timeout_s: float, progress: Callable[[str], None] | None) -> Record:
     ctx = mp.get_context("spawn")
     recv, send = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_child, args=(send, request), daemon=False)
@@ -383,7 +405,7 @@ def _run_once(request: TrialRequest, timeout_s: float, progress: Callable[[str],
 
 
 def run_isolated(request: TrialRequest, timeout_s: float = 600.0,
-                 progress: Callable[[str], None] | None = None, retries: int = 1) -> dict:
+                 progress: Callable[[str], None] | None = None, retries: int = 1) -> Record:
     """Measure ``request`` in a fresh process; never raises for a failing trial.
 
     A process that dies (a signal, not an exception) is retried ``retries`` times.

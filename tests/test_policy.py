@@ -1,0 +1,173 @@
+"""The search policy driven by hand: records in, decisions out (no Ray, no processes)."""
+
+import optuna
+import pytest
+
+from tuner import knobs, spec
+from tuner.policy import Done, SearchPolicy, Task, Wait
+
+CTX = knobs.Context(device="cpu", cpu_count=2)
+
+
+def _space(**more):
+    data = {"name": "t", "workload": "conv",
+            "knobs": {"precision": ["fp32", "bf16"], "num_workers": [0, 1, 2], "micro_batch_size": [16, 32, 64]},
+            "budget": {"trials": 6}}
+    data.update(more)
+    return spec.parse(data)
+
+
+def _policy(space, records=(), sink=None):
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    return SearchPolicy(space, CTX, records=records, sink=sink)
+
+
+def rate(config: dict) -> float:
+    """bf16 and workers help, larger batches a little."""
+    return (100.0 * (1.5 if config.get("precision") == "bf16" else 1.0) * (1 + 0.2 * (config.get("num_workers") or 0))
+            * (1 + (config.get("micro_batch_size") or 32) / 640))
+
+
+def _measure(task: Task, wall: float = 5.0, factor: float = 1.0) -> dict:
+    value = rate(task.config) * factor
+    screened = bool(task.screen and value * (1 + task.screen["margin"]) < task.screen["below"])
+    return {"status": "ok", "config": dict(task.config), "samples_per_sec": value, "samples_per_sec_error": 0.01,
+            "screened": screened, "trial_wall_s": wall}
+
+
+def _run(policy, now=0.0, wall=5.0, until=None):
+    """Drive ``policy`` one measurement at a time; the tasks it gave, in order."""
+    tasks = []
+    while True:
+        decision = policy.next(now)
+        if isinstance(decision, Done) or (until and until(tasks)):
+            return tasks
+        assert isinstance(decision, Task), decision
+        tasks.append(decision)
+        now += wall
+        policy.on_result(decision, _measure(decision, wall))
+
+
+def test_a_search_is_the_baseline_the_configs_the_confirm_rounds_and_the_pick():
+    written = []
+    policy = _policy(_space(), sink=written.append)
+    tasks = _run(policy)
+    phases = [str(t.phase) for t in tasks]
+    assert phases[0] == "baseline" and phases.count("search") == 6
+    # the first trials: PyTorch's defaults in the optimized loop, then the guides' advice
+    first, second = [t.config for t in tasks if t.phase == "search"][:2]
+    assert (first["precision"], first["num_workers"]) == ("fp32", 0)
+    assert second["micro_batch_size"] == 64  # on a CPU the advice starts at the largest batch
+    # the confirm rounds: contenders interleaved with the baseline, the baseline last
+    rounds = [t for t in tasks if t.confirm_round]
+    assert rounds and str(rounds[-1].phase) == "baseline"
+    assert len({(t.config["precision"], t.config["num_workers"], t.config["micro_batch_size"])
+                for t in tasks if t.phase == "search"}) == 6  # never a config twice
+    # the sink got every record first, completed: phase, key, the threshold it was held to
+    assert len(written) == len(tasks) == len(policy.records)
+    assert all(r["key"] and r["phase"] for r in written)
+    screened_against = [r for r in written if r["phase"] == "search" and r.get("screen")]
+    assert screened_against and all(r["screen"]["below"] > 0 for r in screened_against)
+    best = policy.pick().row
+    assert best["config"]["precision"] == "bf16" and best["config"]["num_workers"] == 2
+    assert best["measurements"] >= 2  # chosen on repeated figures
+    assert isinstance(policy.next(1e6), Done)
+
+
+def test_optuna_is_told_each_configs_figure_and_status():
+    policy = _policy(_space())
+    _run(policy)
+    trials = policy.study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
+    assert len(trials) == 6
+    for t in trials:
+        assert t.user_attrs["status"] == "ok" and t.user_attrs["samples_per_sec"] == pytest.approx(t.value)
+
+
+def test_a_search_never_tries_more_configs_than_the_space_runs():
+    space = _space(knobs={"num_workers": [0, 1], "prefetch_factor": [2, 4]}, budget={"trials": 12})
+    tasks = _run(_policy(space))
+    searched = [t for t in tasks if t.phase == "search"]
+    # prefetch applies only with workers: 3 distinct configs, not 4, and not 12
+    assert len(searched) == 3
+
+
+def test_screened_trials_in_a_row_send_the_incumbent_to_be_measured_again():
+    space = _space(budget={"trials": 8}, measure={"recheck_after": 1, "screen_windows": 2})
+    policy = _policy(space)
+    tasks = _run(policy)
+    phases = [str(t.phase) for t in tasks]
+    assert "recheck" in phases
+    i = phases.index("recheck")
+    # the recheck follows a screened trial, and re-measures the incumbent
+    assert policy.records[i - 1]["screened"]
+    best_before = max((r for r in policy.records[:i] if r["phase"] == "search" and not r["screened"]),
+                      key=lambda r: r["samples_per_sec"])
+    assert tasks[i].config == best_before["config"]
+
+
+def test_a_retried_lost_trial_is_still_in_flight_and_one_given_up_is_left_to_resume():
+    written = []
+    space = _space(budget={"trials": 1}, confirm={"top": 0})
+    policy = _policy(space, sink=written.append)
+    base = policy.next(0.0)
+    policy.on_result(base, _measure(base))
+    task = policy.next(1.0)
+    lost = policy.on_lost(task, "lost: the node died", retried=True)
+    assert lost["phase"] == "lost" and lost["reason"].endswith("tried again")
+    assert isinstance(policy.next(2.0), Wait)  # its retry is still to land
+    policy.on_lost(task, "lost: the node died again", retried=False)
+    assert isinstance(policy.next(3.0), Done)
+    assert [str(r["phase"]) for r in policy.records] == ["baseline"]  # never a result
+    assert [str(r["phase"]) for r in written] == ["baseline", "lost", "lost"]  # said in trials.jsonl
+    # resumed: the config is measured
+    again = _policy(space, records=policy.records)
+    nxt = again.next(0.0)
+    assert isinstance(nxt, Task) and nxt.phase == "search" and nxt.config == task.config
+
+
+def test_a_search_killed_in_a_confirm_round_takes_it_up_again_within_its_share():
+    # confirm: 2 rounds of the top 2 and the baseline = a share of 6 (of 3 trials)
+    space = spec.parse({"name": "t", "workload": "conv", "knobs": {"micro_batch_size": [8, 16, 32]},
+                        "budget": {"trials": 3}, "confirm": {"top": 2, "repeats": 2}})
+    assert space.model.confirm_measurements() == 6
+
+    def rec(batch, value, phase, **more):
+        config = {"micro_batch_size": batch}
+        return {"phase": phase, "status": "ok", "config": config, "key": _policy(space).canon(config),
+                "samples_per_sec": value, "samples_per_sec_error": 0.01, **more}
+
+    base = rec(4, 50.0, "baseline")
+    searched = [rec(8, 100.0, "search"), rec(16, 99.0, "search"), rec(32, 98.0, "search")]
+    killed = [base, *searched, rec(8, 100.0, "confirm", confirm_round=1)]  # cut after the leader's
+    policy = _policy(space, records=killed)
+    new = [(t.config["micro_batch_size"], str(t.phase), t.confirm_round) for t in _run(policy)]
+    # round 1 again, whole (the top 2 and the baseline), then round 2 with the share's last
+    # 2 measurements: the leader and the baseline; 6 in all with the one before the kill
+    assert new[:3] == [(8, "confirm", 1), (16, "confirm", 1), (4, "baseline", 1)]
+    assert [n[2] for n in new[3:]] == [2, 2] and new[-1] == (4, "baseline", 2)
+    # resumed once more, after it finished: the share is spent, nothing runs twice
+    assert _run(_policy(space, records=policy.records)) == []
+
+
+def test_under_a_time_budget_no_trial_starts_that_cannot_end_in_it():
+    space = _space(budget={"trials": 20, "time_s": 60})
+    tasks = _run(_policy(space), wall=5.0)
+    # every measurement takes 5 s: the search proper stops with room for the confirm round
+    # (the top 3 and the baseline, 20 s), which then fits whole
+    assert len(tasks) * 5.0 <= 60.0
+    assert any(t.confirm_round for t in tasks)
+
+
+def test_several_at_once_the_confirm_round_waits_for_the_search_s_last_trials():
+    policy = _policy(_space(budget={"trials": 3}))
+    base = policy.next(0.0)
+    assert isinstance(policy.next(0.0), Wait)  # the search starts once the baseline landed
+    policy.on_result(base, _measure(base))
+    a, b, c = policy.next(1.0), policy.next(1.0), policy.next(1.0)
+    assert all(isinstance(t, Task) and t.phase == "search" for t in (a, b, c))
+    for t in (a, b):
+        policy.on_result(t, _measure(t))
+    assert isinstance(policy.next(2.0), Wait)  # the budget's 3 configs are out; c has not landed
+    policy.on_result(c, _measure(c))
+    nxt = policy.next(3.0)
+    assert isinstance(nxt, Task) and nxt.confirm_round == 1

@@ -1,0 +1,258 @@
+"""What runs beside a trial on its host: the CPU time and memory of the trial's own process
+tree, the load of the rest of the machine, and the driver's sleep while a trial is in its
+timed windows. Read at window edges only, outside the timed windows."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import psutil
+
+from tuner.settings import HUSH_ENV
+
+if TYPE_CHECKING:
+    from tuner.nvml import NvmlSampler
+
+
+_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def machine_cpu() -> tuple[float, float, float] | None:
+    """(busy, idle, stolen) CPU-seconds of the whole machine since boot, from /proc/stat.
+
+    Stolen: time a hypervisor gave to other VMs. It is recorded apart and does not make
+    a window disturbed: on a loaded VM it grows with the trial's own load, and measuring
+    again cannot escape it. None where /proc/stat does not exist.
+    """
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    user, nice, system, idle, iowait, irq, softirq, steal = (fields + [0] * 8)[:8]
+    return (user + nice + system + irq + softirq) / _CLK_TCK, (idle + iowait) / _CLK_TCK, steal / _CLK_TCK
+
+
+def _cpu_s(p: psutil.Process) -> float:
+    try:
+        t = p.cpu_times()
+        return t.user + t.system
+    except psutil.Error:
+        return 0.0
+
+
+def _private_bytes(p: psutil.Process) -> int:
+    """Pages only this process holds (USS): what a forked worker adds to its parent."""
+    try:
+        return p.memory_full_info().uss
+    except psutil.Error:
+        return 0
+    except AttributeError:  # no USS on this platform
+        try:
+            return p.memory_info().rss
+        except psutil.Error:
+            return 0
+
+
+def _status_kb(pid: int | str, field: str) -> int | None:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def own_peak_rss_bytes() -> int:
+    """This process's peak resident set (the kernel's high-water mark, VmHWM): every
+    page it held, as the user's own process would hold them (the trial's process is a
+    fresh one, torch imported by itself). Exact, and free to read (no sampling)."""
+    kb = _status_kb("self", "VmHWM")
+    if kb is not None:
+        return kb * 1024
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+
+
+@contextlib.contextmanager
+def hushed() -> Iterator[bool]:
+    """While the timed windows run: a file named for this process in ``$TUNER_HUSH_DIR``
+    (a folder of the search's driver, where it runs on this machine), the sign for the
+    driver to leave its loop asleep (``wait_while_timed``). No folder, no file: a trial
+    on another node, a bench. Yields whether the mark was made."""
+    folder = os.environ.get(HUSH_ENV)
+    mark = os.path.join(folder, str(os.getpid())) if folder and os.path.isdir(folder) else None
+    if mark:
+        try:
+            open(mark, "w").close()
+        except OSError:
+            mark = None
+    try:
+        yield mark is not None
+    finally:
+        if mark:
+            with contextlib.suppress(OSError):
+                os.unlink(mark)
+
+
+def wait_while_timed(folder: str | None, cap_s: float = 30.0, poll_s: float = 0.5) -> float:
+    """Sleep while a trial on this machine is in its timed windows (``hushed``), at most
+    ``cap_s``; returns the seconds slept. Ray Tune's driver loop wakes 10 times a second,
+    on the trial's cores; asleep,
+    it checks a folder twice a second. A mark whose process is gone is removed (a trial
+    killed in its windows); a Ctrl-C (Tune's handler, which replaces itself on the first
+    one) ends the sleep."""
+    if not folder:
+        return 0.0
+    import signal
+
+    t0 = time.monotonic()
+    handler = signal.getsignal(signal.SIGINT) if threading.current_thread() is threading.main_thread() else None
+    while time.monotonic() - t0 < cap_s:
+        timing = False
+        with contextlib.suppress(OSError):
+            for name in os.listdir(folder):
+                if name.isdigit() and psutil.pid_exists(int(name)):
+                    timing = True
+                else:
+                    with contextlib.suppress(OSError):
+                        os.unlink(os.path.join(folder, name))
+        if not timing or (handler is not None and signal.getsignal(signal.SIGINT) is not handler):
+            break
+        time.sleep(poll_s)
+    return time.monotonic() - t0
+
+
+class TreeProbe:
+    """CPU time and memory of this process and its children (DataLoader workers).
+
+    Read at window edges only, outside the timed windows, so that it takes no CPU
+    from a window it measures. Peak host memory = this process's peak RSS + the
+    largest sum of its workers' private pages seen at an edge.
+    ``observers``: other processes whose CPU use is reported apart (the tuner's own:
+    the launcher, the Tune driver, Ray's daemons).
+    """
+
+    def __init__(self, observers: list[int] | None = None):
+        self.proc = psutil.Process()
+        self.workers_peak = 0
+        self.observers = [p for p in (_process(pid) for pid in observers or []) if p is not None]
+        self.peers: list[psutil.Process] = []
+        # looked for again before each window (``refresh_peers``): processes of the
+        # trial that start while it runs
+        self.find_peers: Callable[[], list[int]] | None = None
+
+    def add_peers(self, pids: list[int]) -> None:
+        """The other ranks of this trial on this node: their CPU (and their workers')
+        is the trial's own, not load beside it."""
+        known = {p.pid for p in self.peers}
+        self.peers += [p for p in (_process(pid) for pid in pids if pid not in known) if p is not None]
+
+    def refresh_peers(self) -> None:
+        if self.find_peers is not None:
+            self.add_peers(self.find_peers())
+
+    def children(self) -> list[psutil.Process]:
+        try:
+            return self.proc.children(recursive=True)
+        except psutil.Error:
+            return []
+
+    def tree_cpu_s(self) -> float:
+        t = os.times()  # reaped children (workers of past epochs) included
+        peers = 0.0
+        for p in self.peers:
+            try:  # a peer's reaped children (its workers of past epochs) too
+                c = p.cpu_times()
+                peers += c.user + c.system + c.children_user + c.children_system + sum(
+                    _cpu_s(q) for q in p.children(recursive=True))
+            except psutil.Error:
+                pass
+        return t.user + t.system + t.children_user + t.children_system + peers + sum(
+            _cpu_s(c) for c in self.children())
+
+    def observers_cpu_s(self) -> float:
+        return sum(_cpu_s(p) for p in self.observers)
+
+    def sample_memory(self) -> None:
+        self.workers_peak = max(self.workers_peak, sum(_private_bytes(c) for c in self.children()))
+
+    def peak_host_bytes(self) -> int:
+        return own_peak_rss_bytes() + self.workers_peak
+
+
+def ray_workers_beside(probe: TreeProbe) -> list[int]:
+    """Ray's worker processes on this node (process title ``ray::...``) other than this
+    process, its peers and its own children; Ray's per-node agents are daemons, not
+    workers, and stay outside."""
+    known = {probe.proc.pid, *(p.pid for p in probe.peers), *(c.pid for c in probe.children())}
+    out = []
+    for p in psutil.process_iter(["name", "cmdline"]):
+        name = p.info.get("name") or ""
+        # a worker Ray is starting has not yet taken its "ray::" title
+        starting = any(a.endswith("default_worker.py") for a in (p.info.get("cmdline") or [])[:2])
+        if p.pid not in known and (name.startswith("ray::") or starting) and not name.startswith(
+                ("ray::Dashboard", "ray::RuntimeEnv")):
+            out.append(p.pid)
+    return out
+
+
+def _process(pid: int) -> psutil.Process | None:
+    try:
+        return psutil.Process(pid)
+    except psutil.Error:
+        return None
+
+
+@dataclass
+class Load:
+    """What ran beside a window: CPU used by processes outside the trial's tree, in cores
+    (``other_cores``), the part of it that was the tuner's own (``tuner_cores``), the
+    cores left idle, and other processes on the trial's GPU."""
+
+    other_cores: float
+    tuner_cores: float
+    idle_cores: float
+    gpu_others: int = 0
+    steal_cores: float = 0.0
+
+    def disturbed(self, max_interference: float, cpus: int, max_steal: float = 1.0) -> bool:
+        cpu = self.other_cores > max_interference * cpus and self.idle_cores < 0.5
+        return cpu or self.steal_cores > max_steal * cpus or self.gpu_others > 0
+
+
+class LoadMeter:
+    """Brackets one window: ``start()`` before, ``stop(wall_s)`` after, both untimed."""
+
+    def __init__(self, probe: TreeProbe, nvml: NvmlSampler | None = None):
+        self.probe, self.nvml = probe, nvml
+        self.cpus = os.cpu_count() or 1
+        self._start: tuple | None = None
+
+    def start(self) -> None:
+        self.probe.refresh_peers()
+        self._start = (machine_cpu(), self.probe.tree_cpu_s(), self.probe.observers_cpu_s())
+
+    def stop(self, wall_s: float) -> Load | None:
+        if self._start is None or self._start[0] is None or wall_s <= 0:
+            return None
+        (busy0, idle0, steal0), tree0, obs0 = self._start
+        now = machine_cpu()
+        if now is None:
+            return None
+        busy1, idle1, steal1 = now
+        tree = self.probe.tree_cpu_s() - tree0
+        gpu_others = self.nvml.other_processes() if self.nvml is not None else 0
+        return Load(other_cores=max(0.0, (busy1 - busy0 - tree) / wall_s),
+                    tuner_cores=max(0.0, (self.probe.observers_cpu_s() - obs0) / wall_s),
+                    idle_cores=max(0.0, (idle1 - idle0) / wall_s), gpu_others=gpu_others,
+                    steal_cores=max(0.0, (steal1 - steal0) / wall_s))

@@ -1,0 +1,88 @@
+"""The statistics of timed windows: how much they disagree, the error of their median,
+the screening rule and when the windows end a measurement, and which of them are clear
+of epoch boundaries. Pure: the search replay draws its windows under the same rules."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import NamedTuple
+
+# Windows per measured epoch: one holds the boundary, the next may hold its catch-up, two
+# are steady, and the last runs on the batches the workers queued (``steady_windows``).
+EPOCH_WINDOWS = 5
+
+
+class Window(NamedTuple):
+    """One timed window, its figures agreed across ranks (``Agree``)."""
+
+    samples: int  # all ranks'
+    wall: float  # seconds, the slowest rank's
+    paused: float  # seconds the clock stopped at epoch boundaries
+    boundaries: int  # epoch boundaries inside the window
+    micro_batches: int
+    wait: float  # data wait outside the boundaries
+    boundaries_before: int  # in the window before (its catch-up may spill into this one)
+
+
+def spread(values: list[float]) -> float:
+    """(max - min) / median: how much the windows disagree."""
+    med = statistics.median(values)
+    return (max(values) - min(values)) / med if med > 0 else math.inf
+
+
+def median_error(values: list[float]) -> float:
+    """Relative standard error of the median, from the median absolute deviation
+    (robust to the odd disturbed window that a shared machine produces)."""
+    med = statistics.median(values)
+    if med <= 0 or len(values) < 2:
+        return math.inf
+    mad = statistics.median(abs(v - med) for v in values)
+    return 1.2533 * 1.4826 * mad / math.sqrt(len(values)) / med
+
+
+# Windows a screening decision never reads: the first one after the warm-up is often
+# still start-up (workers filling their queues, the allocator growing, the first epoch):
+# a config screened on it could be one that read far faster once started.
+SCREEN_SKIP = 1
+
+
+def screen_stop(rates: list[float], screen: dict | None, screen_windows: int) -> bool:
+    """Whether a config is out of the running after the windows ``rates`` so far: once
+    ``screen_windows`` windows past the start-up one are in, the best of them, raised by
+    the noise allowance ``screen["margin"]``, stays below ``screen["below"]``."""
+    if not screen or screen_windows <= 0 or len(rates) != SCREEN_SKIP + screen_windows:
+        return False
+    return max(rates[SCREEN_SKIP:]) * (1 + screen["margin"]) < screen["below"]
+
+
+def windows_verdict(rates: list[float], screen: dict | None, *, min_windows: int, target_error: float,
+                    screen_windows: int, capped: bool = False, steady: bool = True) -> str | None:
+    """Whether the windows ``rates`` so far end the measurement, and why: ``screened``
+    (out of the running, ``screen_stop``), ``enough`` (``min_windows`` in, and capped or
+    precise to ``target_error`` with steady windows among them), ``below_incumbent``
+    (precision only matters near the top: a config clearly below the incumbent, by twice
+    its own error, is no contender, and more windows would not make it one), or None:
+    measure another window. (The search replay draws its windows under the same rules.)"""
+    if screen_stop(rates, screen, screen_windows):
+        return "screened"
+    if len(rates) < min_windows:
+        return None
+    if capped or (median_error(rates) <= target_error and steady):
+        return "enough"
+    if screen and statistics.median(rates) * (1 + 2 * median_error(rates)) < screen["below"]:
+        return "below_incumbent"
+    return None
+
+
+def steady_windows(kept: list[Window]) -> list[Window]:
+    """The kept windows clear of epoch boundaries: each neither holds one, nor follows
+    one, nor precedes one. The window before a boundary runs fast: DataLoader workers
+    stop at the epoch's last batch, and the training process runs on the batches they
+    queued with every core to itself; counted as steady, it would read the run faster
+    than the user's whole epochs. The last window's successor is not known yet: it is not counted. (A
+    successor that follows a boundary held by a window dropped as disturbed marks this
+    one too.)"""
+    return [w for w, after in zip(kept, kept[1:], strict=False)
+            if w.boundaries == 0 and w.boundaries_before == 0
+            and after.boundaries == 0 and after.boundaries_before == 0]
