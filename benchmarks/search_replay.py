@@ -103,7 +103,11 @@ def record(space_path: Path, repeats: int = 4) -> Path:
         r = measure(config)
         grid.append({"config": config, "key": key, "status": r.get("status"), "reason": r.get("reason"),
                      "samples_per_sec": r.get("samples_per_sec"), "windows": r.get("samples_per_sec_windows"),
-                     "trial_wall_s": r.get("trial_wall_s")})
+                     "trial_wall_s": r.get("trial_wall_s"),
+                     # the pipeline's stages apart, for a model of rates rather than of one grid
+                     **{k: r.get(k) for k in ("data_wait_fraction", "step_time_ms", "compute_samples_per_sec",
+                                              "load_samples_per_sec_per_process", "compile_s",
+                                              "peak_host_memory_mb", "gpu_power_w", "joules_per_sample")}})
         save(True, [])
         print(f"  {i + 1}/{len(combos)} {config}: {r.get('samples_per_sec') or 0:.1f} ({time.time() - t0:.0f} s)",
               flush=True)
@@ -336,7 +340,9 @@ def check_live(folder: Path) -> int:
         space.base = Path(meta["base_dir"])
     ctx = knobs.Context(**live["context"])
     policy = SearchPolicy(space, ctx)
-    records = read_trials(folder / "trials.jsonl")
+    # a config not run because it would hang is decided inside the decision after it: the
+    # policy makes it again there
+    records = [r for r in read_trials(folder / "trials.jsonl") if not r.get("skipped")]
     decided = {r["task"]: r for r in records if "task" in r}
     events = sorted([(r["decided_at"], 0, r) for r in decided.values()]
                     + [(r["time"] - live["started_at"], 1, r) for r in records], key=lambda e: (e[0], e[1]))

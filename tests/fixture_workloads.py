@@ -151,6 +151,43 @@ def stalls(after: int = 200) -> Workload:
     return Workload(model=lambda: nn.Linear(8, 1), dataset=lambda: Stalling(after), loss=_mse)
 
 
+class WorkerBlocked(Numbers):
+    """Numbers that never come from a worker of a loader with ``workers`` workers: a worker
+    deadlocked at its start, the most common hang of a real loader."""
+
+    def __init__(self, workers: int):
+        super().__init__(256)
+        self.workers = workers
+
+    def __getitem__(self, i: int):
+        info = torch.utils.data.get_worker_info()
+        while info is not None and info.num_workers == self.workers:
+            time.sleep(1)
+        return super().__getitem__(i)
+
+
+def hangs_in_workers(workers: int = 2, step_s: float = 0.01) -> Workload:
+    """Trains without workers (or with another number); with ``workers`` it waits for good."""
+    return Workload(model=lambda: nn.Linear(8, 1), dataset=lambda: WorkerBlocked(workers),
+                    loss=sleepy(step_s).loss)
+
+
+def busy_first_step(seconds: float = 40.0) -> Workload:
+    """The first step spins a core for ``seconds`` (a long compile stands so: busy, with no
+    step to show for it), then steps are quick."""
+    first = []
+
+    def loss(model, batch):
+        if not first:
+            first.append(True)
+            end = time.perf_counter() + seconds
+            while time.perf_counter() < end:
+                pass
+        return _mse(model, batch)
+
+    return Workload(model=lambda: nn.Linear(8, 1), dataset=lambda: Numbers(256), loss=loss)
+
+
 def raises() -> Workload:
     raise RuntimeError("my dataset path does not exist")
 

@@ -190,3 +190,17 @@ def test_a_start_replaced_by_a_pair_does_not_come_back_when_the_pair_is_measured
     assert run(3.0) == guides  # measured again, now faster than the fp32 start
     later = [run(1.0) for _ in range(6)]
     assert split not in later
+
+
+def test_a_thread_count_held_fixed_shares_the_cores_with_the_searched_workers():
+    """A space that fixes torch_threads and searches num_workers: the model's term for
+    threads left without a core reads the fixed count, not PyTorch's default."""
+    from tuner.sampler import InteractionModel
+
+    domain = {"num_workers": [0, 2, 4]}
+    done = [({"num_workers": 0}, 100.0), ({"num_workers": 2}, 90.0)]
+    model = InteractionModel(domain, done, 1.0, cores=4, fixed={"torch_threads": 2})
+    rows = {w: model._row({"num_workers": w})[model.over] for w in (0, 2, 4)}
+    assert rows == {0: 0.0, 2: 0.0, 4: pytest.approx(0.5)}  # 2 threads + 4 workers on 4 cores
+    unset = InteractionModel(domain, done, 1.0, cores=4)
+    assert unset._row({"num_workers": 2})[unset.over] == pytest.approx(0.5)  # every core to threads

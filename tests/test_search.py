@@ -509,3 +509,39 @@ def test_the_replay_decides_as_the_live_search_did(tmp_path, ray_local):
     (forged / "trials.jsonl").write_text("".join(json.dumps(x) + "\n" for x in records))
     r = subprocess.run([*check, str(forged)], capture_output=True, text=True, timeout=180)
     assert r.returncode == 1 and "screening threshold" in r.stdout, r.stdout + r.stderr
+
+
+def test_a_trial_hung_at_its_first_batch_costs_seconds_and_its_like_are_not_run(tmp_path, ray_local):
+    """DataLoader workers that block for good at their start, in a search over the worker
+    count: the hung trial is found idle before its first step, the configs that differ
+    from it only in knobs that cannot matter to a loader's hang are not run, and the search
+    picks its winner within two minutes (the trial limit alone would have cost five)."""
+    space = _space(tmp_path, f"""\
+        name: hangs
+        workload: {FIXTURES}:hangs_in_workers
+        workload_args: {{workers: 2}}
+        knobs:
+          num_workers: [0, 2]
+          fused_optimizer: [false, true]
+          micro_batch_size: [8]
+        budget: {{trials: 4, trial_timeout_s: 300}}
+        confirm: {{top: 1, repeats: 1}}
+        """)
+    t0 = time.time()
+    summary = run_search(space, results_root=tmp_path / "r", quiet=True)
+    assert time.time() - t0 < 120
+    records = _records(tmp_path / "r" / "hangs")
+    hung = [r for r in records if r.get("hung_phase")]
+    assert len(hung) == 1 and hung[0]["config"]["num_workers"] == 2
+    assert hung[0]["hung_phase"] == "waiting for the first batch"
+    # the other config with 2 workers differs from it in the fused optimizer alone
+    skipped = [r for r in records if r.get("skipped")]
+    assert len(skipped) == 1 and skipped[0]["config"]["num_workers"] == 2, records
+    assert "not run: hung as a config with the same micro_batch_size=8, num_workers=2 did" in skipped[0]["reason"]
+    assert summary["best"]["config"]["num_workers"] == 0
+    # the hung config is never a confirm contender
+    assert all(r["config"]["num_workers"] == 0 for r in records if r.get("phase") == "confirm")
+    # the policy, replayed on these records, decides the same (the skip included)
+    check = [sys.executable, str(Path(__file__).parent.parent / "benchmarks" / "search_replay.py"), "--check-live"]
+    r = subprocess.run([*check, str(tmp_path / "r" / "hangs")], capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stdout + r.stderr

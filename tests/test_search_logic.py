@@ -189,3 +189,16 @@ def test_the_time_budget_keeps_room_for_the_confirm_round_as_its_contenders_meas
     assert clock.trial_fits(78.0, recs, metric)
     assert not clock.trial_fits(78.0, recs, metric, first={"micro_batch_size": 16})
     assert Clock(time_s=None, top=2, confirming=True).trial_fits(1e9, recs, metric)
+
+
+def test_energy_per_sample_is_the_gpus_power_over_the_rate_and_a_cpu_search_cannot_optimize_it(tmp_path):
+    from tuner.errors import UserError
+    from tuner.measure import _energy
+
+    rec = _energy({"gpu_power_w": 300.0, "samples_per_sec": 1500.0, "world_size": 2})
+    assert rec["joules_per_sample"] == pytest.approx(0.4) and rec["samples_per_joule"] == pytest.approx(2.5)
+    assert _energy({"gpu_power_w": None, "samples_per_sec": 100.0})["joules_per_sample"] is None
+    space = _space(tmp_path, "name: t\nworkload: conv\nobjective: samples_per_joule\n")
+    with pytest.raises(UserError, match="objective.metric: samples_per_joule .* CPUs"):
+        plan_resources(space, {"max_node_cpus": 2, "gpus": 0, "nodes": 1})
+    assert plan_resources(space, {"max_node_cpus": 8, "gpus": 1, "nodes": 1})[0] == "cuda"

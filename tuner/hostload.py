@@ -256,3 +256,68 @@ class LoadMeter:
                     tuner_cores=max(0.0, (self.probe.observers_cpu_s() - obs0) / wall_s),
                     idle_cores=max(0.0, (idle1 - idle0) / wall_s), gpu_others=gpu_others,
                     steal_cores=max(0.0, (steal1 - steal0) / wall_s))
+
+
+class TreeActivity:
+    """Whether a trial's process tree is doing anything: its CPU time, the bytes it reads
+    and writes, its resident memory, its processes coming and going, and with ``gpus``
+    (CUDA_VISIBLE_DEVICES) their utilization. A compile, a dataset being opened or read,
+    workers starting: each moves one of these. A DataLoader worker blocked for good and a
+    training process waiting on it move none. Read from outside the tree (the trial's
+    parent), a few times a minute."""
+
+    CPU_FLOOR = 0.02  # cores: the tree's idle chatter (a loader polling its queue) stays below
+    IO_FLOOR = 64 * 1024  # bytes read or written between two looks
+    RSS_FLOOR = 4 * 2**20
+
+    def __init__(self, pid: int, gpus: str | None = None):
+        self.pid, self.gpus = pid, gpus
+        self.state: tuple | None = None
+        self.seen_at = self.active_at = time.perf_counter()
+
+    def idle_for(self, now: float) -> float:
+        """Seconds since the tree last did something, as of ``now``."""
+        state = self._state()
+        if state is None or self.state is None or self._moved(self.state, state, now - self.seen_at):
+            self.active_at = now
+        self.state, self.seen_at = state, now
+        return now - self.active_at
+
+    def _moved(self, a: tuple, b: tuple, dt: float) -> bool:
+        (cpu0, io0, rss0, pids0), (cpu1, io1, rss1, pids1) = a, b
+        return (cpu1 - cpu0 > self.CPU_FLOOR * dt or io1 - io0 > self.IO_FLOOR
+                or abs(rss1 - rss0) > self.RSS_FLOOR or pids0 != pids1 or self._gpu_busy())
+
+    def _state(self) -> tuple | None:
+        try:
+            root = psutil.Process(self.pid)
+            procs = [root, *root.children(recursive=True)]
+        except psutil.Error:
+            return None
+        cpu = io = rss = 0.0
+        for p in procs:
+            try:
+                with p.oneshot():
+                    t = p.cpu_times()
+                    cpu += t.user + t.system + t.children_user + t.children_system
+                    rss += p.memory_info().rss
+                    c = p.io_counters()
+                    io += getattr(c, "read_chars", c.read_bytes) + getattr(c, "write_chars", c.write_bytes)
+            except (psutil.Error, AttributeError):
+                continue
+        return cpu, io, rss, frozenset(p.pid for p in procs)
+
+    def _gpu_busy(self) -> bool:
+        """Whether a kernel ran on the trial's GPUs lately; True where that cannot be told
+        (no NVML): a GPU trial is then never taken for idle."""
+        if not self.gpus:
+            return False
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            ids = [int(g) for g in self.gpus.split(",") if g.strip().isdigit()]
+            return any(pynvml.nvmlDeviceGetUtilizationRates(pynvml.nvmlDeviceGetHandleByIndex(i)).gpu > 0
+                       for i in ids) or not ids
+        except Exception:  # no library, no driver
+            return True

@@ -64,6 +64,7 @@ class Knob:
     inactive: Callable[[dict, Context], str | None] | None = None
     cost: str = ""  # what the knob costs, for docs and report
     recompiles: bool = False  # changes what torch.compile traces: configs differing in it compile apart
+    loader: bool = False  # shapes the input pipeline: what a trial waiting for its first batch depends on
     priority: int = 99  # the guided sampler moves knobs in this order (lower first): the biggest levers first
 
 
@@ -114,20 +115,21 @@ _TABLE = [
          "fp32", _recommended_precision, choices=PRECISIONS,
          cost="bf16/fp16 may change numerics; fp16 needs loss scaling", recompiles=True, priority=0),
     Knob("micro_batch_size", int, "samples per forward/backward pass",
-         32, lambda ctx: 32, minimum=1, cost="memory grows with it", recompiles=True, priority=2),
+         32, lambda ctx: 32, minimum=1, cost="memory grows with it", recompiles=True, loader=True, priority=2),
     Knob("grad_accum_steps", int, "micro-batches accumulated per optimizer step (loss / steps)",
          1, lambda ctx: 1, minimum=1, priority=14),
     Knob("num_workers", int, "DataLoader worker processes",
          0, _recommended_workers, minimum=0,
-         cost="1 CPU and host memory per worker; the trial reserves 1 + num_workers CPUs", priority=1),
+         cost="1 CPU and host memory per worker; the trial reserves 1 + num_workers CPUs", loader=True,
+         priority=1),
     Knob("prefetch_factor", int, "batches loaded in advance per worker",
          None, lambda ctx: 2, minimum=1, nullable=True, inactive=_needs_workers,
-         cost="host memory", priority=9),
+         cost="host memory", loader=True, priority=9),
     Knob("persistent_workers", bool, "keep DataLoader workers alive across epochs",
          False, lambda ctx: True, inactive=_needs_workers,
-         cost="workers hold their memory between epochs", priority=6),
+         cost="workers hold their memory between epochs", loader=True, priority=6),
     Knob("pin_memory", bool, "page-locked host buffers for host-to-device copies",
-         False, lambda ctx: True, gpu_only=True, cost="pinned host memory", priority=10),
+         False, lambda ctx: True, gpu_only=True, cost="pinned host memory", loader=True, priority=10),
     Knob("non_blocking", bool, "asynchronous host-to-device copies",
          False, lambda ctx: True, gpu_only=True, priority=11),
     Knob("compile", str, "torch.compile mode",
@@ -156,7 +158,7 @@ _TABLE = [
          cost="freed buffers stay in the heap: peak host memory grows, most with large per-step buffers (logits)", priority=9),
     Knob("batch_grouping", str, "multi-source data: mixed batches, or each batch from one source",
          "mixed", lambda ctx: "by_source" if ctx.has_groups else "mixed", choices=GROUPINGS,
-         inactive=_needs_groups, recompiles=True, priority=3),
+         inactive=_needs_groups, recompiles=True, loader=True, priority=3),
     # Data parallel (DistributedDataParallel through Ray Train; see tuner/distributed.py).
     Knob("world_size", int, "data-parallel ranks per trial: one GPU each on GPUs, gloo processes on CPUs",
          1, lambda ctx: 1, minimum=1, recompiles=True,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -248,9 +248,13 @@ class Trainer:
         moved = [self.move(b) for b in batches]
         self._it = itertools.cycle(moved)
 
-    def start(self) -> None:
-        """Start the first epoch (DataLoader workers are spawned here): a one-time cost."""
+    def start(self, on_first_batch: Callable[[], None] | None = None) -> None:
+        """Start the first epoch (DataLoader workers are spawned here): a one-time cost.
+        ``on_first_batch``: called once the first batch has come (the first step's wait
+        for data is over; its compute, compile included, follows)."""
         self._it = iter(self.loader)
+        if on_first_batch is not None:
+            self._it = _FirstBatch(self, self._it, on_first_batch)
 
     def step(self) -> None:
         """One optimizer step over ``grad_accum_steps`` micro-batches."""
@@ -335,3 +339,17 @@ def _call(fn: Any, what: str) -> Any:
         raise
     except Exception as exc:
         raise WorkloadError(f"workload {what} raised {type(exc).__name__}: {exc}") from exc
+
+
+class _FirstBatch:
+    """The first epoch's iterator until its first batch comes: then the trainer gets the
+    plain iterator back (nothing of this stays in the hot path) and ``then`` is called."""
+
+    def __init__(self, trainer: Trainer, inner: Any, then: Callable[[], None]):
+        self.trainer, self.inner, self.then = trainer, inner, then
+
+    def __next__(self) -> Any:
+        batch = next(self.inner)
+        self.trainer._it = self.inner
+        self.then()
+        return batch

@@ -41,7 +41,7 @@ from tuner.loop import Trainer, synchronize
 from tuner.nvml import NvmlSampler
 from tuner.ranks import Agree, across_ranks
 from tuner.records import Figures
-from tuner.settings import MeasureSettings, RunPlan
+from tuner.settings import PHASES, MeasureSettings, RunPlan
 from tuner.windows import (
     EPOCH_WINDOWS,
     SCREEN_SKIP,
@@ -56,7 +56,7 @@ from tuner.windows import (
 def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
             startup_s: float = 0.0, progress: Callable[[str], None] | None = None,
             probe: TreeProbe | None = None, screen: dict | None = None,
-            rank_info: dict | None = None) -> Figures:
+            rank_info: dict | None = None, phase: Callable[[str], None] | None = None) -> Figures:
     """Measure a built Trainer; returns its figures (``records.Figures``).
 
     ``startup_s`` is the one-time cost already spent building the trainer.
@@ -65,6 +65,8 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
     ``settings.screen_windows`` windows past the first, a config that cannot reach
     ``below`` even with ``margin`` of noise in its favour stops (``screened: True``,
     ``screen_stop``).
+    ``phase``: told where the trial is before its first step is over (``PHASES``), for a
+    trial that hangs there to say where.
     With several data-parallel ranks (``trainer.world``), every rank calls this; the
     figures are global (all ranks' samples over the slowest rank's time) and each
     rank's own are under ``ranks`` (``rank_info`` is added to this rank's entry).
@@ -80,7 +82,7 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
     if trainer.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(trainer.device)
     # 1. burn-in: worker start, compile, autotune
-    warm = _warm_up(trainer, settings, say)
+    warm = _warm_up(trainer, settings, say, phase or (lambda name: None))
     if agree.any(not trainer.loss_finite()):
         return _nonfinite(trainer, warm.seconds)
     # 2. timed windows, synchronized at their edges only
@@ -96,7 +98,36 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
     figures = _figures(trainer, plan, timed, warm, startup_s, settings)
     record = _record(trainer, timed, figures, probe, windows, warm, startup_s, screen, left_out)
     record.update(nvml.summary(), driver_asleep=driver_asleep)  # driver: it slept through the windows
-    return _across_ranks(record, trainer, agree, timed, rank_info)
+    return _energy(_across_ranks(record, trainer, agree, timed, rank_info))
+
+
+# Data wait below this share of a step: the loader kept up, and its own rate is not seen.
+LOADER_BOUND = 0.05
+
+
+def _stage_rates(trainer: Trainer, steady: float, wait_fraction: float) -> dict:
+    """The pipeline's two stages apart: the step's rate with the data wait taken out (what
+    the training process consumes), and a loading process's rate where it was seen: with
+    no workers, the training process's own loading; with workers, a worker's share of the
+    rate where they were the bottleneck (None where the loader kept up)."""
+    wait = min(1.0, max(0.0, wait_fraction))
+    workers = getattr(trainer.loader, "num_workers", 0) or 0
+    compute = steady / (1 - wait) if wait < 1 else None
+    if workers == 0:
+        load = steady / wait if wait > 0 else None
+    else:
+        load = steady / workers if wait >= LOADER_BOUND else None
+    return {"compute_samples_per_sec": compute, "load_samples_per_sec_per_process": load}
+
+
+def _energy(record: Figures) -> Figures:
+    """Joules per sample: the GPUs' mean board power during the timed windows (every rank's
+    GPU draws about this one's) over the trial's rate. The GPU's draw only: the host's CPUs
+    and memory are not in it, and on a CPU there is no figure."""
+    power, rate = record.get("gpu_power_w"), record.get("samples_per_sec")
+    joules = power * record.get("world_size", 1) / rate if power and rate else None
+    record.update(joules_per_sample=joules, samples_per_joule=1 / joules if joules else None)
+    return record
 
 
 def _probe(probe: TreeProbe | None, agree: Agree, rank_info: dict | None) -> TreeProbe:
@@ -138,13 +169,16 @@ class WarmUp:
     first_wait: float  # the first batch's wait: workers started, dataset opened
 
 
-def _warm_up(trainer: Trainer, settings: MeasureSettings, say: Callable[[str], None]) -> WarmUp:
+def _warm_up(trainer: Trainer, settings: MeasureSettings, say: Callable[[str], None],
+             phase: Callable[[str], None]) -> WarmUp:
     """Worker start, compile, autotune; each step timed (syncs are fine here). The first
     epoch ends with the warm-up, so the timed phase starts on an epoch start."""
     t0 = perf_counter()
     trainer.set_epoch_limit(settings.warmup_steps * trainer.samples_per_step)
     s0 = perf_counter()
-    trainer.start()
+    phase(PHASES[1])
+    trainer.start(on_first_batch=lambda: phase(PHASES[3]))
+    phase(PHASES[2])
     start_s = perf_counter() - s0
     steps: list[float] = []
     first_wait = 0.0
@@ -461,6 +495,7 @@ def _record(trainer: Trainer, t: Timed, f: dict, probe: TreeProbe, windows: Wind
         "steady_samples_per_sec": steady,
         "step_time_ms": f["step_s"] * 1e3,
         "data_wait_fraction": min(1.0, max(0.0, f["wait_fraction"])),
+        **_stage_rates(trainer, steady, f["wait_fraction"]),
         "windows": len(rates),
         "window_steps": windows.steps,
         "timed_s": t.timed_s,

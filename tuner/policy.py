@@ -23,6 +23,7 @@ nothing that ``resume`` cannot rebuild.
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import statistics
 from collections.abc import Callable, Iterable
@@ -46,6 +47,7 @@ from tuner.records import (
     with_cold_compile,
     within_noise,
 )
+from tuner.settings import PHASES
 from tuner.spec import Canonical, SearchSpace
 from tuner.study import make_study
 
@@ -304,6 +306,8 @@ class SearchPolicy:
         self.configs = self._distinct_configs()
         self.stage = Stage.BASELINE
         self.confirming: Confirming | None = None
+        self.skipped: set[str] = set()  # configs not run: they would hang as one did
+        self.hangs: list[tuple[dict, list[str], str]] = [hang for r in self.records if (hang := _hang(r))]
         self.search_ended: str | None = None  # why the search proper started no more trials
         self.ended: str | None = None  # why the search has nothing more to measure (once it has not)
 
@@ -349,23 +353,45 @@ class SearchPolicy:
             # measurement lost: the time goes to the confirm round instead
             self.search_ended = "time budget spent"
             return None
-        trial = self.study.ask()
-        self.search_space(trial)
-        config = self.space.derive({**self.space.fixed, **self._complete(trial.params)})
-        key = self.canon(config)
-        self.asked += 1
-        self.tried.add(key)
-        screen = self.board.screen() if key not in self.screened else None  # a retry is measured in full
-        task = self._issue(Phase.SEARCH, config, now, screen=screen)
-        self.trials[task.number] = trial
-        return task
+        while not self._search_spent():
+            trial = self.study.ask()
+            self.search_space(trial)
+            config = self.space.derive({**self.space.fixed, **self._complete(trial.params)})
+            key = self.canon(config)
+            self.tried.add(key)
+            screen = self.board.screen() if key not in self.screened else None  # a retry is measured in full
+            task = self._issue(Phase.SEARCH, config, now, screen=screen)
+            self.trials[task.number] = trial
+            hang = self._hangs_like(key)
+            if hang is None:
+                self.asked += 1
+                return task
+            # a config that would hang as one measured did is not run: it would cost the
+            # wait that found the first one, and end the same way
+            self.skipped.add(key)
+            self.on_result(task, {"status": Status.INFEASIBLE, "error_kind": "timeout", "config": dict(config),
+                                  "samples_per_sec": None, "skipped": True, "reason": hang})
+        return None
 
     def _search_spent(self) -> bool:
         """The budget's distinct configs tried (or every config the space has), or the
-        room for re-measurements used up."""
-        if len(self.tried) - self.tried_before >= self.budget or self.asked >= self.budget + retry_room(self.budget):
+        room for re-measurements used up. A config not run because it would hang is not
+        counted: it cost nothing."""
+        tried = len(self.tried) - self.tried_before - len(self.skipped)
+        if tried >= self.budget or self.asked >= self.budget + retry_room(self.budget):
             return True
         return self.configs is not None and len(self.tried) >= self.configs
+
+    def _hangs_like(self, key: str) -> str | None:
+        """Why the config of ``key`` would hang as a measured one did (the same value of
+        every knob that could matter where that one hung), or None."""
+        config = json.loads(key)
+        for hung, knob_names, where in self.hangs:
+            same = {k: hung.get(k) for k in knob_names}
+            if all(config.get(k) == v for k, v in same.items()):
+                said = ", ".join(f"{k}={v}" for k, v in same.items() if v != knobs.KNOBS[k].default) or "its knobs"
+                return f"not run: hung as a config with the same {said} did ({where})"
+        return None
 
     def _confirm_state(self) -> Confirming:
         """The confirm rounds' share, and where a resumed search takes them up: what the
@@ -445,6 +471,8 @@ class SearchPolicy:
             self.board.update(rec)
         if rec.get("screened"):
             self.screened.add(self.canon(task.config))
+        if (hang := _hang(rec)) is not None:
+            self.hangs.append(hang)
         trial = self.trials.pop(task.number, None)
         if trial is not None:
             self._tell(trial, rec)
@@ -497,8 +525,6 @@ class SearchPolicy:
         try:
             return self.canon(record["config"])
         except UserError:
-            import json
-
             return json.dumps(record["config"], sort_keys=True, default=str)
 
     def _complete(self, params: dict) -> dict:
@@ -534,6 +560,27 @@ class SearchPolicy:
             return None
         return len({self.canon(dict(zip(self.space.searched, values, strict=True)))
                     for values in itertools.product(*self.space.searched.values())})
+
+
+def _hang(record: Record) -> tuple[dict, list[str], str] | None:
+    """A hung measurement's config (every knob), the knobs that can matter where it hung,
+    and where: waiting for its first batch, the input pipeline's knobs; in its first step's
+    compute, every other knob; elsewhere, all of them."""
+    if record.get("error_kind") != "timeout" or record.get("skipped") or not record.get("key"):
+        return None
+    try:
+        config = json.loads(record["key"])  # every knob, as it ran
+    except ValueError:
+        return None
+    phase = record.get("hung_phase") or "after its first step"
+    loader = [k for k in config if k in knobs.KNOBS and knobs.KNOBS[k].loader]
+    if phase in PHASES[1:3]:
+        names = loader
+    elif phase == PHASES[3]:
+        names = [k for k in config if k in knobs.KNOBS and k not in loader]
+    else:
+        names = [k for k in config if k in knobs.KNOBS]
+    return config, names, phase
 
 
 def _optuna_state(name: str) -> Any:

@@ -60,6 +60,8 @@ class Figures(TypedDict, total=False):
     samples_per_sec_per_rank: float
     step_time_ms: float
     data_wait_fraction: float  # of the timed time, waiting for the next batch
+    compute_samples_per_sec: float | None  # the step's rate with the data wait taken out
+    load_samples_per_sec_per_process: float | None  # one loading process's rate, where it was the bottleneck
     windows: int
     window_steps: int
     timed_s: float
@@ -99,6 +101,8 @@ class Figures(TypedDict, total=False):
     gpu_memory_used_mb: float | None
     gpu_power_w: float | None
     gpu_sm_clock_mhz: float | None
+    joules_per_sample: float | None  # the trial's GPUs' board power over its rate (NVML; no CPU or host power)
+    samples_per_joule: float | None
     nvml_note: str | None
     world_size: int
     ranks: list[dict]  # several ranks: each rank's own figures
@@ -123,6 +127,8 @@ class Outcome(TypedDict, total=False):
     trial_wall_s: float  # the whole trial: process start to result
     attempts: int
     traceback: str
+    hung_phase: str  # a hung trial: the last phase it reached (``settings.PHASES``)
+    hung_wait_s: float  # and how long it waited there
 
 
 class Where(TypedDict, total=False):
@@ -161,7 +167,8 @@ class Record(Figures, Outcome, Where, Decided, total=False):
     enums compare equal to)."""
 
 
-OBJECTIVE_METRICS = {"samples_per_sec": "max", "projected_run_s": "min", "samples_per_sec_per_rank": "max"}
+OBJECTIVE_METRICS = {"samples_per_sec": "max", "projected_run_s": "min", "samples_per_sec_per_rank": "max",
+                     "samples_per_joule": "max"}
 PENALTY = {"max": 0.0, "min": 1e18}  # what Optuna is told for an infeasible trial
 LOCK = ".lock"
 LOCK_INFO = ".lock.json"
@@ -281,7 +288,7 @@ def objective_values(record: dict, objective: Any) -> dict[str, float]:
 
 LOGGED_METRICS = ("samples_per_sec", "steady_samples_per_sec", "samples_per_sec_spread", "step_time_ms",
                   "data_wait_fraction", "peak_host_memory_mb", "peak_device_memory_mb", "compile_s",
-                  "epoch_overhead_s", "projected_run_s", "mfu", "gpu_util_pct")
+                  "epoch_overhead_s", "projected_run_s", "mfu", "gpu_util_pct", "gpu_power_w", "joules_per_sample")
 
 
 def logged_metrics(record: dict) -> dict[str, float]:
@@ -329,7 +336,7 @@ def aggregate(records: list[Record], metric: str) -> list[dict]:
         }
         for m in ("samples_per_sec", "projected_run_s", "peak_host_memory_mb", "peak_device_memory_mb",
                   "compile_s", "data_wait_fraction", "samples_per_sec_spread", "step_time_ms",
-                  "gpu_util_pct", "samples_per_sec_per_rank"):
+                  "gpu_util_pct", "samples_per_sec_per_rank", "joules_per_sample", "samples_per_joule"):
             vals = [r[m] for r in ok if r.get(m) is not None]
             if m != metric:
                 row[m] = statistics.median(vals) if vals else None

@@ -156,7 +156,7 @@ def export_payload(res: Results, row: dict) -> dict:
     figures = {k: row.get(k) for k in ("samples_per_sec", "projected_run_s", "spread", "values", "measurements",
                                         "peak_host_memory_mb", "peak_device_memory_mb", "compile_s",
                                         "data_wait_fraction", "step_time_ms", "samples_per_sec_per_rank",
-                                        "scaling_efficiency")}
+                                        "scaling_efficiency", "joules_per_sample")}
     return {
         "config": row["config"],
         "measured": figures,

@@ -13,19 +13,17 @@ CPUs, a term for intra-op threads that DataLoader workers leave without cores
 with few trials the model stays near the additive one and departs from it where the
 data disagree; the posterior's spread is what makes an unmeasured value worth a trial.
 Every config of the space is scored (spaces of more than ``SCORE_ALL`` configs: the one-
-and two-knob moves from the best so far). Judged by ``benchmarks/search_replay.py`` on
-recorded landscapes: a local search from the incumbent with an exploration bonus stayed
-on the side of the cores split that its start had (0.62-0.77 of the best after 6 configs
-on 4 of 8 landscapes).
+and two-knob moves from the best so far): a local search from the incumbent stays on the
+side of the cores' split that its start had.
 
 A screened trial (stopped after a few windows as out of the running) counts for less
 in the fit, and once the model, fitted on full measurements alone, still predicts it
 within reach of the incumbent, it is measured again in full (once). When every config
 has been measured, TPE's proposals re-measure configs. Noise is handled after the
-search, by re-measuring the top configs.
+search, by re-measuring the top configs (``tuner.policy``).
 
-It is a plain ``optuna.samplers.BaseSampler``: Optuna stays the engine (study,
-storage, Ray's OptunaSearch), only the choice of the next point is ours.
+It is a plain ``optuna.samplers.BaseSampler``: Optuna stays the engine (the study, its
+storage, ask and tell), only the choice of the next point is ours.
 """
 
 from __future__ import annotations
@@ -56,10 +54,13 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         direction: "maximize" or "minimize" the study's single objective.
         cores: the CPU cores a trial has, on a CPU search (threads and workers share
             them); None on GPUs.
+        fixed: the knobs the space holds at one value (a fixed thread or worker count
+            shares the cores as a searched one does).
     """
 
     def __init__(self, domain: dict[str, list], start: dict | list[dict], canonical: Callable[[dict], Any],
-                 direction: str = "maximize", seed: int | None = None, cores: int | None = None):
+                 direction: str = "maximize", seed: int | None = None, cores: int | None = None,
+                 fixed: dict | None = None):
         self.domain = dict(sorted(domain.items(), key=lambda kv: knobs.KNOBS[kv[0]].priority
                                   if kv[0] in knobs.KNOBS else 99))
         starts = start if isinstance(start, list) else [start]
@@ -69,6 +70,7 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         self.sign = 1.0 if direction == "maximize" else -1.0
         self.seed = seed or 0
         self.cores = cores
+        self.fixed = dict(fixed or {})
         self.fallback = optuna.samplers.TPESampler(seed=seed)
         self._plans: dict[int, dict | None] = {}
 
@@ -120,7 +122,7 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         retry = self._screened_contender(full, done, number)
         if retry is not None:
             return retry
-        model = InteractionModel(self.domain, done, self.sign, self.cores)
+        model = InteractionModel(self.domain, done, self.sign, self.cores, fixed=self.fixed)
         # Expected improvement over the model's own figure for the best config measured
         # so far: the best single figure is the luckiest draw of several, and chasing it
         # under-explores (the plug-in incumbent of noisy EI).
@@ -183,7 +185,7 @@ class GuidedSampler(optuna.samplers.BaseSampler):
                       if screened and measured[k := self.canonical(c)] == 1 and planned[k] <= 1]
         if not candidates:
             return None
-        model = InteractionModel(self.domain, full, self.sign, self.cores)
+        model = InteractionModel(self.domain, full, self.sign, self.cores, fixed=self.fixed)
         best = max(candidates, key=model.predict)
         return dict(best) if model.predict(best) >= max(feasible) - math.log(RETRY_WITHIN) else None
 
@@ -242,10 +244,11 @@ class InteractionModel:
     much worse than the worst feasible one, so their values are avoided.
     """
 
-    def __init__(self, domain: dict[str, list], done: list[tuple], sign: float, cores: int | None = None,
+    def __init__(self, domain: dict[str, list], done: list[tuple], sign: float, cores: int | None = None, *,
+                 fixed: dict | None = None,
                  ridge: float = 0.3, pair_ridge: float = 1.5, screened_weight: float = 0.3, noise: float = 0.1):
         names = list(domain)
-        self.cores = cores
+        self.cores, self.fixed = cores, dict(fixed or {})
         self.columns: dict[tuple, int] = {}
         for k, vs in domain.items():
             for v in vs:
@@ -288,7 +291,7 @@ class InteractionModel:
             if i is not None:
                 row[i] = 1.0
         if self.over is not None:
-            row[self.over] = oversubscription(config, self.cores)
+            row[self.over] = oversubscription({**self.fixed, **config}, self.cores)
         return row
 
     def predict(self, config: dict) -> float:

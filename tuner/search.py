@@ -69,6 +69,9 @@ def plan_resources(space: spec.Space, shape: dict) -> tuple[str, Callable[[dict]
     device = "cuda" if (requested == "cuda" or (requested == "auto" and gpus_total > 0)) else "cpu"
     if device == "cuda" and gpus_total == 0:
         raise UserError("device: 'cuda' was asked for but the Ray cluster has no GPUs")
+    if device == "cpu" and space.model.objective.metric == "samples_per_joule":
+        raise UserError("objective.metric: samples_per_joule is measured from the GPUs' power (NVML); "
+                        "this search runs on CPUs: use samples_per_sec")
     node_cpus = max(1, shape["max_node_cpus"])
     gpt = space.model.resources.gpus_per_trial if device == "cuda" else 0
     if device == "cuda" and gpt == 0:

@@ -12,6 +12,11 @@ from pydantic import BaseModel, ConfigDict, Field
 HUSH_ENV = "TUNER_HUSH_DIR"
 
 
+# Where a trial is before its first step is over, in order (``trial.execute`` says the
+# first): what a trial that hangs there reports, and which knobs can matter to the hang.
+PHASES = ("building the model and data", "starting the DataLoader", "waiting for the first batch",
+          "the first step's compute (forward, backward, compile)")
+
 class Strict(BaseModel):
     """A section of space.yaml: unknown keys are errors."""
 

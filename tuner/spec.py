@@ -33,9 +33,10 @@ class _Strict(BaseModel):
 class Objective(_Strict):
     metric: str = "samples_per_sec"
     """What to optimize (``records.OBJECTIVE_METRICS``, which owns the list and each
-    metric's direction): throughput (maximize), the planned run's time (minimize), or
+    metric's direction): throughput (maximize), the planned run's time (minimize),
     throughput per data-parallel rank, i.e. per GPU on GPUs (maximize: for those who
-    pay per GPU-hour)."""
+    pay per GPU-hour), or samples per joule of the GPUs' board power (maximize, on GPUs:
+    the energy-optimal config is often not the fastest one)."""
     memory: bool = False
     """Also minimize peak memory: a two-objective search with a Pareto front."""
 

@@ -88,7 +88,7 @@ def make_sampler(space: spec.Space, ctx: knobs.Context, start: list[dict]) -> An
         from tuner.sampler import GuidedSampler
 
         return GuidedSampler(space.searched, start, Canonical(space, ctx), direction=direction, seed=seed,
-                             cores=ctx.cpu_count if ctx.device == "cpu" else None)
+                             cores=ctx.cpu_count if ctx.device == "cpu" else None, fixed=space.fixed)
     if m.sampler == "tpe":
         return optuna.samplers.TPESampler(seed=seed)
     if m.sampler == "random":

@@ -62,6 +62,8 @@ def print_show(res: Results, out: Any = None, limit: int | None = None) -> None:
         detail = diff_from_default(r["config"])
         if r.get("scaling_efficiency") is not None:
             detail += f"  (scaling: {r['scaling_efficiency']:.0%} of {r['config']['world_size']}x one rank)"
+        if r.get("joules_per_sample"):
+            detail += f"  ({r['joules_per_sample']:.3g} J/sample)"
         if not r["feasible"]:
             detail += f"  -- {r['reason']}"
         elif r.get("screened"):
@@ -124,6 +126,8 @@ def print_bench(result: dict, out: Any = None) -> None:
          + (" (peak RSS + workers' private pages)" if result.get("peak_host_memory_mb") else "")),
         ("peak device memory", fmt(result.get("peak_device_memory_mb"), " MB", 0)),
         ("MFU", fmt((result.get("mfu") or 0) * 100, "%", 2) if result.get("mfu") else "-"),
+        ("GPU energy", f"{result['joules_per_sample']:.4g} J/sample at {fmt(result.get('gpu_power_w'), ' W', 0)}"
+         if result.get("joules_per_sample") else "-"),
         ("loss finite", fmt(result.get("loss_finite"))),
         ("other load beside it", fmt(result.get("interference_cores"), " cores", 3)
          + (f" (tuner's own {result['tuner_cpu_cores']:.3f})" if result.get("tuner_cpu_cores") else "")),

@@ -148,7 +148,7 @@ def bench_request(space: Any, overrides: dict | None = None, baseline: bool = Fa
 
 
 def execute(request: TrialRequest, progress: Callable[[str], None] | None = None,
-            rank_info: dict | None = None) -> Record:
+            rank_info: dict | None = None, phase: Callable[[str], None] | None = None) -> Record:
     """Build and measure the request's config in this process; return metrics + context.
     (Each rank of a multi-rank trial calls it too: ``tuner.distributed``.)"""
     import torch
@@ -157,7 +157,7 @@ def execute(request: TrialRequest, progress: Callable[[str], None] | None = None
     from tuner.hostload import TreeProbe
     from tuner.loop import Trainer
     from tuner.measure import measure
-    from tuner.settings import MeasureSettings, RunPlan
+    from tuner.settings import PHASES, MeasureSettings, RunPlan
 
     t0 = time.perf_counter()
     config, notes, workload, device = resolve_config(request)
@@ -179,11 +179,13 @@ def execute(request: TrialRequest, progress: Callable[[str], None] | None = None
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache_dir
             torch._dynamo.reset()
     try:
+        if phase:
+            phase(PHASES[0])
         trainer = Trainer(workload, config, device, baseline=request.baseline, seed=request.seed)
         metrics = measure(trainer, MeasureSettings(**request.measure), RunPlan(**request.run),
                           startup_s=time.perf_counter() - t0, progress=progress,
                           probe=TreeProbe(request.observers),
-                          screen=request.screen, rank_info=rank_info)
+                          screen=request.screen, rank_info=rank_info, phase=phase)
         notes = notes + trainer.notes
     finally:
         if cleanup:
@@ -280,7 +282,8 @@ def _child(conn: Any, request: TrialRequest) -> None:
 
         torch.set_num_threads(max(1, int(request.env["OMP_NUM_THREADS"])))
     try:
-        result = execute(request, progress=lambda msg: conn.send(("progress", msg)))
+        result = execute(request, progress=lambda msg: conn.send(("progress", msg)),
+                         phase=lambda name: conn.send(("phase", name)))
         conn.send(("result", result))
     except BaseException as exc:  # every failure is a result
         kind, reason = classify(exc)
@@ -343,7 +346,68 @@ def _main_left_behind() -> Iterator[None]:
         main.__spec__ = spec
 
 
+# Before its first step is over, a trial whose processes did nothing for this long is
+# hung (a DataLoader worker blocked for good, the process waiting on it): a compile, a
+# dataset being opened, workers starting are all busy. After the first step, its progress
+# says (``stall_limit``).
+IDLE_S = 20.0
+LOOK_S = 2.0  # how often the parent looks at an idle-looking trial before its first step
+
+
+@dataclass
+class _Vigil:
+    """What the parent knows of a running trial: its progress messages, the phase it said
+    it reached, and, before its first step is over, whether its processes do anything."""
+
+    t0: float
+    timeout_s: float
+    activity: Any  # hostload.TreeActivity
+    last: float | None = None  # the last progress message
+    gaps: list[float] = field(default_factory=list)  # between progress messages
+    phase: str = "starting its process"
+    phase_at: float = 0.0
+
+    def hung(self, now: float, request: TrialRequest) -> Record | None:
+        """The record of a trial found hung at ``now``, or None."""
+        limit = stall_limit(self.gaps)
+        if limit is not None and self.last is not None and now - self.last >= limit:
+            # a hang is found by its progress: a DataLoader worker blocked for good, a
+            # deadlock in the loss, costs a few times the trial's own step, not the limit
+            return infeasible("timeout", f"hung: no step for {now - self.last:.0f} s", request)
+        if not self.gaps and (idle := self.activity.idle_for(now)) >= IDLE_S:
+            waited = now - (self.phase_at or self.t0)
+            return infeasible("timeout", f"hung: no step after {now - self.t0:.0f} s, its processes idle for "
+                              f"{idle:.0f} s ({self.phase}, for {waited:.0f} s)", request,
+                              hung_phase=self.phase, hung_wait_s=waited)
+        if now - self.t0 >= self.timeout_s:
+            return infeasible("timeout", hung_reason(self.timeout_s), request, hung_phase=self.phase,
+                              hung_wait_s=now - (self.phase_at or self.t0))
+        return None
+
+    def wait_s(self, now: float) -> float:
+        """How long the parent may block before it has to look again."""
+        until = self.t0 + self.timeout_s
+        limit = stall_limit(self.gaps)
+        if limit is not None and self.last is not None:
+            until = min(until, self.last + limit)
+        if not self.gaps:
+            until = min(until, now + LOOK_S)
+        return max(0.0, until - now)
+
+    def heard(self, msg: tuple, now: float, progress: Callable[[str], None] | None) -> None:
+        if msg[0] == "phase":
+            self.phase, self.phase_at = msg[1], now
+            return
+        if self.last is not None:
+            self.gaps.append(now - self.last)
+        self.last = now
+        if progress:
+            progress(msg[1])
+
+
 def _run_once(request: TrialRequest, timeout_s: float, progress: Callable[[str], None] | None) -> Record:
+    from tuner.hostload import TreeActivity
+
     ctx = mp.get_context("spawn")
     recv, send = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_child, args=(send, request), daemon=False)
@@ -351,30 +415,19 @@ def _run_once(request: TrialRequest, timeout_s: float, progress: Callable[[str],
     with _main_left_behind():
         proc.start()
     send.close()
-    result: dict | None = None
-    deadline = t0 + timeout_s
-    last: float | None = None  # the last progress message
-    gaps: list[float] = []
+    vigil = _Vigil(t0, timeout_s, TreeActivity(proc.pid, request.env.get("CUDA_VISIBLE_DEVICES")
+                                               if request.device != "cpu" else None))
+    result: Record | None = None
     while result is None:
         now = time.perf_counter()
-        remaining = deadline - now
-        limit = stall_limit(gaps)
-        if limit is not None and last is not None and now - last >= limit:
-            # a hang is found by its progress: a DataLoader worker blocked for good, a
-            # deadlock in the loss, costs a few times the trial's own step, not the limit
+        result = vigil.hung(now, request)
+        if result is not None:
             kill_tree(proc.pid)
-            result = infeasible("timeout", f"hung: no step for {now - last:.0f} s", request)
             break
-        if remaining <= 0:
-            kill_tree(proc.pid)
-            result = infeasible("timeout", hung_reason(timeout_s), request)
-            break
-        if limit is not None and last is not None:
-            remaining = min(remaining, last + limit - now)
         try:
             # Blocks until the child writes (once per window) or a limit: the parent
             # wakes for nothing else while the trial measures.
-            if not recv.poll(max(0.0, remaining)):
+            if not recv.poll(vigil.wait_s(now)):
                 continue
             msg = recv.recv()
         except (EOFError, OSError):
@@ -385,13 +438,8 @@ def _run_once(request: TrialRequest, timeout_s: float, progress: Callable[[str],
             hint = " (host out of memory?)" if code == -9 else ""
             result = infeasible("died", f"trial process died: {why}{hint}", request)
             break
-        if msg[0] == "progress":
-            now = time.perf_counter()
-            if last is not None:
-                gaps.append(now - last)
-            last = now
-            if progress:
-                progress(msg[1])
+        if msg[0] in ("progress", "phase"):
+            vigil.heard(msg, time.perf_counter(), progress)
         elif msg[0] == "result":
             result = msg[1]
         else:
