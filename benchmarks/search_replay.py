@@ -71,7 +71,7 @@ STRATEGIES = ("tuner", "stock-tpe", "tpe-mv", "gp", "random")
 # ---- recording a landscape -------------------------------------------------------------
 
 
-def record(space_path: Path, repeats: int = 4) -> Path:
+def record(space_path: Path, repeats: int = 4, held_out: bool = False) -> Path:
     """Measure every distinct config of the space once (as a trial does), then ``repeats``
     configs two more times (the best two and two others) for the repeat noise. The file
     is written after every config, and a recording cut short (a lent GPU's time) goes on
@@ -91,7 +91,10 @@ def record(space_path: Path, repeats: int = 4) -> Path:
         out.write_text(json.dumps({
             "space": space_path.name, "measured": previous.get("measured") or time.strftime("%Y-%m-%d %H:%M"),
             "command": " ".join(sys.argv), "hardware": hardware, "measure": settings, "grid": grid,
-            "repeats": repeated, **({"partial": True} if partial else {})}, indent=1))
+            "repeats": repeated, **({"partial": True} if partial else {}),
+            # held out: recorded after the search's rules were frozen at this commit; no rule
+            # or constant is chosen on it
+            **({"held_out": True, "rules_at": _commit()} if held_out else {})}, indent=1))
 
     combos = list(itertools.product(*space.searched.values()))
     for i, values in enumerate(combos):
@@ -121,6 +124,13 @@ def record(space_path: Path, repeats: int = 4) -> Path:
     save(False, repeated)
     print(f"wrote {out} ({len(grid)} configs, {time.time() - t0:.0f} s)")
     return out
+
+
+def _commit() -> str | None:
+    import subprocess
+
+    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=HERE)
+    return out.stdout.strip() or None
 
 
 def _measurer(space: spec.Space) -> Any:
@@ -449,6 +459,8 @@ def main() -> None:
     rec = sub.add_parser("record", help="measure a landscape's full grid")
     rec.add_argument("space", nargs="+")
     rec.add_argument("--repeats", type=int, default=4, help="configs measured twice more (the best two, then random)")
+    rec.add_argument("--held-out", action="store_true",
+                     help="recorded after the search's rules were frozen: no rule is chosen on it")
     rep = sub.add_parser("repeat", help="measure the configs near a landscape's best twice more")
     rep.add_argument("space", nargs="+")
     rep.add_argument("--within", type=float, default=REPEAT_BAND, help="configs within this fraction of the best")
@@ -467,7 +479,7 @@ def main() -> None:
         sys.exit(check_live(Path(a.check_live)))
     if a.cmd == "record":
         for s in a.space:
-            record(Path(s), a.repeats)
+            record(Path(s), a.repeats, a.held_out)
         return
     if a.cmd == "repeat":
         for s in a.space:

@@ -171,3 +171,36 @@ def test_several_at_once_the_confirm_round_waits_for_the_search_s_last_trials():
     policy.on_result(c, _measure(c))
     nxt = policy.next(3.0)
     assert isinstance(nxt, Task) and nxt.confirm_round == 1
+
+
+def test_a_config_that_would_hang_as_one_did_is_not_run():
+    """Where a trial hung says which knobs can matter: waiting for its first batch, the
+    loader's (a config that differs only in precision hangs too, and is not run); in its
+    first step's compute, every knob but the loader's own (another micro-batch is run)."""
+    space = _space(knobs={"precision": ["fp32", "bf16"], "num_workers": [0, 2], "micro_batch_size": [16, 32]},
+                   budget={"trials": 8}, confirm={"top": 0})
+    policy = _policy(space)
+    base = policy.next(0.0)
+    policy.on_result(base, _measure(base))
+    seen = []
+    while isinstance(task := policy.next(1.0), Task):
+        seen.append(task.config)
+        c = task.config
+        if c["num_workers"] == 2 and c["micro_batch_size"] == 32:
+            record = {"status": "infeasible", "error_kind": "timeout", "config": dict(c), "samples_per_sec": None,
+                      "hung_phase": "waiting for the first batch", "reason": "hung"}
+        else:
+            record = _measure(task)
+        policy.on_result(task, record)
+    hung = [r for r in policy.records if r.get("hung_phase")]
+    skipped = [r for r in policy.records if r.get("skipped")]
+    assert len(hung) == 1 and len(skipped) == 1  # of the two 2-worker, 32-batch configs, one ran
+    assert skipped[0]["config"]["precision"] != hung[0]["config"]["precision"]
+    assert "num_workers=2" in skipped[0]["reason"] and "waiting for the first batch" in skipped[0]["reason"]
+    assert len(policy.records) == 1 + 8  # the baseline, and every config of the space: ran or not run
+    # the same hang in the first step's compute: a 16-batch config is still run
+    from tuner.policy import _hang
+
+    compute = {**hung[0], "hung_phase": "the first step's compute (forward, backward, compile)"}
+    config, names, _ = _hang(compute)
+    assert "precision" in names and "micro_batch_size" in names and "num_workers" not in names

@@ -533,7 +533,10 @@ def test_a_trial_hung_at_its_first_batch_costs_seconds_and_its_like_are_not_run(
     records = _records(tmp_path / "r" / "hangs")
     hung = [r for r in records if r.get("hung_phase")]
     assert len(hung) == 1 and hung[0]["config"]["num_workers"] == 2
-    assert hung[0]["hung_phase"] == "waiting for the first batch"
+    assert hung[0]["hung_phase"] == "waiting for the first batch" and "idle" in hung[0]["reason"]
+    from tuner.trial import IDLE_S
+
+    assert IDLE_S <= hung[0]["hung_wait_s"] < IDLE_S + 15 and hung[0]["trial_wall_s"] < IDLE_S + 30
     # the other config with 2 workers differs from it in the fused optimizer alone
     skipped = [r for r in records if r.get("skipped")]
     assert len(skipped) == 1 and skipped[0]["config"]["num_workers"] == 2, records

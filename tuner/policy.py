@@ -389,7 +389,8 @@ class SearchPolicy:
         for hung, knob_names, where in self.hangs:
             same = {k: hung.get(k) for k in knob_names}
             if all(config.get(k) == v for k, v in same.items()):
-                said = ", ".join(f"{k}={v}" for k, v in same.items() if v != knobs.KNOBS[k].default) or "its knobs"
+                said = ", ".join(f"{k}={v}" for k, v in same.items() if v != knobs.KNOBS[k].default) \
+                    or ", ".join(f"{k}={v}" for k, v in same.items())
                 return f"not run: hung as a config with the same {said} did ({where})"
         return None
 
@@ -565,7 +566,7 @@ class SearchPolicy:
 def _hang(record: Record) -> tuple[dict, list[str], str] | None:
     """A hung measurement's config (every knob), the knobs that can matter where it hung,
     and where: waiting for its first batch, the input pipeline's knobs; in its first step's
-    compute, every other knob; elsewhere, all of them."""
+    compute, every knob but those that shape the loader alone; elsewhere, all of them."""
     if record.get("error_kind") != "timeout" or record.get("skipped") or not record.get("key"):
         return None
     try:
@@ -576,8 +577,8 @@ def _hang(record: Record) -> tuple[dict, list[str], str] | None:
     loader = [k for k in config if k in knobs.KNOBS and knobs.KNOBS[k].loader]
     if phase in PHASES[1:3]:
         names = loader
-    elif phase == PHASES[3]:
-        names = [k for k in config if k in knobs.KNOBS and k not in loader]
+    elif phase == PHASES[3]:  # every knob but those that shape the loader alone
+        names = [k for k in config if k in knobs.KNOBS and not (k in loader and not knobs.KNOBS[k].recompiles)]
     else:
         names = [k for k in config if k in knobs.KNOBS]
     return config, names, phase
