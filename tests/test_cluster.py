@@ -257,3 +257,23 @@ def test_submit_gives_up_on_a_head_that_stays_busy(tmp_path, monkeypatch):
     finally:
         stub.close()
     assert 55 <= clock[0] <= 60 and stub.posts > 5
+
+
+@pytest.mark.alone  # the busiest process must be the test's own spinner
+def test_doctor_names_the_load_beside_a_search():
+    """A process outside the command (not its child: the doctor's own are not load) that
+    keeps a core busy is named, with its pid."""
+    import signal
+
+    from tuner.cluster import other_load
+
+    spin = "import time\nend = time.time() + 20\nwhile time.time() < end: pass"
+    out = subprocess.run(["sh", "-c", f'{sys.executable} -c "{spin}" >/dev/null 2>&1 & echo $!'],
+                         capture_output=True, text=True, check=True)
+    pid = int(out.stdout.strip())
+    try:
+        time.sleep(0.5)
+        busy, names = other_load(1.0)
+        assert busy >= 0.7 and f"pid {pid}" in names, (busy, names)
+    finally:
+        os.kill(pid, signal.SIGKILL)

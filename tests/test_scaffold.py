@@ -87,3 +87,17 @@ def test_init_refuses_to_overwrite(tmp_path):
     run = subprocess.run([sys.executable, "-m", "tuner", "init", "conv", "-o", str(out)],
                          capture_output=True, text=True)
     assert run.returncode == 2 and "--force" in run.stderr and out.read_text() == "keep me"
+
+
+def test_a_space_written_into_another_folder_names_the_workload_file_from_there(tmp_path, monkeypatch):
+    """A relative workload file is found from the space file's folder: ``init x.py:make -o
+    sub/space.yaml`` writes ``../x.py:make``."""
+    from pathlib import Path
+
+    from tuner.scaffold import seen_from
+
+    monkeypatch.chdir(tmp_path)
+    assert seen_from("x.py:make", Path("sub/space.yaml")) == "../x.py:make"
+    assert seen_from("x.py:make", Path("space.yaml")) == "x.py:make"
+    assert seen_from("lib/x.py:make", Path("sub/deeper/space.yaml")) == "../../lib/x.py:make"
+    assert seen_from("conv", Path("sub/space.yaml")) == "conv" and seen_from("pkg.mod:make", Path("a/b.yaml")) == "pkg.mod:make"

@@ -240,7 +240,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     print_summary(summary)
     out = Path(args.results_dir) / space.model.name
     print(f"results: {out}/ (summary.json, trials.jsonl, optuna.journal, ray/)")
+    _next_steps(summary, out)
     return _winner_status(summary)
+
+
+def _next_steps(summary: dict, out: Path) -> None:
+    """What to do with a finished search: export its pick, look closer."""
+    if summary.get("best"):
+        print(f"next: python -m tuner export {out} -o best.yaml   (or --format python|hf|lightning; "
+              f"show, report)")
 
 
 def cmd_show(args: argparse.Namespace) -> int:
@@ -313,6 +321,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     summary = run_search(space, results_root=res.path.resolve().parent, address=args.address,
                          resume=True, quiet=args.quiet)
     print_summary(summary)
+    _next_steps(summary, res.path)
     return _winner_status(summary)
 
 

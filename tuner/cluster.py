@@ -141,6 +141,37 @@ def _wait(client: Any, job_id: str, poll_s: float = 2.0) -> str:
 # ---- doctor ----------------------------------------------------------------------------
 
 
+def other_load(seconds: float = 1.0) -> tuple[float, str]:
+    """The cores the machine's other processes kept busy over ``seconds``, and the busiest
+    of them by name: what would disturb a search's timed windows now."""
+    import os
+    import time
+
+    import psutil
+
+    from tuner.hostload import machine_cpu
+
+    me = {os.getpid(), *(c.pid for c in psutil.Process().children(recursive=True))}
+    procs = [p for p in psutil.process_iter(["name"]) if p.pid not in me]
+    for p in procs:
+        try:
+            p.cpu_percent(None)
+        except psutil.Error:
+            pass
+    before = machine_cpu()
+    time.sleep(seconds)
+    after = machine_cpu()
+    busy = (after[0] - before[0]) / seconds if before and after else 0.0
+    use = []
+    for p in procs:
+        try:
+            use.append((p.cpu_percent(None), p.info["name"], p.pid))
+        except psutil.Error:
+            pass
+    top = [f"{name} (pid {pid}): {pct / 100:.2f}" for pct, name, pid in sorted(use, reverse=True)[:3] if pct >= 5]
+    return max(0.0, busy), ", ".join(top)
+
+
 def doctor(address: str | None = None, out: Any = None) -> int:
     """Check the environment; one line per check, OK or what to fix. Returns 0."""
     out = sys.stdout if out is None else out  # at call time: a replaced sys.stdout is honoured
@@ -186,6 +217,9 @@ def doctor(address: str | None = None, out: Any = None) -> int:
     check("compile", cc is not None, f"C compiler {cc}" if cc else "no C compiler: torch.compile cannot build kernels",
           "install gcc (apt-get install gcc) or leave compile: off")
     check("cpus", True, f"{os.cpu_count()} CPUs")
+    busy, names = other_load()
+    check("other load", busy < 0.25, f"{busy:.2f} cores busy outside this command" + (f" ({names})" if names else ""),
+          "a search measures best on a quiet machine: stop that load, or raise measure.max_interference")
     if address:
         try:
             import ray

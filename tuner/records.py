@@ -406,7 +406,7 @@ def no_winner_reason(records: list[dict], metric: str, folder: str) -> str:
     screened = sum(1 for r in ok if r.get("screened") and not r.get("disturbed"))
     return (f"{disturbed} of {len(ok)} measurements stayed disturbed by other load on the machine"
             + (f" and {screened} were screened out" if screened else "")
-            + f": stop that load (`tuner doctor` names it), then "
+            + f": stop that load (`tuner doctor` names the busiest processes), then "
             f"`tuner resume {folder} --trials {len(searched) + 4}`")
 
 

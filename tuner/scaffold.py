@@ -176,6 +176,15 @@ def _flow(value: object) -> str:
     return yaml.safe_dump(value, default_flow_style=True, width=10_000).strip().removesuffix("\n...")
 
 
+def seen_from(workload: str, out: Path) -> str:
+    """A workload file reference, given from this folder, as the space file ``out`` must
+    name it: a space's relative workload file is found from the space file's own folder."""
+    path, sep, func = workload.rpartition(":")
+    if not sep or not path.endswith(".py") or Path(path).is_absolute():
+        return workload
+    return f"{os.path.relpath(Path.cwd() / path, out.resolve().parent)}:{func}"
+
+
 def init_space(workload: str, workload_args: dict, out: Path, *, device: str = "auto",
                max_memory_mb: float | None = None, max_step_s: float = 2.0, upper: int = 4096,
                trials: int = 12, name: str | None = None, timeout_s: float = 120.0,
@@ -218,5 +227,5 @@ def init_space(workload: str, workload_args: dict, out: Path, *, device: str = "
     lines = knob_lines(device, cores, bf16, has_conv2d(model), shutil.which("cc") is not None
                        or shutil.which("gcc") is not None)
     stem = name or Path(workload.split(":")[0]).stem.replace(".", "-") or "space"
-    return write_space(out, name=stem, workload=workload, workload_args=workload_args, device=device,
+    return write_space(out, name=stem, workload=seen_from(workload, out), workload_args=workload_args, device=device,
                        fit=fit, lines=lines, trials=trials, cap_note=cap_note)

@@ -107,12 +107,12 @@ def make_study(space: spec.Space, ctx: knobs.Context, storage: Any = None, previ
     repaired from its ``previous`` search records first (``repair_study``)."""
     import optuna
 
-    name, directions = space.model.name, _directions(space)
-    sampler = sampler or make_sampler(space, ctx, space.start_points(ctx))
-    study = optuna.create_study(storage=storage, study_name=name, directions=directions, sampler=sampler,
+    study = optuna.create_study(storage=storage, study_name=space.model.name, directions=_directions(space),
                                 load_if_exists=storage is not None)
     if previous:
         repair_study(space, ctx, study, previous)
+    # the search's own sampler from here on (repairing asks no sampler anything)
+    study.sampler = sampler or make_sampler(space, ctx, space.start_points(ctx))
     return study
 
 
