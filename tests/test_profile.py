@@ -28,3 +28,5 @@ def test_profile_writes_a_trace_and_honest_figures(tmp_path):
     # throughput from the unprofiled measurement: 4 samples per (50 ms step + 4 ms data)
     # (at most that; the tiny model's own step adds 1-2 ms on this VM, depending on its load)
     assert 0.85 * 4 / 0.054 <= summary["samples_per_sec"] <= 1.02 * 4 / 0.054
+    # then the hot-path check: a loss that only sleeps has no defect
+    assert summary["hot_path"]["findings"] == [] and summary["hot_path"]["steps"] > 0

@@ -1,5 +1,6 @@
 """The search end to end with a real local Ray, real Optuna and real torch trials."""
 
+import io
 import json
 import subprocess
 import sys
@@ -109,6 +110,16 @@ def test_end_to_end_on_a_builtin_workload(tmp_path, no_ray):
     assert saved["best"]["measurements"] >= 2  # chosen on repeated figures
     assert saved["baseline"]["measurements"] == 2
     assert summary["trials"] == 3
+    # the hot path checked once, after the search, for the baseline and the pick
+    for which in ("baseline", "pick"):
+        assert saved["hot_path"][which]["findings"] == [], saved["hot_path"]
+    assert saved["hot_path"]["pick"]["compile"] == saved["best"]["config"]["compile"]
+    from tuner.results import open_results
+    from tuner.tables import print_show
+
+    shown = io.StringIO()
+    print_show(open_results(out), out=shown)
+    assert "no hot-path defects found" in shown.getvalue()
     # Optuna's own tools open the study
     import optuna
 

@@ -162,7 +162,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     from tuner.trial import classify
 
     try:
-        summary = profile_config(request, out, steps=args.steps)
+        summary = profile_config(request, out, steps=args.steps, hot_path=not args.no_hot_path)
     except (UserError, WorkloadError):
         raise
     except Infeasible as exc:
@@ -493,11 +493,13 @@ def _measure_commands(sub: Any) -> None:
     p.add_argument("--timeout", type=float, help="seconds before the trial counts as hung")
     p.set_defaults(func=cmd_bench)
 
-    p = sub.add_parser("profile", help="a config under torch.profiler: Chrome trace + summary")
+    p = sub.add_parser("profile", help="a config under torch.profiler: Chrome trace, summary and the hot-path check")
     p.add_argument("target", help="space.yaml, or a results folder (its best, or --trial N)")
     p.add_argument("--set", action="append", default=[], metavar="KNOB=VALUE", help="override a knob")
     p.add_argument("--trial", type=int, help="with a results folder: the trial number to profile")
     p.add_argument("--steps", type=int, default=6, help="optimizer steps under the profiler")
+    p.add_argument("--no-hot-path", action="store_true",
+                   help="skip the hot-path check (defects in the workload's own step, by file:line)")
     p.add_argument("--out", help="folder for trace.json and summary.json")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_profile, baseline=False, config=None)

@@ -47,8 +47,9 @@ class Infeasible(Exception):
     """The profiled config cannot run (its reason is the message)."""
 
 
-def profile_config(request: TrialRequest, out_dir: Path, steps: int = 6) -> dict:
-    """Measure (unprofiled), then profile ``steps`` optimizer steps; write the trace and summary."""
+def profile_config(request: TrialRequest, out_dir: Path, steps: int = 6, hot_path: bool = True) -> dict:
+    """Measure (unprofiled), then profile ``steps`` optimizer steps; write the trace and
+    summary; ``hot_path``: then run the hot-path check (``tuner.hotpath``) on the config."""
     from torch.profiler import ProfilerActivity, profile
 
     from tuner.loop import Trainer, synchronize
@@ -86,6 +87,11 @@ def profile_config(request: TrialRequest, out_dir: Path, steps: int = 6) -> dict
         "measurement": {k: v for k, v in metrics.items() if k != "samples_per_sec_windows"},
         "config": config, "notes": notes,
     })
+    if hot_path:
+        from tuner.hotpath import UserCode, check
+
+        # after the measurement and the trace: the check's instrumentation is in neither
+        summary["hot_path"] = check(trainer, UserCode.of_workload(request.workload, request.base_dir))
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     return summary
 
@@ -138,3 +144,7 @@ def print_profile(summary: dict, out: Any) -> None:
     print(f"{'operator':<40} {'self ms':>9} {'calls':>6}", file=out)
     for op in summary["top_ops"]:
         print(f"{op['name'][:40]:<40} {op['self_ms']:>9.2f} {op['calls']:>6}", file=out)
+    from tuner.tables import hot_path_lines
+
+    for line in hot_path_lines(summary.get("hot_path")):
+        print(line, file=out)

@@ -135,6 +135,30 @@ def measure_on_worker(knob_config: dict, job: TrialJob, baseline: bool = False, 
     return ray.get(task.remote(knob_config, job, baseline=baseline, screen=screen, placement=placement))
 
 
+def check_configs(configs: dict[str, tuple[dict, bool]], job: TrialJob) -> dict:
+    """The hot-path check (``tuner.hotpath``) of each named ``(config, baseline)``, each in
+    a fresh process as a trial runs; a check that fails says why in its place."""
+    from dataclasses import replace
+
+    from tuner.trial import make_request, run_isolated
+
+    out = {}
+    for name, (config, baseline) in configs.items():
+        config = {**config, "world_size": 1}  # every rank runs the same user code
+        env = {"OMP_NUM_THREADS": str(int(job.cpus_per_trial(config)))}
+        if os.environ.get("CUDA_VISIBLE_DEVICES") is not None:
+            env["CUDA_VISIBLE_DEVICES"] = os.environ["CUDA_VISIBLE_DEVICES"]
+        request = replace(make_request(workload=job.workload, workload_args=job.workload_args,
+                                       base_dir=job.base_dir, config=config, baseline=baseline,
+                                       device=job.device, measure=job.measure, run=job.run, seed=job.seed,
+                                       env=env, compile_cache=_compile_cache(config, job), nice=job.nice),
+                          check_hot_path=True)
+        record = run_isolated(request, timeout_s=job.trial_timeout_s)
+        out[name] = (record["hot_path"] if record.get("status") == "ok" and record.get("hot_path")
+                     else {"error": record.get("reason") or str(record.get("status"))})
+    return out
+
+
 def trainable(config: dict, job: TrialJob) -> None:
     """The Ray Tune trainable: one measurement (``tuner.policy.Task`` as ``task_config``
     gives it), reported once, its record whole."""

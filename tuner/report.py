@@ -9,7 +9,7 @@ from tuner import spec
 from tuner.diagnose import diagnose
 from tuner.errors import UserError
 from tuner.results import Results
-from tuner.tables import diff_from_default, fmt, table_rows
+from tuner.tables import diff_from_default, fmt, search_hot_path_lines, table_rows
 
 # ---- report.md and plots ------------------------------------------------------------------
 
@@ -165,6 +165,10 @@ def write_report(res: Results) -> Path:
         d = diagnose(best, cap)
         lines += [f"**Bottleneck of the best config**: {d.verdict} ({d.evidence}).", ""]
         lines += [f"- try: {r}" for r in d.recommendations] + [f"- note: {f}" for f in d.flags] + [""]
+    checked = search_hot_path_lines((res.summary or {}).get("hot_path"))
+    if checked:
+        lines += ["## Hot path", "", "Defects in the workload's own step, checked once for the baseline and "
+                  "the pick (`python -m tuner profile` checks any config):", "", "```", *checked, "```", ""]
     lines += ["## Configs", "", f"| # | status | {metric} | spread | n | speedup | memory MB | bottleneck | config |",
               "|---|---|---|---|---|---|---|---|---|"]
     for i, r in enumerate(table_rows(res), 1):

@@ -188,11 +188,40 @@ def _search(space: spec.Space, out: Path, progress: Progress, ray_start_s: float
     summary = summarize(space, records, baseline_of(records, m.objective.metric) or {"config": None},
                         describe_cluster=shape, search_wall_s=search_wall_s, ray_start_s=ray_start_s,
                         device=device, out_folder=out)
+    summary["hot_path"] = check_hot_path(summary, job, cpus_per_trial, gpus_per_trial, progress,
+                                         spent=bool(policy.ended and "time budget" in policy.ended))
     # what ``benchmarks/search_replay.py --check-live`` needs to decide as this search did
     summary["policy"] = {"context": dataclasses.asdict(ctx), "ended": policy.ended, "started_at": started,
                          "ended_at": search_wall_s, "resumed": bool(recorder.previous)}
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     return summary
+
+
+def check_hot_path(summary: dict, job: TrialJob, cpus_per_trial: Callable[[dict], float], gpus_per_trial: int,
+                   progress: Progress, spent: bool = False) -> dict | None:
+    """The hot-path check of the baseline and the pick, once per search, after it (in no
+    measurement's time), on a Ray worker holding a trial's resources."""
+    configs = {}
+    if summary["baseline"].get("config"):
+        configs["baseline"] = (summary["baseline"]["config"], True)
+    if summary.get("best"):
+        configs["pick"] = (summary["best"]["config"], False)
+    if not configs:
+        return None
+    if spent:
+        return {"error": "the time budget was spent; run `python -m tuner profile` on the results folder"}
+    import ray
+
+    from tuner.remote import check_configs
+
+    progress.update(msg="checking the hot path of the baseline and the pick")
+    config = configs.get("pick", configs["baseline"])[0]
+    task = ray.remote(check_configs).options(num_cpus=cpus_per_trial(config), num_gpus=gpus_per_trial,
+                                             max_retries=0)
+    try:
+        return ray.get(task.remote(configs, job))
+    except Exception as exc:  # the search's results stand without it
+        return {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
 
 
 def trial_context(space: spec.Space, device: str, gpus_per_trial: int, shape: dict) -> tuple[knobs.Context, bool]:

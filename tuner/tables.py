@@ -94,6 +94,8 @@ def print_show(res: Results, out: Any = None, limit: int | None = None) -> None:
         print_diagnosis("best config", diagnose(best, cap), out)
     else:
         print(f"no winner: {res.no_winner()}", file=out)
+    for line in search_hot_path_lines((res.summary or {}).get("hot_path")):
+        print(line, file=out)
 
 
 def print_diagnosis(what: str, d: Diagnosis, out: Any = None) -> None:
@@ -235,6 +237,47 @@ def print_summary(summary: dict, out: Any = None) -> None:
               f"on the machine; they are marked (show) and never pick the winner", file=out)
     if summary.get("verdict"):
         print(f"NOTE: {summary['verdict']}", file=out)
+    for line in search_hot_path_lines(summary.get("hot_path")):
+        print(line, file=out)
     if summary.get("overhead_ratio"):
         print(f"search overhead: wall {summary['search_wall_s']:.0f} s / in-trial {summary['in_trial_s']:.0f} s"
               f" = {summary['overhead_ratio']:.2f}", file=out)
+
+
+def hot_path_lines(result: dict | None) -> list[str]:
+    """The hot-path check's findings (``tuner.hotpath.check``), one line and its fix each."""
+    if not result:
+        return []
+    if result.get("error"):
+        return [f"hot path: not checked ({result['error']})"]
+    lines = [f"hot path ({result.get('steps')} steps of the workload's own code on {result.get('device')}, "
+             f"compile {result.get('compile')}):"]
+    found = result.get("findings") or []
+    if not found:
+        lines.append("  no hot-path defects found")
+    for f in found:
+        often = "once, when compiling" if f.get("per_step") is None else f"{f['per_step']:g} per step"
+        lines.append(f"  {f['where']} in {f['function']}: {f['what']} ({often}; {f['cost']})")
+        lines.append(f"      fix: {f['fix']}")
+    lib = result.get("library") or []
+    if lib:
+        lines.append("  in other libraries (not your lines): " + ", ".join(
+            f"{x['package']}: {x['what']} {x['per_step']:g}/step" for x in lib[:6]))
+    return lines + [f"  ({n})" for n in result.get("notes") or []]
+
+
+def search_hot_path_lines(checked: dict | None) -> list[str]:
+    """A search's check: the pick's findings, then those only the baseline has."""
+    if not checked:
+        return []
+    if "error" in checked:
+        return hot_path_lines(checked)
+    pick, base = checked.get("pick"), checked.get("baseline")
+    lines = hot_path_lines(pick or base)
+    if pick and base and not base.get("error"):
+        seen = {(f["where"], f["kind"]) for f in pick.get("findings") or []}
+        extra = [f for f in base.get("findings") or [] if (f["where"], f["kind"]) not in seen]
+        if extra:
+            lines.append("the baseline (compile off) also has:")
+            lines += hot_path_lines({**base, "findings": extra, "library": [], "notes": []})[1:]
+    return lines

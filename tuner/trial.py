@@ -74,6 +74,8 @@ class TrialRequest:
     screen: dict | None = None
     """``{"below": samples/sec, "margin": fraction}``: the search's screening threshold."""
     compile_cache: str | None = None
+    check_hot_path: bool = False
+    """Run the hot-path check (``tuner.hotpath``) on the config instead of measuring it."""
     """An inductor cache folder shared by one compile group of a search: cold (empty)
     for the group's first trial, warm after."""
     nice: int | None = None
@@ -182,6 +184,12 @@ def execute(request: TrialRequest, progress: Callable[[str], None] | None = None
         if phase:
             phase(PHASES[0])
         trainer = Trainer(workload, config, device, baseline=request.baseline, seed=request.seed)
+        if request.check_hot_path:
+            from tuner.hotpath import UserCode, check
+
+            result = check(trainer, UserCode.of_workload(request.workload, request.base_dir))
+            return {"status": Status.OK, "reason": None, "hot_path": result, "config": config,
+                    "notes": notes + trainer.notes, "baseline": request.baseline, "device": str(device)}
         metrics = measure(trainer, MeasureSettings(**request.measure), RunPlan(**request.run),
                           startup_s=time.perf_counter() - t0, progress=progress,
                           probe=TreeProbe(request.observers),

@@ -1,0 +1,109 @@
+"""The hot-path check: planted defects found at their lines, nothing on a clean twin or
+in the tuner's own loop."""
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from tuner.hotpath import FIX, Sites, UserCode, _Calls, _copy_target, check
+from tuner.loop import Trainer
+from tuner.tables import hot_path_lines, search_hot_path_lines
+from tuner.trial import make_request, resolve_config
+
+PLANTED = Path(__file__).parent / "fixtures" / "hotpath_planted.py"
+COMPILE_KINDS = {"graph_break", "recompile"}
+
+
+def planted() -> dict[tuple[int, str], str]:
+    """(line, kind) of every defect marked in the fixture (the marks, not line numbers
+    written here, say where they are)."""
+    out = {}
+    for n, line in enumerate(PLANTED.read_text().splitlines(), 1):
+        m = re.search(r"  # defect: ([a-z_, ]+)$", line)
+        for kind in (m.group(1).split(", ") if m else []):
+            out[(n, kind)] = line.strip()
+    return out
+
+
+def run_check(clean: bool, compile: str = "off", baseline: bool = False, **config) -> dict:
+    req = make_request(workload=f"{PLANTED}:make", workload_args={"clean": clean}, device="cpu",
+                       config={"compile": compile, "micro_batch_size": 8, **config})
+    resolved, _, workload, device = resolve_config(req)
+    trainer = Trainer(workload, resolved, device, baseline=baseline)
+    return check(trainer, UserCode.of_workload(req.workload), steps=5, warm=3)
+
+
+def found(result: dict) -> set[tuple[int, str]]:
+    kinds = {"sync": "sync", "branch": "branch", "dynamic_size": "dynamic_size"}
+    out = set()
+    for f in result["findings"]:
+        path, line = f["where"].rsplit(":", 1)
+        assert Path(path).resolve() == PLANTED.resolve(), f  # only the workload's own file
+        out.add((int(line), kinds.get(f["kind"], f["kind"])))
+    return out
+
+
+def test_every_planted_defect_is_named_at_its_line_and_the_clean_twin_has_none():
+    expected = {k for k in planted() if k[1] not in COMPILE_KINDS}
+    result = run_check(clean=False)
+    assert found(result) == expected
+    for f in result["findings"]:
+        assert f["fix"] == FIX[f["kind"]] and f["per_step"] >= 1, f
+    # the comprehension runs once per item of the batch: three per step
+    assert next(f for f in result["findings"] if f["kind"] == "isinstance")["per_step"] == 3
+    clean = run_check(clean=True)
+    assert clean["findings"] == [] and "no hot-path defects found" in "\n".join(hot_path_lines(clean))
+
+
+def test_the_tuners_own_loop_is_never_blamed():
+    # the baseline's loop reads loss.item() every step (tuner/loop.py): not the user's line
+    result = run_check(clean=True, baseline=True, grad_accum_steps=2)
+    assert result["findings"] == []
+
+
+@pytest.mark.slow
+def test_graph_breaks_and_recompiles_under_compile_are_named_at_their_lines():
+    result = run_check(clean=False, compile="default")
+    assert found(result) == set(planted())
+    recompile = next(f for f in result["findings"] if f["kind"] == "recompile")
+    assert recompile["per_step"] > 0 and "self.keep" in recompile["what"]
+    assert run_check(clean=True, compile="default")["findings"] == []
+
+
+def test_copies_to_a_gpu_are_classified_by_pinning_and_blocking():
+    # No CUDA here: only the classification of a call is tested (the copy itself is not
+    # run); on a CPU-only build every host tensor reads as not pinned.
+    assert _copy_target("to", (torch.ones(1), "cuda:0"), {}) == (torch.device("cuda:0"), False)
+    assert _copy_target("to", (torch.ones(1),), {"device": "cuda", "non_blocking": True}) == \
+        (torch.device("cuda"), True)
+    assert _copy_target("to", (torch.ones(1), torch.float16), {})[0] is None
+    calls = _Calls(Sites(UserCode()), on_gpu=True)
+    assert calls._kind("to", (torch.ones(1), "cuda"), {})[0] == "unpinned_copy"
+    assert calls._kind("to", (torch.ones(1), "cpu"), {}) is None
+    assert _Calls(Sites(UserCode()), on_gpu=False)._kind("to", (torch.ones(1), "cuda"), {}) is None
+
+
+def test_user_code_is_the_workloads_folder_not_installed_packages(tmp_path):
+    wl = tmp_path / "proj" / "wl.py"
+    wl.parent.mkdir()
+    wl.write_text("")
+    user = UserCode.of_file(wl)
+    assert user.owns(str(tmp_path / "proj" / "model" / "net.py"))
+    assert not user.owns(str(tmp_path / "elsewhere.py"))
+    assert not user.owns(torch.__file__)
+    builtin = UserCode.of_workload("conv")  # a built-in: its own file only, not the tuner's loop
+    assert builtin.owns(str(Path(__file__).parents[1] / "tuner" / "workloads" / "builtin.py"))
+    assert not builtin.owns(str(Path(__file__).parents[1] / "tuner" / "loop.py"))
+
+
+def test_a_search_prints_the_picks_findings_and_those_only_the_baseline_has():
+    finding = {"kind": "sync", "where": "m.py:3", "function": "loss", "what": ".item()", "per_step": 1.0,
+               "cost_ms_per_step": None, "cost": "count only", "fix": FIX["sync"]}
+    other = {**finding, "kind": "hasattr", "where": "m.py:9", "what": "hasattr()"}
+    pick = {"findings": [finding], "steps": 5, "device": "cpu", "compile": "default"}
+    lines = search_hot_path_lines({"pick": pick, "baseline": {**pick, "findings": [finding, other]}})
+    assert sum("m.py:3" in ln for ln in lines) == 1 and any("m.py:9" in ln for ln in lines)
+    assert search_hot_path_lines({"error": "the time budget was spent"}) == \
+        ["hot path: not checked (the time budget was spent)"]

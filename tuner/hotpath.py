@@ -1,0 +1,597 @@
+"""The hot-path check: defects in the user's own training step, named by file and line.
+
+The performance guides spend half their pages on code no knob can fix: a host sync per
+step for logging, ``hasattr`` in ``forward``, an attention mask rebuilt every step, a
+graph split by a data-dependent branch. This check runs the user's step as a trial does
+and names each one at the innermost line of the workload's own files, with how often
+it happens per step, what it cost where that can be measured, and what to do instead.
+
+It runs on items already in memory, so the DataLoader's work is not in it: the hot path
+is the step itself (the loss, the model, the optimizer) and the workload's own
+``collate``, which runs once per batch. Three
+passes, each on its own steps so that one's instrumentation is not in another's figures:
+
+1. ``calls``: a ``TorchFunctionMode`` sees every torch call the user's code makes
+   directly: host syncs (``.item()``, ``bool(tensor)``, ``nonzero``...), tensors built
+   from constants every step, host-to-device copies (GPU). It runs on the eager
+   module: a mode on the stack is part of what a compiled graph guards on.
+2. ``builtins``: ``sys.setprofile`` counts ``hasattr``, ``isinstance`` and ``getattr``
+   with a default called from the user's lines.
+3. ``compile`` (``compile`` on): dynamo's graph breaks with their user frames, and the
+   recompiles that go on after the first steps, with the guard that failed.
+
+Calls from the tuner's own loop are never the user's; calls whose innermost caller is
+another library (not torch) are summarized by package, apart from the findings.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dis
+import logging
+import os
+import re
+import sys
+import sysconfig
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+TUNER_DIR = Path(__file__).resolve().parent
+TORCH_DIR = Path(torch.__file__).resolve().parent
+LIBRARY_DIRS = tuple({str(Path(p).resolve()) for p in (sysconfig.get_paths()["purelib"],
+                                                        sysconfig.get_paths()["platlib"],
+                                                        sysconfig.get_paths()["stdlib"])})
+
+# What to do instead, one line per kind (the guides' advice).
+FIX = {
+    "sync": "keep the value on the device (accumulate into a tensor) and read it every N steps, not every step",
+    "branch": "branch on host data, or keep both sides on the device with torch.where",
+    "dynamic_size": "use a fixed-size form (torch.where(mask, x, 0), masked_fill, a weighted sum) "
+                    "instead of an output whose size depends on the data",
+    "hasattr": "decide once in __init__ and store a flag; do not probe attributes every step",
+    "getattr": "set the attribute in __init__ so a plain attribute read works",
+    "isinstance": "know the batch's structure once (in collate or __init__), not per element per step",
+    "invariant": "build it once (in __init__, register_buffer(..., persistent=False)) and reuse it",
+    "graph_break": "move it out of the compiled code or make it traceable (see the reason)",
+    "recompile": "keep what the guard checks the same each step: pad to a few fixed sizes, "
+                 "mark the dimension dynamic (torch._dynamo.mark_dynamic), pass tensors not Python numbers",
+    "unpinned_copy": "pin the host tensor (tensor.pin_memory()) or create it on the device",
+    "blocking_copy": "copy with non_blocking=True from pinned memory",
+}
+
+# Tensor methods and torch functions whose result needs the device's values on the host.
+SYNCS = {"item": ("sync", ".item()"), "tolist": ("sync", ".tolist()"), "cpu": ("sync", ".cpu()"),
+         "numpy": ("sync", ".numpy()"), "__bool__": ("branch", "bool(tensor) (an if on a tensor)"),
+         "__int__": ("sync", "int(tensor)"), "__float__": ("sync", "float(tensor)"),
+         "nonzero": ("dynamic_size", "nonzero"), "argwhere": ("dynamic_size", "argwhere"),
+         "masked_select": ("dynamic_size", "masked_select"), "unique": ("dynamic_size", "unique")}
+# Built from constants: the same tensor every step when its arguments are.
+FACTORIES = frozenset({"arange", "ones", "zeros", "full", "eye", "linspace", "logspace", "tensor",
+                       "as_tensor", "tril_indices", "triu_indices"})
+# A small tensor built each step (positions for an embedding, a zero state) costs less
+# than keeping it would save; a mask of T x T does not.
+INVARIANT_NUMEL = 4096
+BUILTINS = {id(hasattr): "hasattr", id(isinstance): "isinstance", id(getattr): "getattr"}
+
+
+@dataclass
+class Finding:
+    """One defect at one line of the user's code."""
+
+    kind: str
+    where: str  # file:line, the innermost frame in the workload's own files
+    function: str
+    what: str
+    per_step: float | None  # None: once, when compiling
+    cost_ms_per_step: float | None
+    cost: str  # how the cost was measured, or why it is only a count
+    fix: str
+
+
+@dataclass
+class UserCode:
+    """Which source files are the workload's own: the folder of its file (not installed
+    packages in it), or only the file for a built-in or installed workload."""
+
+    roots: tuple[str, ...] = ()
+    files: frozenset[str] = frozenset()
+    _seen: dict[str, bool] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def of_workload(cls, ref: str, base_dir: str | Path | None = None) -> UserCode:
+        import inspect
+
+        from tuner.workloads import resolve_factory
+
+        func = resolve_factory(ref, Path(base_dir) if base_dir else None)
+        path = Path(inspect.getsourcefile(func) or "").resolve()
+        return cls.of_file(path)
+
+    @classmethod
+    def of_file(cls, path: Path) -> UserCode:
+        path = path.resolve()
+        installed = TUNER_DIR in path.parents or any(path.is_relative_to(d) for d in LIBRARY_DIRS)
+        return cls(roots=() if installed else (str(path.parent),), files=frozenset({str(path)}))
+
+    def owns(self, filename: str) -> bool:
+        known = self._seen.get(filename)
+        if known is None:
+            path = os.path.realpath(filename)
+            known = path in self.files or (
+                any(path.startswith(r + os.sep) for r in self.roots)
+                and not path.startswith(str(TUNER_DIR) + os.sep)
+                and "site-packages" not in path and "dist-packages" not in path)
+            self._seen[filename] = known
+        return known
+
+
+def _owner(filename: str) -> str:
+    """``torch``, ``tuner``, a library's top-level package, or ``?``."""
+    path = os.path.realpath(filename)
+    if path.startswith(str(TORCH_DIR) + os.sep):
+        return "torch"
+    if path.startswith(str(TUNER_DIR) + os.sep):
+        return "tuner"
+    for d in LIBRARY_DIRS:
+        if path.startswith(d + os.sep):
+            return Path(path).relative_to(d).parts[0].removesuffix(".py")
+    return "?"
+
+
+class Sites:
+    """Where calls come from: the innermost caller that is not torch's own code, the
+    user's (a finding), the tuner's (never the user's) or a library's (summarized)."""
+
+    def __init__(self, user: UserCode):
+        self.user = user
+        self.library: dict[tuple[str, str], int] = defaultdict(int)
+
+    def caller(self, frame: FrameType | None) -> tuple[str, FrameType | None, str | None]:
+        """``("user", frame, via)``, ``("tuner", None, None)``, ``(package, None, None)``;
+        ``via``: the innermost torch function between the user's line and the call."""
+        via = None
+        while frame is not None:
+            name = frame.f_code.co_filename
+            if self.user.owns(name):
+                return "user", frame, via
+            owner = _owner(name)
+            if owner == "tuner" and frame.f_code.co_filename == __file__:
+                frame = frame.f_back  # this check's own handlers
+                continue
+            if owner != "torch":
+                return owner, None, None
+            module = frame.f_globals.get("__name__", "torch")
+            if via is None and not module.startswith(("torch.overrides", "torch._tensor")):
+                via = f"{module}.{frame.f_code.co_name}"
+            frame = frame.f_back
+        return "?", None, None
+
+
+def where(frame: FrameType) -> tuple[str, str]:
+    """``file:line`` and the function (a comprehension's with the function around it)."""
+    name = frame.f_code.co_name
+    if name.startswith("<") and frame.f_back is not None:
+        name = f"{name} in {frame.f_back.f_code.co_name}"
+    return f"{_short(frame.f_code.co_filename)}:{frame.f_lineno}", name
+
+
+def _short(filename: str) -> str:
+    """Relative to the working folder where it is inside it, else absolute."""
+    try:
+        rel = os.path.relpath(filename)
+    except ValueError:
+        return filename
+    return filename if rel.startswith("..") else rel
+
+
+# ---- pass 1: the torch calls of the user's lines ---------------------------------------
+
+
+@dataclass
+class _Site:
+    kind: str
+    what: str
+    function: str
+    calls: int = 0
+    seconds: float = 0.0
+    signatures: set = field(default_factory=set)
+
+
+def _signature(args: tuple, kwargs: dict) -> tuple | None:
+    """The arguments of a tensor factory as a hashable key; None when a tensor is among
+    them (the result then depends on data, not constants)."""
+    def key(v: Any) -> Any:
+        if isinstance(v, torch.Tensor):
+            raise TypeError
+        if isinstance(v, list | tuple):
+            return tuple(key(x) for x in v)
+        if isinstance(v, dict):
+            return tuple(sorted((k, key(x)) for k, x in v.items()))
+        return v if isinstance(v, int | float | bool | str | type(None)) else repr(v)
+    try:
+        return key(args), key(kwargs)
+    except TypeError:
+        return None
+
+
+def _copy_target(name: str, args: tuple, kwargs: dict) -> tuple[torch.device | None, bool]:
+    """Where ``tensor.to(...)``/``.cuda(...)``/``dst.copy_(src)`` copies to, and whether
+    it is non-blocking."""
+    non_blocking = bool(kwargs.get("non_blocking", False))
+    if name == "cuda":
+        return torch.device("cuda"), non_blocking or (len(args) > 2 and bool(args[2]))
+    if name == "copy_":
+        dst = args[0]
+        return dst.device, non_blocking or (len(args) > 2 and bool(args[2]))
+    device = kwargs.get("device")
+    for a in args[1:]:
+        if isinstance(a, torch.Tensor):
+            device = a.device
+        elif isinstance(a, torch.device | str | int) and not isinstance(a, bool):
+            device = a
+        elif isinstance(a, bool):
+            non_blocking = non_blocking or a
+            break
+    return (torch.device(device) if device is not None else None), non_blocking
+
+
+class _Calls(TorchFunctionMode):
+    """Every torch call made directly from the user's lines, by site."""
+
+    def __init__(self, sites: Sites, on_gpu: bool):
+        super().__init__()
+        self.sites, self.on_gpu = sites, on_gpu
+        self.found: dict[tuple[str, str, str], _Site] = {}
+
+    def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        kind = self._kind(name, args, kwargs)
+        if kind is None:
+            return func(*args, **kwargs)
+        owner, frame, via = self.sites.caller(sys._getframe(1))
+        if owner != "user":
+            if owner != "tuner":
+                self.sites.library[(owner, kind[1])] += 1
+            return func(*args, **kwargs)
+        t0 = time.perf_counter()
+        out = func(*args, **kwargs)
+        seconds = time.perf_counter() - t0
+        if kind[0] == "invariant" and (not isinstance(out, torch.Tensor) or out.numel() < INVARIANT_NUMEL):
+            return out
+        loc, function = where(frame)
+        what = kind[1] if via is None else f"{kind[1]} inside {via}"
+        site = self.found.setdefault((loc, kind[0], what), _Site(kind[0], what, function))
+        site.calls += 1
+        site.seconds += seconds
+        if kind[0] == "invariant":
+            site.signatures.add(_signature(args, kwargs))
+        return out
+
+    def _kind(self, name: str, args: tuple, kwargs: dict) -> tuple[str, str] | None:
+        if name in SYNCS:
+            return SYNCS[name]
+        if name == "where" and len(args) == 1 and not kwargs:
+            return "dynamic_size", "torch.where(condition)"
+        if name == "__getitem__" and len(args) > 1 and _bool_index(args[1]):
+            return "dynamic_size", "indexing with a boolean mask"
+        if name in FACTORIES and _signature(args, kwargs) is not None:
+            return "invariant", f"torch.{name}(...) from the same constants"
+        if self.on_gpu and name in ("to", "cuda", "copy_") and args and isinstance(args[0], torch.Tensor):
+            src = args[1] if name == "copy_" and len(args) > 1 else args[0]
+            if not isinstance(src, torch.Tensor) or src.device.type != "cpu":
+                return None
+            device, non_blocking = _copy_target(name, args, kwargs)
+            if device is None or device.type != "cuda":
+                return None
+            if not src.is_pinned():
+                return "unpinned_copy", f".{name}() of pageable host memory to the GPU"
+            if not non_blocking:
+                return "blocking_copy", f".{name}() to the GPU without non_blocking"
+        return None
+
+
+def _bool_index(index: Any) -> bool:
+    items = index if isinstance(index, tuple) else (index,)
+    return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in items)
+
+
+def _call_findings(calls: _Calls, steps: int, device: torch.device) -> list[Finding]:
+    on_gpu = device.type == "cuda"
+    out = []
+    for (loc, kind, what), s in calls.found.items():
+        if kind == "invariant" and (len(s.signatures) != 1 or s.calls < steps):
+            continue  # its arguments changed, or it is not built every step
+        ms = s.seconds * 1e3 / steps
+        if kind in ("sync", "branch", "dynamic_size"):
+            cost = (f"the host waited {ms:.3f} ms per step in it, measured on the device" if on_gpu else
+                    "count only on a CPU, where no device queue is waited for; on a GPU each one "
+                    "waits for all queued work")
+        elif kind == "invariant":
+            cost = f"{ms:.3f} ms per step of host time to build it, measured"
+        else:
+            cost = f"{ms:.3f} ms per step in the copy, measured"
+        out.append(Finding(kind, loc, s.function, what, s.calls / steps, ms if on_gpu or kind != "sync" else None,
+                           cost, FIX["sync" if kind == "sync" else kind]))
+    return out
+
+
+# ---- pass 2: Python builtins from the user's lines -------------------------------------
+
+
+class _Builtins:
+    """``sys.setprofile``: the builtins the guides name, called from the user's lines."""
+
+    def __init__(self, user: UserCode):
+        self.user = user
+        self.counts: dict[tuple[str, str, str], list] = {}
+        self._args: dict[tuple[Any, int], int] = {}
+        self._open: list[tuple[tuple, FrameType, Any, float]] = []
+
+    def __call__(self, frame: FrameType, event: str, arg: Any) -> None:
+        if event == "c_call":
+            name = BUILTINS.get(id(arg))
+            if name is None or not self.user.owns(frame.f_code.co_filename):
+                return
+            if name == "getattr" and self._nargs(frame) < 3:
+                return  # a plain getattr(obj, name) is an attribute read
+            loc, function = where(frame)
+            key = (loc, name, function)
+            self.counts.setdefault(key, [0, 0.0])[0] += 1
+            self._open.append((key, frame, arg, time.perf_counter()))
+        elif event in ("c_return", "c_exception") and self._open and self._open[-1][1] is frame \
+                and self._open[-1][2] is arg:
+            key, _, _, t0 = self._open.pop()
+            self.counts[key][1] += time.perf_counter() - t0
+
+    def _nargs(self, frame: FrameType) -> int:
+        key = (frame.f_code, frame.f_lasti)
+        n = self._args.get(key)
+        if n is None:
+            ins = next((i for i in dis.get_instructions(frame.f_code) if i.offset == frame.f_lasti), None)
+            n = self._args[key] = ins.arg if ins is not None and ins.opname == "CALL" and ins.arg is not None else 3
+        return n
+
+    def findings(self, steps: int) -> list[Finding]:
+        out = []
+        for (loc, name, function), (n, seconds) in self.counts.items():
+            what = {"getattr": "getattr() with a default"}.get(name, f"{name}()")
+            ms = seconds * 1e3 / steps
+            out.append(Finding(name, loc, function, what, n / steps, ms,
+                               f"{ms:.3f} ms per step in the calls, measured under a profiling hook "
+                               f"(an upper bound)", FIX[name]))
+        return out
+
+
+# ---- pass 3: graph breaks and recompiles -----------------------------------------------
+
+_RECOMPILE = re.compile(r"Recompiling function (\S+) in (.+):(\d+)\n(.*)", re.S)
+
+
+class _CompileWatch(logging.Handler):
+    """Dynamo's recompile messages (its ``recompiles`` log) and its recompile-limit
+    warnings, kept here and not printed."""
+
+    LOGGERS = ("torch._dynamo.guards.__recompiles", "torch._dynamo.convert_frame")
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.recompiles: list[str] = []
+        self.limit: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        msg = record.getMessage()
+        if msg.startswith("Recompiling function"):
+            self.recompiles.append(msg)
+        elif "recompile_limit" in msg or "cache_size_limit" in msg:
+            self.limit.append(msg)
+
+    @contextlib.contextmanager
+    def watching(self) -> Iterator[_CompileWatch]:
+        loggers = [logging.getLogger(n) for n in self.LOGGERS]
+        saved = [(lg.propagate, lg.level) for lg in loggers]
+        torch._logging.set_logs(recompiles=True)
+        for lg in loggers:
+            lg.addHandler(self)
+        loggers[0].propagate = False
+        try:
+            yield self
+        finally:
+            for lg, (propagate, level) in zip(loggers, saved, strict=True):
+                lg.removeHandler(self)
+                lg.propagate, lg.level = propagate, level
+            torch._logging.set_logs()
+
+
+def _break_findings(sites: Sites, reasons: list) -> list[Finding]:
+    out: dict[tuple[str, str], Finding] = {}
+    for r in reasons:
+        frame = next((f for f in reversed(r.user_stack) if sites.user.owns(f.filename)), None)
+        reason = _plain_break(r.reason.strip().splitlines()[0])
+        if frame is None:
+            owner = next((_owner(f.filename) for f in reversed(r.user_stack)), "?")
+            if owner not in ("tuner", "torch"):
+                sites.library[(owner, "graph break")] += 1
+            continue
+        loc = f"{_short(frame.filename)}:{frame.lineno}"
+        out.setdefault((loc, reason), Finding(
+            "graph_break", loc, frame.name, f"graph break: {reason}", None, None,
+            "count only: the code around it runs as separate graphs", FIX["graph_break"]))
+    return list(out.values())
+
+
+def _plain_break(reason: str) -> str:
+    if reason.startswith("generic_jump"):
+        return f"an if or while on a tensor's value (dynamo: {reason})"
+    return reason
+
+
+def _plain_guard(guard: str) -> str:
+    if "size mismatch" in guard:
+        return f"an input's shape changed ({guard})"
+    if re.search(r"==\s*-?\d+\.\d+", guard):
+        return f"a Python float that changes is baked into the graph ({guard})"
+    return f"the guard {guard!r} failed"
+
+
+def _recompile_findings(sites: Sites, watch: _CompileWatch, settled: int, steps: int) -> list[Finding]:
+    """Every recompile after the first compile is the user's to see (a clean step with
+    fixed shapes has none); ``per_step`` counts those of the observed steps, after the
+    ``settled`` ones of the first steps (where a changing shape is made dynamic)."""
+    by: dict[tuple[str, str], list] = {}
+    for i, msg in enumerate(watch.recompiles):
+        m = _RECOMPILE.match(msg)
+        if not m:
+            continue
+        func, filename, line, rest = m.groups()
+        user_line = re.search(r'File "([^"]+)", line (\d+)', rest)
+        if user_line and sites.user.owns(user_line.group(1)):
+            filename, line = user_line.groups()
+        if not sites.user.owns(filename):
+            owner = _owner(filename)
+            if owner not in ("tuner", "torch"):
+                sites.library[(owner, "recompile")] += 1
+            continue
+        guard = next((ln.strip().lstrip("- ").split("#")[0].strip() for ln in rest.splitlines()
+                      if re.match(r"\s*- \d+/\d+:", ln)), "a guard failed")
+        guard = _plain_guard(re.sub(r"^\d+/\d+:\s*", "", guard))
+        by.setdefault((f"{_short(filename)}:{line}", re.sub(r"_at_\d+$", "", func.removeprefix("torch_dynamo_resume_in_"))),
+                      []).append((i >= settled, guard))
+    out = [Finding("recompile", loc, func, f"recompiled {len(seen)} times, {sum(s for s, _ in seen)} of them in "
+                   f"the last {steps} steps: {seen[-1][1]}", sum(s for s, _ in seen) / steps, None,
+                   "count only: each recompile costs a compile", FIX["recompile"])
+           for (loc, func), seen in by.items()]
+    if watch.limit:
+        out.append(Finding("recompile", "?", "?", "dynamo hit its recompile limit and runs the function eagerly "
+                           "from then on", None, None, "count only", FIX["recompile"]))
+    return out
+
+
+# ---- the check --------------------------------------------------------------------------
+
+
+def _eager(model: torch.nn.Module) -> torch.nn.Module:
+    return getattr(model, "_orig_mod", model)
+
+
+def _batches(trainer: Any, n: int) -> list:
+    it = iter(trainer.loader)
+    out = []
+    for _ in range(n):
+        try:
+            out.append(next(it))
+        except StopIteration:
+            break
+    return out
+
+
+def _sample_groups(trainer: Any, n: int) -> list[list]:
+    """``n`` batches' worth of the dataset's items, not yet collated."""
+    import itertools
+
+    bs = trainer.config["micro_batch_size"]
+    ds = trainer.dataset
+    if hasattr(ds, "__getitem__") and hasattr(ds, "__len__"):
+        items = [ds[i] for i in range(min(n * bs, len(ds)))]
+    else:
+        items = list(itertools.islice(iter(ds), n * bs))
+    return [items[i:i + bs] for i in range(0, len(items) - bs + 1, bs)]
+
+
+def _feed(trainer: Any, user: UserCode, n: int) -> Callable[[], None]:
+    """Batches in memory for the check's steps, and a function that starts them over.
+    The workload's own ``collate`` is per-batch work of its own: it then runs in the
+    observed steps, on items read beforehand."""
+    import inspect
+    import itertools
+
+    collate = trainer.workload.collate
+    source = inspect.getsourcefile(collate) if collate is not None and inspect.isfunction(collate) else None
+    if source and user.owns(source):
+        groups = _sample_groups(trainer, n)
+        if not groups:
+            raise ValueError("the dataset yields no batch")
+
+        def restart() -> None:
+            trainer._it = (collate(g) for g in itertools.cycle(groups))
+        return restart
+    batches = _batches(trainer, n)
+    if not batches:
+        raise ValueError("the dataset yields no batch")
+    return lambda: trainer.feed(batches)
+
+
+def check(trainer: Any, user: UserCode, steps: int = 5, warm: int = 3) -> dict:
+    """Run the hot-path check on ``trainer`` (any state: it is fed batches of its own
+    loader, in memory); returns ``{"findings": [...], "library": [...], ...}``.
+
+    Each pass runs ``warm`` unobserved steps first (lazy initialization, the first
+    compile), then ``steps`` observed ones; counts are per optimizer step.
+    """
+    from tuner.loop import synchronize
+
+    t_start = time.perf_counter()
+    device = trainer.device
+    sites = Sites(user)
+    restart = _feed(trainer, user, (warm + steps) * trainer.accum)
+    compiled = trainer.model
+    findings: list[Finding] = []
+    notes = []
+
+    def run(n: int) -> None:
+        restart()
+        for _ in range(n):
+            trainer.step()
+        synchronize(device)
+
+    if trainer.config["compile"] != "off":
+        import torch._dynamo.utils as dynamo_utils
+
+        # compiled anew under watch (a reset clears dynamo's caches and its list of
+        # graph breaks): everything this process compiled before is not seen twice
+        torch._dynamo.reset()
+        watch = _CompileWatch()
+        with watch.watching():
+            run(warm)
+            settled = len(watch.recompiles)
+            run(steps)
+        findings += _break_findings(sites, list(dynamo_utils.graph_break_reasons))
+        findings += _recompile_findings(sites, watch, settled, steps)
+    trainer.model = _eager(compiled)
+    try:
+        run(warm)
+        calls = _Calls(sites, device.type == "cuda")
+        with calls:
+            run(steps)
+        findings += _call_findings(calls, steps, device)
+        hook = _Builtins(user)
+        sys.setprofile(hook)
+        try:
+            run(steps)
+        finally:
+            sys.setprofile(None)
+        findings += hook.findings(steps)
+    finally:
+        trainer.model = compiled
+    if device.type != "cuda":
+        notes.append("host-to-device copies are checked on a GPU only")
+    if trainer.config["compile"] == "off":
+        notes.append("graph breaks and recompiles are checked with compile on")
+    order = {k: i for i, k in enumerate(FIX)}
+    findings.sort(key=lambda f: (order.get(f.kind, 99), f.where))
+    return {
+        "findings": [asdict(f) for f in findings],
+        "library": [{"package": p, "what": what, "per_step": n / steps}
+                    for (p, what), n in sorted(sites.library.items())],
+        "steps": steps, "device": str(device), "compile": trainer.config["compile"],
+        "user_code": list(user.roots) or sorted(user.files), "notes": notes,
+        "check_s": time.perf_counter() - t_start,
+    }
