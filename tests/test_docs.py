@@ -1,5 +1,6 @@
 """The docs match the code."""
 
+import argparse
 from pathlib import Path
 
 from tuner.cli import build_parser, knobs_markdown
@@ -26,3 +27,16 @@ def test_every_command_is_documented():
     sub = next(a for a in parser._actions if a.dest == "command")
     for name in sub.choices:
         assert f"python -m tuner {name}" in README, name
+
+
+def test_the_command_reference_is_the_parser():
+    from tuner.clidoc import PAGE, render
+
+    assert PAGE.read_text() == render(), "run: python -m tuner.clidoc (docs/cli.md is generated from cli.py)"
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    page = PAGE.read_text()
+    for name, p in sub.choices.items():
+        for action in p._actions:
+            for flag in ([] if isinstance(action, argparse._HelpAction) else action.option_strings):
+                assert f"`{flag}`" in page, (name, flag)

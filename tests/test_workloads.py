@@ -51,3 +51,14 @@ def test_workload_reference_errors(tmp_path):
     (tmp_path / "r.py").write_text("def make():\n    raise OSError('no data here')\n")
     with pytest.raises(WorkloadError, match="raised: OSError: no data here"):
         load_workload(f"{tmp_path}/r.py:make")
+
+
+def test_a_workload_missing_a_package_an_extra_installs_names_the_extra(tmp_path):
+    from tuner.errors import WorkloadError
+    from tuner.workloads import load_workload
+
+    wl = tmp_path / "wl.py"
+    wl.write_text("raise ModuleNotFoundError(\"No module named 'transformers'\", name='transformers')\n"
+                  "def make():\n    pass\n")
+    with pytest.raises(WorkloadError, match=r'pip install -e "\.\[hf\]"'):
+        load_workload(f"{wl}:make")

@@ -457,7 +457,7 @@ def _search_commands(sub: Any) -> None:
     p.add_argument("results", help="results/<name>")
     p.add_argument("--trials", type=int, help="raise the trial budget")
     p.add_argument("--address", help="a running Ray cluster")
-    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_resume)
 
     p = sub.add_parser("submit", help="submit the search to a running Ray cluster as a Ray Job")
@@ -479,8 +479,10 @@ def _search_commands(sub: Any) -> None:
 
 def _measure_commands(sub: Any) -> None:
     """The commands of measuring one config, and the machine."""
-    p = sub.add_parser("bench", help="measure one config of a space, without Ray",
-                       description="Measure one config of a space, without Ray: warm-up, timed windows, "
+    p = sub.add_parser("bench", help="measure one config of a space: its recommended config for this machine, "
+                       "with --set overrides (Ray only for world_size > 1)",
+                       description="Measure one config of a space (the space's recommended config for this "
+                       "machine, with --set overrides; Ray starts only for world_size > 1): warm-up, timed windows, "
                        "epoch boundaries measured apart. Peak host memory is the trial process's peak "
                        "resident set (VmHWM, torch's shared pages counted as your own process holds "
                        "them) plus the private pages of its DataLoader workers. Windows disturbed by "
@@ -501,7 +503,7 @@ def _measure_commands(sub: Any) -> None:
     p.add_argument("--no-hot-path", action="store_true",
                    help="skip the hot-path check (defects in the workload's own step, by file:line)")
     p.add_argument("--out", help="folder for trace.json and summary.json")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     p.set_defaults(func=cmd_profile, baseline=False, config=None)
 
     p = sub.add_parser("init", help="write a space.yaml fitted to this machine (probes the micro-batch)")

@@ -112,8 +112,22 @@ def _import_file(path: Path) -> Any:
         spec.loader.exec_module(module)
     except Exception as exc:
         del sys.modules[name]
-        raise WorkloadError(f"workload file {path} raised on import: {type(exc).__name__}: {exc}") from exc
+        raise WorkloadError(f"workload file {path} raised on import: {type(exc).__name__}: {exc}"
+                            f"{extra_hint(exc)}") from exc
     return module
+
+
+# The packages an extra of tuner installs, for a workload that imports one of them.
+EXTRAS = {"transformers": "hf", "accelerate": "hf", "lightning": "lightning", "pytorch_lightning": "lightning"}
+
+
+def extra_hint(exc: BaseException) -> str:
+    """``; install it with ...`` where a missing module is one an extra of tuner installs."""
+    while exc is not None:
+        if isinstance(exc, ModuleNotFoundError) and (exc.name or "").split(".")[0] in EXTRAS:
+            return f" (install it with: pip install -e \".[{EXTRAS[exc.name.split('.')[0]]}]\")"
+        exc = exc.__cause__ or exc.__context__
+    return ""
 
 
 def resolve_factory(ref: str, base_dir: Path | None = None) -> Callable[..., Workload]:
@@ -206,7 +220,7 @@ def load_workload(ref: str, args: dict | None = None, base_dir: Path | None = No
     try:
         workload = func(**args)
     except Exception as exc:
-        raise WorkloadError(f"workload '{ref}' raised: {type(exc).__name__}: {exc}") from exc
+        raise WorkloadError(f"workload '{ref}' raised: {type(exc).__name__}: {exc}{extra_hint(exc)}") from exc
     if not isinstance(workload, Workload):
         raise UserError(f"workload '{ref}' returned {type(workload).__name__}, not tuner.Workload")
     return workload
