@@ -485,3 +485,38 @@ def uneven_sources(even_s: float = 0.036, odd_s: float = 0.004, size: int = 480)
 
     return Workload(model=lambda: nn.Linear(8, 1), dataset=lambda: TwoSources(size), loss=loss,
                     groups=lambda ds: [list(range(0, len(ds), 2)), list(range(1, len(ds), 2))])
+
+
+class Decoded(Dataset):
+    """Items that cost ``decode_s`` each to produce (a sleep standing in for decoding),
+    the same on every read; ``random``: plus a draw from the global RNG, as a random
+    augmentation in ``__getitem__`` does."""
+
+    def __init__(self, size: int = 256, decode_s: float = 0.002, random: bool = False):
+        self.size, self.decode_s, self.random = size, decode_s, random
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, i: int):
+        time.sleep(self.decode_s)
+        x = torch.randn(3, 8, 8, generator=torch.Generator().manual_seed(i))
+        if self.random:
+            x = x + torch.rand(())
+        return x, i % 4
+
+
+def _flip(batch):
+    """A per-batch random augmentation, torch ops only: it runs on the host or the device."""
+    x, y = batch
+    return torch.where(torch.rand(x.shape[0], 1, 1, 1, device=x.device) < 0.5, x.flip(-1), x), y
+
+
+def decoded(size: int = 256, decode_s: float = 0.002, random: bool = False, augment: bool = False) -> Workload:
+    def model():
+        return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                             nn.Linear(8, 4))
+
+    return Workload(model=model, dataset=lambda: Decoded(size, decode_s, random),
+                    loss=lambda model, batch: nn.functional.cross_entropy(model(batch[0]), batch[1]),
+                    augment=_flip if augment else None)

@@ -29,9 +29,12 @@ def _results(tmp_path, workload, args, config, hardware=None, base_dir=None):
                              "fused_optimizer": True, "grad_accum_steps": 2}),
     ("multisource", {"size": 96}, {"micro_batch_size": 8, "batch_grouping": "by_source"}),
     ("linear", {"size": 64}, {"micro_batch_size": 8}),  # a workload file beside the space
+    # the input pipeline's knobs: the cache filled by the workers, the augment on the device
+    ("decoded", {"size": 64, "decode_s": 0.0, "augment": True},
+     {"micro_batch_size": 8, "num_workers": 1, "dataset_cache": True, "augment_on": "device"}),
 ])
 def test_the_exported_script_trains_as_it_is(tmp_path, workload, args, config):
-    ref = f"{FIXTURES.name}:{workload}" if workload == "linear" else workload
+    ref = f"{FIXTURES.name}:{workload}" if workload in ("linear", "decoded") else workload
     folder = _results(tmp_path, ref, args, config, base_dir=FIXTURES.parent)
     script = tmp_path / "train.py"
     assert main(["export", str(folder), "--format", "python", "-o", str(script)]) == 0
@@ -165,3 +168,10 @@ def test_data_parallel_knobs_reach_hugging_face_and_lightning(tmp_path, monkeypa
     strategy = ns["trainer"].strategy
     assert type(strategy).__name__ == "DDPStrategy" and strategy._ddp_kwargs["bucket_cap_mb"] == 50
     assert strategy._ddp_comm_hook.__name__ == "fp16_compress_hook"
+
+
+def test_the_input_pipelines_knobs_reach_the_snippets(tmp_path):
+    config = {"micro_batch_size": 8, "num_workers": 2, "dataset_cache": True, "augment_on": "device"}
+    for fmt in ("hf", "lightning"):
+        text = _snippet(tmp_path / fmt, fmt, config)
+        assert "tuner.data.cached(train_dataset, workers=2)" in text and "augment_on=device" in text, text

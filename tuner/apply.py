@@ -21,7 +21,7 @@ from tuner.knobs import MALLOC_RETAIN_ENV, Context
 _MALLOPT = ((-3, int(MALLOC_RETAIN_ENV["MALLOC_MMAP_THRESHOLD_"])), (-1, -1))  # <malloc.h>: M_MMAP_THRESHOLD, M_TRIM_THRESHOLD
 
 
-def context_for(device: torch.device, has_groups: bool = False) -> Context:
+def context_for(device: torch.device, has_groups: bool = False, has_augment: bool = False) -> Context:
     """The Context of this process's hardware."""
     from tuner.hardware import cpu_has_bf16
 
@@ -29,8 +29,20 @@ def context_for(device: torch.device, has_groups: bool = False) -> Context:
     if device.type == "cuda":
         bf16_ok = torch.cuda.is_bf16_supported()
     return Context(device=device.type, cpu_count=os.cpu_count() or 1,
-                   has_groups=has_groups, bf16_ok=bf16_ok, fp16_ok=True,
+                   has_groups=has_groups, has_augment=has_augment, bf16_ok=bf16_ok, fp16_ok=True,
                    bf16_native=device.type != "cpu" or cpu_has_bf16())
+
+
+def apply_dataset_cache(dataset: Any, workers: int) -> Any:
+    """``dataset_cache``: the items read once by ``workers`` processes (as an epoch reads
+    them) into shared memory (``tuner.data.cached``); refused (``CacheRefused``, a bad
+    config) where items differ between reads, the dataset is iterable, or the cache would
+    not fit in the host memory free now."""
+    import psutil
+
+    from tuner.data import cached
+
+    return cached(dataset, workers=workers, max_bytes=int(psutil.virtual_memory().available * 0.8))
 
 
 def apply_threads(threads: int | None) -> None:

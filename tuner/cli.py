@@ -55,6 +55,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     space = spec.load(args.space)
     spec.check_workload(space)
     request = _bench_request(space, args)
+    _check_cache(space, request.config)
     progress = None if args.json or not sys.stderr.isatty() else _progress_line
     timeout_s = args.timeout or space.model.budget.trial_timeout_s
     if request.config.get("world_size", 1) > 1:
@@ -158,6 +159,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
         out = Path(args.out or Path("results") / space.model.name / "profile")
     spec.check_workload(space)
     request = _bench_request(space, args, extra)
+    _check_cache(space, request.config)
     from tuner.profile import Infeasible
     from tuner.trial import classify
 
@@ -179,6 +181,25 @@ def cmd_profile(args: argparse.Namespace) -> int:
     else:
         print_profile(summary, sys.stdout)
     return 0
+
+
+def _check_cache(space: Any, config: dict | None = None) -> None:
+    """``dataset_cache`` where a cache would be wrong (items that differ between reads, an
+    iterable dataset): an error where a config or the space holds it on, a note and the
+    knob held off where a search would try it."""
+    on = bool(config.get("dataset_cache")) if config is not None else True in space.domain.get("dataset_cache", [])
+    if not on:
+        return
+    from tuner.data import refusal
+
+    why = refusal(space)
+    if why is None:
+        return
+    if config is not None or space.domain["dataset_cache"] == [True]:
+        raise UserError(why)
+    space.domain["dataset_cache"] = [False]
+    space.model.knobs["dataset_cache"] = False
+    print(f"note: {why}; the search holds dataset_cache off", file=sys.stderr)
 
 
 def _from_user_code(exc: BaseException) -> bool:
@@ -235,6 +256,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.log_to:
         space.model.log_to = sorted(set(space.model.log_to) | set(args.log_to))
     spec.check_workload(space)
+    _check_cache(space)
     summary = run_search(space, results_root=Path(args.results_dir), address=args.address,
                          resume=args.resume, quiet=args.quiet)
     print_summary(summary)
@@ -410,6 +432,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     if args.trials:
         space.model.budget.trials = args.trials
     spec.check_workload(space)
+    _check_cache(space)
     return submit(space, args.address, args.results_dir, follow=args.follow, wait=args.wait)
 
 

@@ -81,6 +81,13 @@ def diagnose(record: dict, max_memory_mb: float | None = None) -> Diagnosis:
             recs.append(f"pin_memory=true and non_blocking=true ({evidence})")
         if c["batch_grouping"] == "mixed" and record.get("has_groups"):
             recs.append(f"batch_grouping=by_source ({GUIDES['group']})")
+        rate = record.get("load_samples_per_sec_per_process")
+        if not c.get("dataset_cache") and record.get("map_style"):
+            cost = f"an item costs {1e3 / rate:.2f} ms to produce in a loading process; " if rate else ""
+            recs.append(f"dataset_cache=true ({cost}read once, it is paid once, not every epoch; {evidence}; "
+                        f"refused where items differ between reads)")
+        if record.get("has_augment") and on_gpu and c.get("augment_on") != "device":
+            recs.append(f"augment_on=device (the per-batch augmentation runs in the loader's workers; {evidence})")
         if c["num_workers"] >= max(1, cpus - 1):
             recs.append(f"the loader already has {c['num_workers']} workers on {cpus} CPUs: make the dataset's "
                         f"per-sample work cheaper (precompute invariant work, move augmentation to the GPU; guide 002)")

@@ -20,6 +20,7 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 COMM_HOOKS = ("none", "bf16_compress", "fp16_compress")
 COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune")
 GROUPINGS = ("mixed", "by_source")
+AUGMENT_PLACES = ("host", "device")
 GLIBC = platform.libc_ver()[0] == "glibc"
 # malloc_retain: glibc's thresholds as environment variables (what a user's own run sets)
 # and as mallopt parameters (what a running process sets: the variables are read once,
@@ -37,6 +38,7 @@ class Context:
     device: str  # "cpu" or "cuda"
     cpu_count: int
     has_groups: bool = False  # the workload has several sources (batch_grouping)
+    has_augment: bool = False  # the workload has a per-batch augment (augment_on)
     bf16_ok: bool = True
     fp16_ok: bool = True
     # bf16 in hardware (a CPU with AVX512-BF16 or AMX): without it a CPU runs bf16 autocast
@@ -76,6 +78,11 @@ def _needs_workers(config: dict, ctx: Context) -> str | None:
 def _needs_groups(config: dict, ctx: Context) -> str | None:
     """multi-source workloads (Workload.groups)"""
     return None if ctx.has_groups else "the workload has a single source"
+
+
+def _needs_augment(config: dict, ctx: Context) -> str | None:
+    """workloads with a per-batch augment (Workload.augment)"""
+    return None if ctx.has_augment else "the workload has no augment"
 
 
 def _needs_ranks(config: dict, ctx: Context) -> str | None:
@@ -159,6 +166,17 @@ _TABLE = [
     Knob("batch_grouping", str, "multi-source data: mixed batches, or each batch from one source",
          "mixed", lambda ctx: "by_source" if ctx.has_groups else "mixed", choices=GROUPINGS,
          inactive=_needs_groups, recompiles=True, loader=True, priority=3),
+    # The input pipeline's own work (tuner/data.py): what an item costs to produce, paid
+    # once rather than every epoch, where reading an item twice gives the same item.
+    Knob("dataset_cache", bool, "items read once through __getitem__, then served from memory the DataLoader "
+         "workers share (tuner.data.cached); refused where items differ between reads",
+         False, lambda ctx: True, loader=True, priority=3,
+         cost="host memory: one copy of the items; reading them all once, up front (cache_fill_s)"),
+    Knob("augment_on", str, "where Workload.augment runs: host (the DataLoader's collate, in its workers) or "
+         "device (after the batch is copied there)",
+         "host", lambda ctx: "device" if ctx.device == "cuda" else "host", choices=AUGMENT_PLACES,
+         inactive=_needs_augment, recompiles=True, loader=True, priority=6,
+         cost="device: the augmentation's kernels share the GPU with the step"),
     # Data parallel (DistributedDataParallel through Ray Train; see tuner/distributed.py).
     Knob("world_size", int, "data-parallel ranks per trial: one GPU each on GPUs, gloo processes on CPUs",
          1, lambda ctx: 1, minimum=1, recompiles=True,

@@ -153,6 +153,17 @@ class Trainer:
                           channels_last=config["channels_last"])
         self.loss_fn = workload.loss
         self.dataset = _call(workload.dataset, "dataset")
+        # 4b. the dataset's items read once, into memory the loader's workers share (before
+        #     the loader: the workers it starts read the cache, not the dataset);
+        self.cache_fill_s: float | None = None
+        if config["dataset_cache"]:
+            self.dataset = apply.apply_dataset_cache(self.dataset, config["num_workers"])
+            self.cache_fill_s = self.dataset.fill_s
+        # and the workload's per-batch augment, in the workers' collate or on the device
+        self.augment_on_device = workload.augment is not None and config["augment_on"] == "device"
+        self.collate = workload.collate
+        if workload.augment is not None and not self.augment_on_device:
+            self.collate = AugmentedCollate(workload.collate, workload.augment)
         # 5. data parallel: DDP over the eager module, after a probe step that finds
         #    parameters the loss does not reach (DDP then needs find_unused_parameters);
         self.ddp = None
@@ -194,24 +205,24 @@ class Trainer:
         return unused
 
     def _make_loader(self, seed: int) -> tuple[DataLoader, Sampler | None]:
-        cfg, ds, wl = self.config, self.dataset, self.workload
+        cfg, ds, collate = self.config, self.dataset, self.collate
         kwargs = knobs.loader_kwargs(cfg, self.device.type)
         bs = cfg["micro_batch_size"]
         if isinstance(ds, IterableDataset) or not hasattr(ds, "__len__"):
-            return DataLoader(ds, batch_size=bs, drop_last=True, collate_fn=wl.collate, **kwargs), None
+            return DataLoader(ds, batch_size=bs, drop_last=True, collate_fn=collate, **kwargs), None
         if len(ds) < bs:
             raise UserError(f"knob 'micro_batch_size={bs}' is larger than the dataset ({len(ds)} samples)")
         if cfg["batch_grouping"] == "by_source":
-            groups = _call(lambda: wl.groups(ds), "groups")
+            groups = _call(lambda: self.workload.groups(ds), "groups")
             sampler = GroupedBatchSampler(groups, bs, seed=seed, rank=self.rank, world=self.world)
             if len(sampler) == 0:
                 raise UserError(f"knob 'micro_batch_size={bs}' is larger than every source of the dataset")
-            return DataLoader(ds, batch_sampler=sampler, collate_fn=wl.collate, **kwargs), sampler
+            return DataLoader(ds, batch_sampler=sampler, collate_fn=collate, **kwargs), sampler
         if len(ds) // self.world < bs:
             raise UserError(f"knob 'micro_batch_size={bs}' is larger than a rank's shard of the dataset "
                             f"({len(ds) // self.world} samples)")
         sampler = EpochSampler(len(ds), seed=seed, rank=self.rank, world=self.world)
-        loader = DataLoader(ds, batch_size=bs, sampler=sampler, drop_last=True, collate_fn=wl.collate, **kwargs)
+        loader = DataLoader(ds, batch_size=bs, sampler=sampler, drop_last=True, collate_fn=collate, **kwargs)
         return loader, sampler
 
     def set_epoch_limit(self, samples: int | None, now: bool = False, align: int = 1) -> None:
@@ -273,6 +284,8 @@ class Trainer:
             # loader:` body holds them, the heap faults differently and the rate moves with
             # it (malloc_retain removes the difference).
             batch = self.move(batch)
+            if self.augment_on_device:
+                batch = _call(lambda b=batch: self.workload.augment(b), "augment")
             # DDP all-reduces in every backward unless told not to: with no_sync, only the
             # accumulation step's last micro-batch does.
             with self.ddp.no_sync() if self.no_sync and i < self.accum - 1 else _NO_CONTEXT:
@@ -307,6 +320,20 @@ class Trainer:
 
 
 _NO_CONTEXT = contextlib.nullcontext()
+
+
+class AugmentedCollate:
+    """The workload's collate (PyTorch's default where it has none), then its augment: the
+    host placement of ``augment_on``, in the DataLoader's workers. A class, so that
+    spawned workers can unpickle it."""
+
+    def __init__(self, collate: Callable[[list], Any] | None, augment: Callable[[Any], Any]):
+        self.collate, self.augment = collate, augment
+
+    def __call__(self, items: list) -> Any:
+        from torch.utils.data import default_collate
+
+        return self.augment((self.collate or default_collate)(items))
 
 
 def _ranks(world_size: int) -> tuple[int, int]:

@@ -66,7 +66,9 @@ class Figures(TypedDict, total=False):
     window_steps: int
     timed_s: float
     warmup_s: float
-    startup_s: float  # building the trainer (model, optimizer, loader)
+    startup_s: float  # building the trainer (model, optimizer, loader; the dataset cache's fill)
+    cache_fill_s: float  # dataset_cache: reading every item once, up front (part of startup_s)
+    cache_mb: float  # dataset_cache: what the cache holds (in peak_host_memory_mb)
     compile_s: float  # the warm-up beyond steady steps that is not worker start-up
     worker_start_s: float
     one_time_s: float
@@ -120,6 +122,8 @@ class Outcome(TypedDict, total=False):
     notes: list[str]  # knobs held at their default, and why
     nice: int
     has_groups: bool
+    has_augment: bool  # the workload has a per-batch augment (augment_on)
+    map_style: bool  # the dataset reads items by index (dataset_cache can apply)
     baseline: bool  # the plain PyTorch loop
     device: str
     hardware: dict
@@ -336,14 +340,16 @@ def aggregate(records: list[Record], metric: str) -> list[dict]:
         }
         for m in ("samples_per_sec", "projected_run_s", "peak_host_memory_mb", "peak_device_memory_mb",
                   "compile_s", "data_wait_fraction", "samples_per_sec_spread", "step_time_ms",
-                  "gpu_util_pct", "samples_per_sec_per_rank", "joules_per_sample", "samples_per_joule"):
+                  "gpu_util_pct", "samples_per_sec_per_rank", "joules_per_sample", "samples_per_joule",
+                  "load_samples_per_sec_per_process", "cache_fill_s", "cache_mb"):
             vals = [r[m] for r in ok if r.get(m) is not None]
             if m != metric:
                 row[m] = statistics.median(vals) if vals else None
         row["memory_mb"] = memory_mb(row) if ok else None
         row["hardware"] = rs[0].get("hardware")
         row["notes"] = rs[0].get("notes") or []
-        row["has_groups"] = rs[0].get("has_groups")
+        for fact in ("has_groups", "has_augment", "map_style"):
+            row[fact] = rs[0].get(fact)
         rows.append(row)
     scaling_efficiency(rows)
     return rows

@@ -256,6 +256,7 @@ def hf_kwargs(payload: dict) -> tuple[dict, list[str]]:
         unsaid.append("batch_grouping=by_source: a batch sampler of one source per batch (override get_train_dataloader)")
     if c["fused_optimizer"]:
         unsaid.append("fused_optimizer: optim='adamw_torch_fused' is AdamW; with another optimizer pass fused=True to it")
+    unsaid += _data_lines(c)
     if c["world_size"] > 1:
         kw["ddp_bucket_cap_mb"] = c["ddp_bucket_cap_mb"]
         kw["ddp_static_graph"] = c["ddp_static_graph"]
@@ -270,6 +271,18 @@ def hf_kwargs(payload: dict) -> tuple[dict, list[str]]:
             unsaid.append("ddp_no_sync_accumulation=False: the HF Trainer always skips the all-reduce "
                           "on accumulation micro-steps")
     return kw, unsaid
+
+
+def _data_lines(c: dict) -> list[str]:
+    """The input pipeline's knobs, as lines a user pastes (tuner.data is usable alone)."""
+    lines = []
+    if c.get("dataset_cache"):
+        lines.append(f"dataset_cache=True: train_dataset = tuner.data.cached(train_dataset, workers={c['num_workers']}) "
+                     "(from tuner.data import cached): items read once, shared by the DataLoader's workers")
+    if c.get("augment_on") == "device":
+        lines.append("augment_on=device: apply the random per-batch augmentation to the batch after it is on the "
+                     "device (in training_step / compute_loss), not in the dataset or collate")
+    return lines
 
 
 def _malloc_env() -> str:
@@ -317,6 +330,7 @@ def lightning_kwargs(payload: dict) -> tuple[dict, dict, list[str]]:
         code.append(f"model = torch.compile(model{mode})  # the LightningModule, before trainer.fit")
     if c["batch_grouping"] == "by_source":
         code.append("# batch_grouping=by_source: a batch_sampler whose batches each hold one source")
+    code += [f"# {line}" for line in _data_lines(c)]
     if c["non_blocking"]:
         code.append("# non_blocking: Lightning moves batches itself (not settable)")
     if c["world_size"] > 1:

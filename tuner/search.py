@@ -240,7 +240,7 @@ def trial_context(space: spec.Space, device: str, gpus_per_trial: int, shape: di
     m = space.model
     facts = (ray.remote(num_gpus=gpus_per_trial)(_gpu_facts) if device == "cuda"
              else ray.remote(num_cpus=1)(_cpu_facts)).remote()
-    groups = load_workload(m.workload, m.workload_args, space.base_dir).groups
+    workload = load_workload(m.workload, m.workload_args, space.base_dir)
     bf16_ok, bf16_native, cuda_there = True, True, False
     if device == "cuda":
         bf16_ok, cuda_there = ray.get(facts)
@@ -249,8 +249,8 @@ def trial_context(space: spec.Space, device: str, gpus_per_trial: int, shape: di
     for name, values in space.domain.items():  # a GPU knob searched on CPUs is a wasted trial
         if knobs.KNOBS[name].gpu_only and device != "cuda" and len(values) > 1:
             raise UserError(f"knobs.{name}: a GPU knob, but this search runs on CPUs; remove it or fix it")
-    return knobs.Context(device=device, cpu_count=shape["max_node_cpus"], has_groups=groups is not None,
-                         bf16_ok=bf16_ok, bf16_native=bf16_native), cuda_there
+    return knobs.Context(device=device, cpu_count=shape["max_node_cpus"], has_groups=workload.groups is not None,
+                         has_augment=workload.augment is not None, bf16_ok=bf16_ok, bf16_native=bf16_native), cuda_there
 
 
 def _gpu_facts() -> tuple[bool, bool]:

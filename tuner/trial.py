@@ -121,7 +121,8 @@ def resolve_config(request: TrialRequest) -> Resolved:
     device = torch.device(pick_device(request.device))
     base = Path(request.base_dir) if request.base_dir else None
     workload = load_workload(request.workload, request.workload_args, base)
-    ctx = apply.context_for(device, has_groups=workload.groups is not None)
+    ctx = apply.context_for(device, has_groups=workload.groups is not None,
+                            has_augment=workload.augment is not None)
     config, notes = knobs.resolve(request.config, ctx, strict=request.strict)
     return Resolved(config, notes, workload, device)
 
@@ -139,7 +140,8 @@ def bench_request(space: Any, overrides: dict | None = None, baseline: bool = Fa
     if baseline:
         config = space.baseline_config()
     else:
-        ctx = apply.context_for(resolved.device, has_groups=resolved.workload.groups is not None)
+        ctx = apply.context_for(resolved.device, has_groups=resolved.workload.groups is not None,
+                                has_augment=resolved.workload.augment is not None)
         config = space.recommended_config(ctx)
     config = space.derive({**config, **(overrides or {})})
     request = make_request(workload=m.workload, workload_args=m.workload_args, base_dir=str(space.base_dir),
@@ -195,6 +197,8 @@ def execute(request: TrialRequest, progress: Callable[[str], None] | None = None
                           probe=TreeProbe(request.observers),
                           screen=request.screen, rank_info=rank_info, phase=phase)
         notes = notes + trainer.notes
+        if trainer.cache_fill_s is not None:  # dataset_cache: paid once, in startup_s, shown apart
+            metrics["cache_fill_s"], metrics["cache_mb"] = trainer.cache_fill_s, trainer.dataset.nbytes / 2**20
     finally:
         if cleanup:
             shutil.rmtree(cache_dir, ignore_errors=True)
@@ -204,7 +208,8 @@ def execute(request: TrialRequest, progress: Callable[[str], None] | None = None
         status, reason = Status.INFEASIBLE, metrics.pop("reason")
     return {"status": status, "reason": reason, **metrics, "config": config, "notes": notes,
             "nice": os.getpriority(os.PRIO_PROCESS, 0),
-            "has_groups": workload.groups is not None,
+            "has_groups": workload.groups is not None, "has_augment": workload.augment is not None,
+            "map_style": trainer.sampler is not None,
             "baseline": request.baseline, "device": str(device), "hardware": describe()}
 
 

@@ -120,6 +120,7 @@ def train(a, c, device, world):
     loader = make_loader(wl, c, device, world)
     accum = c["grad_accum_steps"]
     non_blocking = c["non_blocking"] and device.type == "cuda"
+    on_device = getattr(wl, "augment", None) if c.get("augment_on") == "device" else None
 
     def batches():
         for epoch in range(a.epochs if a.steps is None else 10**9):  # --steps: as many epochs as it takes
@@ -133,6 +134,8 @@ def train(a, c, device, world):
         """One optimizer step over `accum` micro-batches (StopIteration when the epochs end)."""
         for i in range(accum):
             batch = move(next(it), device, non_blocking, c["channels_last"])
+            if on_device is not None:
+                batch = on_device(batch)  # augment_on: device
             # with ddp_no_sync_accumulation, only the last micro-batch all-reduces
             quiet = ddp is not None and c["ddp_no_sync_accumulation"] and i < accum - 1
             with ddp.no_sync() if quiet else contextlib.nullcontext():
@@ -215,9 +218,28 @@ def build_model(wl, c, device, world):
     return model, ddp, opt
 
 
+class Augmented:
+    """The collate, then the workload's per-batch augment (augment_on: host), in the workers."""
+
+    def __init__(self, collate, augment):
+        self.collate, self.augment = collate or torch.utils.data.default_collate, augment
+
+    def __call__(self, items):
+        return self.augment(self.collate(items))
+
+
 def make_loader(wl, c, device, world):
     dataset = wl.dataset()
-    kw = {"num_workers": c["num_workers"], "collate_fn": wl.collate}
+    if c.get("dataset_cache"):
+        # items read once (the first read is paid here, up front), then served from memory
+        # the DataLoader's workers share
+        from tuner.data import cached
+
+        dataset = cached(dataset, workers=c["num_workers"])
+    collate = wl.collate
+    if getattr(wl, "augment", None) is not None and c.get("augment_on", "host") == "host":
+        collate = Augmented(wl.collate, wl.augment)
+    kw = {"num_workers": c["num_workers"], "collate_fn": collate}
     if c["num_workers"] > 0:
         kw["persistent_workers"] = c["persistent_workers"]
         if c["prefetch_factor"]:

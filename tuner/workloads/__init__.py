@@ -50,6 +50,10 @@ class Workload:
             source of a multi-source dataset. It enables the ``batch_grouping`` knob
             (``by_source`` batches samples of one source together).
         epoch_size: optional samples per epoch, for iterable datasets without ``len``.
+        augment: optional ``augment(batch) -> batch``: the random, per-batch part of the data
+            (flips, crops, noise), kept apart from what ``dataset_cache`` may keep; the
+            ``augment_on`` knob runs it on the host (in the DataLoader's collate) or on the
+            device (after the batch is copied there), so it must work on both.
     """
 
     model: Callable[[], torch.nn.Module]
@@ -60,6 +64,7 @@ class Workload:
     flops_per_sample: float | None = None
     groups: Callable[[Any], list[list[int]]] | None = None
     epoch_size: int | None = None
+    augment: Callable[[Any], Any] | None = None
 
     def make_optimizer(self, params: Any) -> torch.optim.Optimizer:
         if self.optimizer is None:

@@ -1,0 +1,135 @@
+"""dataset_cache (tuner.data): items read once into shared memory, refused where wrong."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import psutil
+import pytest
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+
+from tests.fixture_workloads import Decoded
+from tests.helpers import measure_line, ref
+from tuner.data import CacheRefused, cached
+
+
+class Mixed(torch.utils.data.Dataset):
+    """Dicts of a tensor, a variable-length tensor, a numpy array and numbers."""
+
+    def __len__(self) -> int:
+        return 40
+
+    def __getitem__(self, i: int) -> dict:
+        g = torch.Generator().manual_seed(i)
+        return {"x": torch.randn(2, 3, generator=g), "tokens": torch.arange(i % 7 + 1),
+                "arr": np.full(3, i, dtype=np.float32), "label": i % 3, "weight": 0.5 * i}
+
+
+def same(a, b) -> bool:
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, tuple | list):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, np.ndarray):
+        return isinstance(b, np.ndarray) and a.dtype == b.dtype and np.array_equal(a, b)
+    return type(a) is type(b) and a == b
+
+
+def test_a_deterministic_dataset_is_cached_and_read_back_equal():
+    ds = Mixed()
+    c = cached(ds, workers=2)
+    assert len(c) == len(ds) and c.fill_s > 0 and c.nbytes > 0
+    assert all(same(c[i], ds[i]) for i in range(len(ds)))
+    c[3]["x"].zero_()  # a caller writing into an item does not write the cache
+    assert same(c[3], ds[3])
+
+
+def test_a_random_dataset_and_an_iterable_one_are_refused_naming_the_cache():
+    with pytest.raises(CacheRefused, match=r"^dataset_cache: item \d+ differs between two reads"):
+        cached(Decoded(16, 0.0, random=True))
+
+    class Stream(IterableDataset):
+        def __iter__(self):
+            return iter(range(4))
+
+    with pytest.raises(CacheRefused, match="^dataset_cache: the dataset is iterable"):
+        cached(Stream())
+    with pytest.raises(CacheRefused, match="over the 0 MB allowed"):
+        cached(Mixed(), max_bytes=10)
+
+
+@pytest.mark.parametrize("persistent", [True, False])
+def test_workers_read_one_shared_copy_across_epochs(persistent):
+    class Big(torch.utils.data.Dataset):  # about 256 MB of items
+        def __len__(self) -> int:
+            return 512
+
+        def __getitem__(self, i: int):
+            return torch.full((128, 1024), float(i)), i
+
+    c = cached(Big())
+    assert c.nbytes > 250 * 2**20
+    loader = DataLoader(c, batch_size=32, num_workers=2, persistent_workers=persistent, shuffle=True)
+    for _ in range(2):  # the second epoch: workers kept, or started anew
+        seen = {}
+        for n, (x, y) in enumerate(loader, 1):
+            seen.update({int(i): float(v[0, 0]) for i, v in zip(y, x, strict=True)})
+            if n == len(loader) - 1:
+                # each worker has read items all over the cache: its own pages are few
+                # (the cache's are shared), not one more copy of the cache per worker
+                own = [w.memory_full_info().uss for w in psutil.Process().children()]
+                assert len(own) == 2 and all(u < 0.4 * c.nbytes for u in own), (own, c.nbytes)
+        assert seen == {i: float(i) for i in range(512)}
+
+
+def test_bench_with_the_cache_records_its_fill_and_a_random_twin_exits_2(tmp_path):
+    space = tmp_path / "s.yaml"
+    space.write_text(f"name: c\nworkload: {ref('decoded')}\nworkload_args: {{size: 64, decode_s: 0.001}}\n"
+                     "knobs:\n  micro_batch_size: [8]\n  num_workers: 1\n  dataset_cache: [false, true]\n"
+                     + measure_line())
+    r = subprocess.run([sys.executable, "-m", "tuner", "bench", str(space), "--set", "dataset_cache=true", "--json"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    rec = json.loads(r.stdout.strip().splitlines()[-1])
+    assert rec["config"]["dataset_cache"] is True and rec["cache_fill_s"] >= 64 * 0.001 * 0.9
+    assert rec["cache_mb"] > 0 and rec["startup_s"] >= rec["cache_fill_s"]  # paid once, up front
+    twin = tmp_path / "t.yaml"
+    twin.write_text(space.read_text().replace("decode_s: 0.001}", "decode_s: 0.0, random: true}"))
+    r = subprocess.run([sys.executable, "-m", "tuner", "bench", str(twin), "--set", "dataset_cache=true"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "dataset_cache" in r.stderr, r.stderr
+
+
+def test_a_search_holds_the_cache_off_with_a_note_where_items_differ(tmp_path, capsys):
+    from tuner import spec
+    from tuner.cli import _check_cache
+
+    space_file = tmp_path / "s.yaml"
+    space_file.write_text(f"name: c\nworkload: {ref('decoded')}\nworkload_args: {{decode_s: 0.0, random: true}}\n"
+                          "knobs:\n  micro_batch_size: [8, 16]\n  dataset_cache: [false, true]\n")
+    space = spec.load(space_file)
+    _check_cache(space)
+    assert space.domain["dataset_cache"] == [False] and space.model.knobs["dataset_cache"] is False
+    assert "holds dataset_cache off" in capsys.readouterr().err
+
+
+def test_augment_runs_in_the_workers_collate_or_on_the_device():
+    from tuner.loop import AugmentedCollate, Trainer
+    from tuner.trial import make_request, resolve_config
+
+    for place in ("host", "device"):
+        req = make_request(workload=ref("decoded"), workload_args={"size": 64, "decode_s": 0.0, "augment": True},
+                           device="cpu", config={"augment_on": place, "num_workers": 1, "micro_batch_size": 8,
+                                                 "dataset_cache": True})
+        config, _, workload, device = resolve_config(req)
+        t = Trainer(workload, config, device)
+        assert isinstance(t.loader.collate_fn, AugmentedCollate) == (place == "host")
+        assert t.augment_on_device == (place == "device")
+        t.start()
+        for _ in range(3):
+            t.step()
+        assert t.loss_finite()

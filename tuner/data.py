@@ -1,0 +1,189 @@
+"""A dataset's items read once and kept in memory that DataLoader workers share.
+
+    from tuner.data import cached
+    train_set = cached(MyDataset(...))      # reads every item once, through __getitem__
+    loader = DataLoader(train_set, num_workers=4, ...)
+
+The guides' largest data-path gain: work done per item (decoding, resizing,
+tokenizing) is done once, not once per epoch. The items live in a few flat tensors in
+shared memory, one per field of an item, so the DataLoader's workers (forked or spawned)
+read one copy, not one each; an item costs a slice and a view.
+
+Only where it is correct: a sample of items is read twice first, and a dataset whose
+items differ between reads (a random augmentation drawn in ``__getitem__``) is refused
+with ``CacheRefused``: a cache would replay one draw every epoch. Keep the random part
+per batch (``Workload(augment=...)``) and cache the rest.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils import _pytree as pytree
+from torch.utils.data import DataLoader, Dataset, IterableDataset
+
+from tuner.errors import UserError
+
+
+class CacheRefused(UserError):
+    """The dataset cannot be cached as it is; the message says why, naming the cache."""
+
+
+def _leaf(v: Any) -> torch.Tensor:
+    if isinstance(v, torch.Tensor):
+        return v
+    if isinstance(v, np.ndarray):
+        return torch.from_numpy(np.ascontiguousarray(v))
+    if isinstance(v, bool | int | float):
+        return torch.tensor(v)
+    raise CacheRefused(f"dataset_cache: an item holds a {type(v).__name__}; the cache keeps tensors, "
+                       f"numpy arrays and numbers")
+
+
+def _equal(a: Any, b: Any) -> bool:
+    la, sa = pytree.tree_flatten(a)
+    lb, sb = pytree.tree_flatten(b)
+    if sa != sb or len(la) != len(lb):
+        return False
+    for x, y in zip(la, lb, strict=True):
+        if isinstance(x, torch.Tensor) or isinstance(y, torch.Tensor) or isinstance(x, np.ndarray):
+            tx, ty = torch.as_tensor(x), torch.as_tensor(y)
+            if tx.shape != ty.shape or tx.dtype != ty.dtype or not torch.equal(tx, ty):
+                return False
+        elif x != y:
+            return False
+    return True
+
+
+def check_cacheable(dataset: Any, sample: int = 8) -> None:
+    """Raise ``CacheRefused`` unless ``dataset`` is map-style and ``sample`` of its items,
+    spread over it, read the same twice."""
+    if isinstance(dataset, IterableDataset) or not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
+        raise CacheRefused("dataset_cache: the dataset is iterable (no __getitem__ and __len__); the cache "
+                           "reads items by index")
+    n = len(dataset)
+    if n == 0:
+        raise CacheRefused("dataset_cache: the dataset is empty")
+    for i in sorted({int(k * (n - 1) / max(1, sample - 1)) for k in range(min(sample, n))}):
+        if not _equal(dataset[i], dataset[i]):
+            raise CacheRefused(f"dataset_cache: item {i} differs between two reads (a random transform in "
+                               f"__getitem__?), so a cache would replay one draw every epoch; move the random "
+                               f"part to Workload(augment=...), which runs per batch after the cache")
+
+
+def item_bytes(item: Any) -> int:
+    return sum(_leaf(v).nbytes for v in pytree.tree_leaves(item))
+
+
+def estimate_bytes(dataset: Any, sample: int = 8) -> int:
+    """The cache's size before it is built: the mean size of ``sample`` items, spread over
+    the dataset, times its length."""
+    n = len(dataset)
+    idx = sorted({int(k * (n - 1) / max(1, sample - 1)) for k in range(min(sample, n))})
+    return int(sum(item_bytes(dataset[i]) for i in idx) / len(idx) * n)
+
+
+class CachedDataset(Dataset):
+    """``dataset``'s items, read once (by ``workers`` DataLoader processes, as an epoch
+    reads them), kept as one flat shared-memory tensor per field. ``fill_s``: what that
+    first read took; ``nbytes``: what the cache holds."""
+
+    def __init__(self, dataset: Any, *, workers: int = 0, check: int = 8, max_bytes: int | None = None):
+        check_cacheable(dataset, check)
+        self.estimate = estimate_bytes(dataset, check)
+        if max_bytes is not None and self.estimate > max_bytes:
+            raise CacheRefused(f"dataset_cache: the cache would hold about {self.estimate / 2**20:,.0f} MB, over "
+                               f"the {max_bytes / 2**20:,.0f} MB allowed")
+        self.length = len(dataset)
+        t0 = time.perf_counter()
+        fields: list[list[torch.Tensor]] | None = None
+        self.spec = None
+        self.numeric: list[str] = []  # per field: "tensor", "numpy" or the Python number type
+        reader = DataLoader(dataset, batch_size=None, shuffle=False, num_workers=workers,
+                            collate_fn=_identity, persistent_workers=False)
+        for item in reader:
+            leaves, spec = pytree.tree_flatten(item)
+            if fields is None:
+                self.spec, fields = spec, [[] for _ in leaves]
+                self.numeric = ["tensor" if isinstance(v, torch.Tensor) else "numpy" if isinstance(v, np.ndarray)
+                                else type(v).__name__ for v in leaves]
+            elif spec != self.spec:
+                raise CacheRefused("dataset_cache: items differ in structure; the cache keeps items of one shape "
+                                   "of nesting (the same keys, the same tuple length)")
+            for f, v in zip(fields, leaves, strict=True):
+                f.append(_leaf(v).reshape(-1))
+            self._shapes_of(leaves)
+        assert fields is not None
+        # one flat tensor per field, offsets and shapes beside it, all in shared memory
+        self.data, self.offsets = [], []
+        for j, f in enumerate(fields):
+            dtypes = {t.dtype for t in f}
+            if len(dtypes) > 1:
+                raise CacheRefused(f"dataset_cache: field {j} of the items changes dtype ({sorted(map(str, dtypes))})")
+            sizes = torch.tensor([t.numel() for t in f], dtype=torch.int64)
+            self.offsets.append(torch.cat([torch.zeros(1, dtype=torch.int64), sizes.cumsum(0)]).share_memory_())
+            self.data.append(torch.cat(f).share_memory_())
+            f.clear()
+        self.shapes = [s.share_memory_() for s in self._shape_tensors()]
+        self.nbytes = sum(t.nbytes for t in self.data + self.offsets + self.shapes)
+        self.fill_s = time.perf_counter() - t0
+
+    def _shapes_of(self, leaves: list) -> None:
+        if not hasattr(self, "_shape_lists"):
+            self._shape_lists: list[list[tuple]] = [[] for _ in leaves]
+        for lst, v in zip(self._shape_lists, leaves, strict=True):
+            lst.append(tuple(v.shape) if isinstance(v, torch.Tensor | np.ndarray) else ())
+
+    def _shape_tensors(self) -> list[torch.Tensor]:
+        out = []
+        for j, lst in enumerate(self._shape_lists):
+            ndims = {len(s) for s in lst}
+            if len(ndims) > 1:
+                raise CacheRefused(f"dataset_cache: field {j} of the items changes its number of dimensions")
+            out.append(torch.tensor(lst, dtype=torch.int64).reshape(len(lst), ndims.pop()))
+        del self._shape_lists
+        return out
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, i: int) -> Any:
+        if i < 0:
+            i += self.length
+        leaves = []
+        for data, off, shapes, kind in zip(self.data, self.offsets, self.shapes, self.numeric, strict=True):
+            # a copy: a collate or transform that writes into an item must not write the cache
+            v = data[int(off[i]):int(off[i + 1])].view(torch.Size(shapes[i].tolist())).clone()
+            if kind == "numpy":
+                v = v.numpy()
+            elif kind != "tensor":
+                v = v.item()
+            leaves.append(v)
+        return pytree.tree_unflatten(leaves, self.spec)
+
+
+def refusal(space: Any) -> str | None:
+    """Why the space's workload cannot have ``dataset_cache`` (its dataset built here, a
+    sample of items read twice), or None."""
+    from tuner.workloads import load_workload
+
+    workload = load_workload(space.model.workload, space.model.workload_args, space.base_dir)
+    try:
+        check_cacheable(workload.dataset())
+    except CacheRefused as exc:
+        return str(exc)
+    return None
+
+
+def _identity(item: Any) -> Any:
+    return item
+
+
+def cached(dataset: Any, *, workers: int = 0, check: int = 8, max_bytes: int | None = None) -> CachedDataset:
+    """``dataset`` read once and kept in shared memory (see the module's docstring);
+    ``workers``: DataLoader processes that read it; raises ``CacheRefused`` where a cache
+    would be wrong or over ``max_bytes``."""
+    return CachedDataset(dataset, workers=workers, check=check, max_bytes=max_bytes)
