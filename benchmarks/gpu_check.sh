@@ -12,6 +12,8 @@
 #   MODELS=resnet50 TRUTH_S=540 bash benchmarks/gpu_check.sh setup truth
 #   SPACES=gpu_resnet50 SEARCH_S=540 BUDGET=450 bash benchmarks/gpu_check.sh setup search
 #   LANDSCAPE=gpu_resnet50 LANDSCAPE_S=500 bash benchmarks/gpu_check.sh setup landscape   (again to finish it)
+#   LANDSCAPE_S=500 bash benchmarks/gpu_check.sh setup cpu16    (again to finish it)
+#   PAIRS_S=400 bash benchmarks/gpu_check.sh setup pairs
 # then, here, with the files copied into benchmarks/out/gpu/: python benchmarks/gpu_collect.py
 # && python benchmarks/render.py. `setup` installs the carried wheels in .whl/ when there is
 # no Ray on the machine: Ray's wheel is over the tool's 64 MiB, so it travels as
@@ -62,6 +64,13 @@ if __name__ == '__main__':
       timeout "${LANDSCAPE_S:-500}" bash -c "python3 benchmarks/search_replay.py record benchmarks/landscapes/$ls.yaml \
         --repeats 2 && python3 benchmarks/search_replay.py repeat benchmarks/landscapes/$ls.yaml" 2>&1 | tee "$OUT/$ls.log"
       cp "benchmarks/landscapes/$ls.json" "$OUT/" ;;
+    pairs)  # the hot-path defects and the input pipeline's knobs on the GPU, interleaved pairs
+      timeout "${PAIRS_S:-400}" bash -c "python3 benchmarks/hotpath_pairs.py --device cuda --rounds 2 --out $OUT/hotpath_pairs_gpu.json \
+        && python3 benchmarks/cache_pairs.py --device cuda --augment --rounds 2 --out $OUT/augment_pairs_gpu.json" 2>&1 | tee "$OUT/pairs.log" ;;
+    cpu16)  # a landscape of the machine's own CPUs (16 cores): threads and workers beyond 2
+      timeout "${LANDSCAPE_S:-500}" bash -c "python3 benchmarks/search_replay.py record benchmarks/landscapes/conv_cpu16.yaml \
+        --repeats 2 --held-out" 2>&1 | tee "$OUT/conv_cpu16.log"
+      cp benchmarks/landscapes/conv_cpu16.json "$OUT/" ;;
     suite)
       python3 -m pytest -q -x -p no:cacheprovider -m "not slow" 2>&1 | tee "$OUT/suite.log" ;;
   esac

@@ -474,6 +474,9 @@ def main() -> None:
     ap.add_argument("--real-run-only", action="store_true",
                     help="time the real quickstart search into the existing JSON, no replay")
     ap.add_argument("--out", default=str(HERE / "out" / "search_replay.json"))
+    ap.add_argument("--add", action="store_true",
+                    help="replay only --landscapes and add them to the existing JSON (landscapes recorded "
+                         "after it, under the same rules)")
     a = ap.parse_args()
     if a.check_live:
         sys.exit(check_live(Path(a.check_live)))
@@ -507,6 +510,9 @@ def run_replays(a: argparse.Namespace) -> None:
             for b, r in out.items():
                 results.setdefault(name, {}).setdefault(strategy, {}).setdefault(b, []).append(r)
     table = {name: _table(name, results[name], a.strategies) for name in names}
+    if a.add:
+        _add(Path(a.out), names, table, time.time() - t0)
+        return
     real = real_run() if a.real_run else None
     if real:
         print(f"quickstart, the real tuner: {real['command_wall_s']:.0f} s to its recommendation "
@@ -516,11 +522,28 @@ def run_replays(a: argparse.Namespace) -> None:
     Path(a.out).write_text(json.dumps({
         "real_run": real, "benchmark": "search_replay", **stamp(), "previous": _previous(Path(a.out)),
         "seeds": a.seeds, "gp_seeds": a.gp_seeds, "budgets": BUDGETS, "wall_s": time.time() - t0,
-        "landscapes": {n: {"measured": _load(n)[0].get("measured"), "hardware": _load(n)[0]["hardware"],
-                           "configs": len(_load(n)[0]["grid"]), "repeat_cv": repeat_cv(_load(n)[0]),
-                           "judge": judge(n), "held_out": bool(_load(n)[0].get("held_out"))} for n in names},
+        "landscapes": {n: _landscape_facts(n) for n in names},
         "results": table}, indent=1, default=str))
     print(f"\nwrote {a.out} ({time.time() - t0:.0f} s)")
+
+
+def _landscape_facts(name: str) -> dict:
+    landscape = _load(name)[0]
+    return {"measured": landscape.get("measured"), "hardware": landscape["hardware"],
+            "configs": len(landscape["grid"]), "repeat_cv": repeat_cv(landscape), "judge": judge(name),
+            "held_out": bool(landscape.get("held_out"))}
+
+
+def _add(out: Path, names: list[str], table: dict, wall_s: float) -> None:
+    """Landscapes recorded after the JSON's run, replayed under the same rules, added to it
+    (each landscape says when it was measured; ``added`` says when and by what)."""
+    data = json.loads(out.read_text())
+    for n in names:
+        data["landscapes"][n] = _landscape_facts(n)
+        data["results"][n] = table[n]
+    data.setdefault("added", []).append({**stamp(), "landscapes": names, "wall_s": wall_s, "rules_at": _commit()})
+    out.write_text(json.dumps(data, indent=1, default=str))
+    print(f"\nadded {', '.join(names)} to {out}")
 
 
 def _previous(out: Path) -> dict | None:

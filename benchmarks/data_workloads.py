@@ -1,0 +1,67 @@
+"""Input-bound workloads for the input pipeline's knobs (dataset_cache, augment_on).
+
+``jpeg``: images stored as JPEG bytes, decoded and resized per item with Pillow (the
+deterministic part, which a cache keeps), a random flip per batch (``augment``, which
+it does not). ``jpeg(random_crop=True)`` is its twin that draws a crop in
+``__getitem__``: its items differ between reads, and the cache must refuse it.
+"""
+
+from __future__ import annotations
+
+import io
+import random
+
+import numpy as np
+import torch
+from torch import nn
+
+from tuner import Workload
+
+
+class JpegImages(torch.utils.data.Dataset):
+    def __init__(self, size: int = 512, stored: int = 160, image: int = 64, random_crop: bool = False):
+        from PIL import Image
+
+        rng = np.random.default_rng(0)
+        self.blobs, self.image, self.random_crop = [], image, random_crop
+        for i in range(size):
+            # smooth gradients plus noise: a photo-like image JPEG compresses, not flat noise
+            yy, xx = np.mgrid[0:stored, 0:stored]
+            base = (np.stack([xx * (i % 7 + 1), yy * (i % 5 + 1), xx + yy], -1) % 256).astype(np.float32)
+            pixels = np.clip(base + rng.normal(0, 12, base.shape), 0, 255).astype(np.uint8)
+            buf = io.BytesIO()
+            Image.fromarray(pixels).save(buf, format="JPEG", quality=90)
+            self.blobs.append(buf.getvalue())
+        self.labels = [i % 10 for i in range(size)]
+
+    def __len__(self) -> int:
+        return len(self.blobs)
+
+    def __getitem__(self, i: int):
+        from PIL import Image
+
+        img = Image.open(io.BytesIO(self.blobs[i])).convert("RGB")
+        if self.random_crop:
+            w, h = img.size
+            x, y = random.randint(0, w // 4), random.randint(0, h // 4)
+            img = img.crop((x, y, x + 3 * w // 4, y + 3 * h // 4))
+        img = img.resize((self.image, self.image), Image.BILINEAR)
+        x = torch.from_numpy(np.asarray(img, dtype=np.float32) / 255.0).permute(2, 0, 1)
+        return (x - 0.5) / 0.25, self.labels[i]
+
+
+def _flip(batch):
+    x, y = batch
+    flip = torch.rand(x.shape[0], 1, 1, 1, device=x.device) < 0.5
+    return torch.where(flip, x.flip(-1), x), y
+
+
+def jpeg(size: int = 512, image: int = 64, random_crop: bool = False) -> Workload:
+    def model():
+        return nn.Sequential(nn.Conv2d(3, 16, 3, stride=2, padding=1), nn.ReLU(),
+                             nn.Conv2d(16, 32, 3, stride=2, padding=1), nn.ReLU(),
+                             nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10))
+
+    return Workload(model=model, dataset=lambda: JpegImages(size, image=image, random_crop=random_crop),
+                    loss=lambda model, batch: nn.functional.cross_entropy(model(batch[0]), batch[1]),
+                    augment=_flip)
