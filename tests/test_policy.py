@@ -204,3 +204,31 @@ def test_a_config_that_would_hang_as_one_did_is_not_run():
     compute = {**hung[0], "hung_phase": "the first step's compute (forward, backward, compile)"}
     config, names, _ = _hang(compute)
     assert "precision" in names and "micro_batch_size" in names and "num_workers" not in names
+
+
+def test_on_a_gpu_under_a_time_budget_eager_configs_are_searched_then_the_contenders_compiled():
+    space = _space(knobs={"precision": ["fp32", "bf16"], "num_workers": [0, 1, 2], "compile": ["off", "default"]},
+                   budget={"trials": 8, "time_s": 10_000})
+    gpu = knobs.Context(device="cuda", cpu_count=16)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    policy = SearchPolicy(space, gpu)
+    tasks, now = [], 0.0
+    while not isinstance(decision := policy.next(now), Done):
+        tasks.append(decision)
+        now += 5.0
+        # a compiled config is 20% faster here
+        factor = 1.2 if decision.config.get("compile") != "off" else 1.0
+        policy.on_result(decision, _measure(decision, factor=factor))
+    search = [t for t in tasks if t.phase == "search"]
+    ran = [r for r in policy.records if r["phase"] == "search" and not r.get("skipped")]
+    first_compiled = next(i for i, r in enumerate(ran) if r["config"]["compile"] != "off")
+    # every measured config before the first compiled one is eager, and every one after it is compiled
+    assert first_compiled >= 3 and all(r["config"]["compile"] != "off" for r in ran[first_compiled:])
+    held = [r for r in policy.records if r.get("error_kind") == "held"]
+    assert all(r["config"]["compile"] != "off" for r in held)
+    # the guides' start (compile on a GPU) ran as its eager twin
+    assert ran[1]["config"]["precision"] == "bf16"
+    # the pick is a compiled contender, measured (its held record does not make it infeasible)
+    best = policy.pick().row
+    assert best["config"]["compile"] == "default" and best["feasible"] and best["measurements"] >= 2
+    assert len(search) <= 8 + len(held) + 2

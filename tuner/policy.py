@@ -55,6 +55,7 @@ from tuner.study import make_study
 class Stage(str, Enum):
     BASELINE = "baseline"
     SEARCH = "search"
+    COMPILE = "compile"  # the contenders compiled (compile_late)
     CONFIRM = "confirm"
     DONE = "done"
 
@@ -310,6 +311,14 @@ class SearchPolicy:
         self.hangs: list[tuple[dict, list[str], str]] = [hang for r in self.records if (hang := _hang(r))]
         self.search_ended: str | None = None  # why the search proper started no more trials
         self.ended: str | None = None  # why the search has nothing more to measure (once it has not)
+        # On a GPU under a time budget a compile costs several eager trials' time: the
+        # search explores eager configs, then measures its contenders compiled.
+        modes = [v for v in space.domain.get("compile", []) if v != "off"]
+        self.compile_late = modes if (ctx.device == "cuda" and m.budget.time_s is not None and modes
+                                      and "off" in space.domain.get("compile", [])) else []
+        self.compile_queue: list[dict] | None = None
+        if self.compile_late:  # the contenders' compiled twins come out of the budget
+            self.budget = max(1, self.budget - min(self.budget // 3, 2 * len(self.compile_late)))
 
     # ---- decisions ------------------------------------------------------------------------
 
@@ -327,7 +336,15 @@ class SearchPolicy:
                 return decision
             if self.in_flight:
                 return Wait("the search's last trials")
+            self.stage = Stage.COMPILE if self.compile_late else Stage.CONFIRM
+        if self.stage == Stage.COMPILE:
+            decision = self._next_compiled(now)
+            if decision is not None:
+                return decision
+            if self.in_flight:
+                return Wait("the contenders' compiled trials")
             self.stage = Stage.CONFIRM
+        if self.stage == Stage.CONFIRM and self.confirming is None:
             self.confirming = self._confirm_state()
         if self.stage == Stage.CONFIRM:
             decision = self._next_confirm(now)
@@ -363,14 +380,52 @@ class SearchPolicy:
             task = self._issue(Phase.SEARCH, config, now, screen=screen)
             self.trials[task.number] = trial
             hang = self._hangs_like(key)
-            if hang is None:
+            why = hang or self._held_compiled(config)
+            if why is None:
                 self.asked += 1
                 return task
             # a config that would hang as one measured did is not run: it would cost the
             # wait that found the first one, and end the same way
             self.skipped.add(key)
-            self.on_result(task, {"status": Status.INFEASIBLE, "error_kind": "timeout", "config": dict(config),
-                                  "samples_per_sec": None, "skipped": True, "reason": hang})
+            self.on_result(task, {"status": Status.INFEASIBLE, "error_kind": "timeout" if hang else "held",
+                                  "config": dict(config), "samples_per_sec": None, "skipped": True, "reason": why})
+        return None
+
+    def _held_compiled(self, config: dict) -> str | None:
+        """Why a compiled config is not run in the search (compile_late); its eager twin
+        runs in its place, next, where it has not yet."""
+        if not self.compile_late or config.get("compile", "off") == "off":
+            return None
+        twin = {**config, "compile": "off"}
+        if self.canon(twin) not in self.tried:
+            self.study.enqueue_trial(self.search_space.active(twin))
+        return ("not run in the search: on a GPU under a time budget the eager configs are searched, "
+                "and the contenders are then measured compiled")
+
+    def _next_compiled(self, now: float) -> Task | None:
+        """The compiled twins of the search's contenders (the top configs within noise of
+        the leader), one per compile mode the space has, while the time budget fits them."""
+        if self.compile_queue is None:
+            rows = within_noise(rank(aggregate(self.records, self.metric), self.metric), self.metric)
+            top = [r["config"] for r in rows[: max(1, self.space.model.confirm.top - 1)]]
+            self.compile_queue = [self.space.derive({**c, "compile": mode}) for c in top for mode in self.compile_late]
+        while self.compile_queue:
+            if not self.clock.trial_fits(now, self.records, self.metric):
+                self.compile_queue = []
+                return None
+            config = self.compile_queue.pop(0)
+            key = self.canon(config)
+            if key in self.tried and key not in self.skipped:
+                continue
+            self.tried.add(key)
+            self.skipped.discard(key)
+            self.study.enqueue_trial(self.search_space.active(config))
+            trial = self.study.ask()
+            self.search_space(trial)
+            task = self._issue(Phase.SEARCH, config, now)  # measured in full: never screened
+            self.trials[task.number] = trial
+            self.asked += 1
+            return task
         return None
 
     def _search_spent(self) -> bool:

@@ -318,6 +318,8 @@ def aggregate(records: list[Record], metric: str) -> list[dict]:
         groups.setdefault((r["key"], device_model(r)), []).append(r)
     rows = []
     for (key, model), rs in groups.items():
+        if any(not r.get("skipped") for r in rs):  # not run once, measured later: the measurements
+            rs = [r for r in rs if not r.get("skipped")]
         measured = [r for r in rs if r.get("status") == "ok" and r.get(metric) is not None]
         # A screening figure (a few windows, stopped as out of the running) and a
         # measurement that stayed disturbed (other load on the machine) count only when
