@@ -48,7 +48,7 @@ def on_core(core: int | None):
 def space_file(folder: Path, workload: str, args: dict, name: str = "truth", device: str = "cpu",
                measure: dict | None = None) -> Path:
     """A space file for ``tuner bench`` on a case (``REFS``) or a built-in workload."""
-    path = folder / f"{name}-{workload}.yaml"
+    path = folder / f"{name}-{workload.rsplit('/', 1)[-1].replace(':', '-')}.yaml"
     path.write_text(yaml.safe_dump({"name": name, "workload": REFS.get(workload, workload), "workload_args": args,
                                     "device": device, **({"measure": measure} if measure else {})}))
     return path

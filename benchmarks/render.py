@@ -437,7 +437,11 @@ def _hotpath_pairs(data: dict) -> list[str]:
                    f"{statistics.median(p['fixed_samples_per_sec']):,.1f} | {p['fixed_over_defects']:.2f}x "
                    f"({lo:.2f}-{hi:.2f}) | {', '.join(f'{k} {n}' for k, n in kinds.items())} | "
                    f"{len(p['found_when_fixed']) or 'none'} |")
-    return out
+    return out + ["", "On a CPU a host sync waits for nothing (there is no device queue) and the builtins cost "
+                  "microseconds: the eager pair is a step this small and the rounds' noise; where a ratio's "
+                  "interval holds 1, the fix's gain is not measured. Under compile the recompile every step "
+                  "(until dynamo gives up and runs the function eagerly) and the graph break are what the "
+                  "second row costs. The sync's stall is a GPU's (benchmarks/gpu_check.sh pairs)."]
 
 
 def _cache_pairs(data: dict) -> list[str]:
