@@ -81,7 +81,7 @@ def test_workers_read_one_shared_copy_across_epochs(persistent):
             if n == len(loader) - 1:
                 # each worker has read items all over the cache: its own pages are few
                 # (the cache's are shared), not one more copy of the cache per worker
-                own = [w.memory_full_info().uss for w in psutil.Process().children()]
+                own = [w.memory_full_info().uss for w in psutil.Process().children() if w.name() == "pt_data_worker"]
                 assert len(own) == 2 and all(u < 0.4 * c.nbytes for u in own), (own, c.nbytes)
         assert seen == {i: float(i) for i in range(512)}
 

@@ -36,7 +36,7 @@ def test_measure_settings_have_one_definition():
 
 def test_nothing_imports_the_command_line():
     for path in PACKAGE.rglob("*.py"):
-        if path.name in ("cli.py", "__main__.py"):
+        if path.name in ("cli.py", "__main__.py", "clidoc.py"):  # clidoc: the reference of the command line
             continue
         assert "tuner.cli" not in _imports(path), path
 

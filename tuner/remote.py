@@ -136,27 +136,29 @@ def measure_on_worker(knob_config: dict, job: TrialJob, baseline: bool = False, 
 
 
 def check_configs(configs: dict[str, tuple[dict, bool]], job: TrialJob) -> dict:
-    """The hot-path check (``tuner.hotpath``) of each named ``(config, baseline)``, each in
-    a fresh process as a trial runs; a check that fails says why in its place."""
+    """The hot-path check (``tuner.hotpath``) of each named ``(config, baseline)``, in one
+    fresh process as a trial runs (the first config's compile cache); a check that fails
+    says why in its place."""
     from dataclasses import replace
 
     from tuner.trial import make_request, run_isolated
 
-    out = {}
-    for name, (config, baseline) in configs.items():
-        config = {**config, "world_size": 1}  # every rank runs the same user code
-        env = {"OMP_NUM_THREADS": str(int(job.cpus_per_trial(config)))}
-        if os.environ.get("CUDA_VISIBLE_DEVICES") is not None:
-            env["CUDA_VISIBLE_DEVICES"] = os.environ["CUDA_VISIBLE_DEVICES"]
-        request = replace(make_request(workload=job.workload, workload_args=job.workload_args,
-                                       base_dir=job.base_dir, config=config, baseline=baseline,
-                                       device=job.device, measure=job.measure, run=job.run, seed=job.seed,
-                                       env=env, compile_cache=_compile_cache(config, job), nice=job.nice),
-                          check_hot_path=True)
-        record = run_isolated(request, timeout_s=job.trial_timeout_s)
-        out[name] = (record["hot_path"] if record.get("status") == "ok" and record.get("hot_path")
-                     else {"error": record.get("reason") or str(record.get("status"))})
-    return out
+    # every rank runs the same user code: one rank is checked
+    named = [(name, {**config, "world_size": 1}, baseline) for name, (config, baseline) in configs.items()]
+    first = named[0][1]
+    env = {"OMP_NUM_THREADS": str(int(job.cpus_per_trial(first)))}
+    if os.environ.get("CUDA_VISIBLE_DEVICES") is not None:
+        env["CUDA_VISIBLE_DEVICES"] = os.environ["CUDA_VISIBLE_DEVICES"]
+    request = replace(make_request(workload=job.workload, workload_args=job.workload_args,
+                                   base_dir=job.base_dir, config=first, baseline=named[0][2],
+                                   device=job.device, measure=job.measure, run=job.run, seed=job.seed,
+                                   env=env, compile_cache=_compile_cache(first, job), nice=job.nice),
+                      check_hot_path=True, also_check=[(c, b) for _, c, b in named[1:]])
+    record = run_isolated(request, timeout_s=job.trial_timeout_s * len(named))
+    if record.get("status") != "ok" or not record.get("hot_path"):
+        return {name: {"error": record.get("reason") or str(record.get("status"))} for name, _, _ in named}
+    results = [record["hot_path"], *record.get("hot_path_also", [])]
+    return {name: result for (name, _, _), result in zip(named, results, strict=True)}
 
 
 def trainable(config: dict, job: TrialJob) -> None:

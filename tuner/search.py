@@ -202,10 +202,10 @@ def check_hot_path(summary: dict, job: TrialJob, cpus_per_trial: Callable[[dict]
     """The hot-path check of the baseline and the pick, once per search, after it (in no
     measurement's time), on a Ray worker holding a trial's resources."""
     configs = {}
+    if summary.get("best"):  # first: its compile cache is the one the check's process gets
+        configs["pick"] = (summary["best"]["config"], False)
     if summary["baseline"].get("config"):
         configs["baseline"] = (summary["baseline"]["config"], True)
-    if summary.get("best"):
-        configs["pick"] = (summary["best"]["config"], False)
     if not configs:
         return None
     if spent:
@@ -215,7 +215,7 @@ def check_hot_path(summary: dict, job: TrialJob, cpus_per_trial: Callable[[dict]
     from tuner.remote import check_configs
 
     progress.update(msg="checking the hot path of the baseline and the pick")
-    config = configs.get("pick", configs["baseline"])[0]
+    config = next(iter(configs.values()))[0]
     task = ray.remote(check_configs).options(num_cpus=cpus_per_trial(config), num_gpus=gpus_per_trial,
                                              max_retries=0)
     try:

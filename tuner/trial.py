@@ -76,6 +76,8 @@ class TrialRequest:
     compile_cache: str | None = None
     check_hot_path: bool = False
     """Run the hot-path check (``tuner.hotpath``) on the config instead of measuring it."""
+    also_check: list = field(default_factory=list)
+    """``(config, baseline)`` pairs checked after it in the same process (one start-up)."""
     """An inductor cache folder shared by one compile group of a search: cold (empty)
     for the group's first trial, warm after."""
     nice: int | None = None
@@ -187,11 +189,7 @@ def execute(request: TrialRequest, progress: Callable[[str], None] | None = None
             phase(PHASES[0])
         trainer = Trainer(workload, config, device, baseline=request.baseline, seed=request.seed)
         if request.check_hot_path:
-            from tuner.hotpath import UserCode, check
-
-            result = check(trainer, UserCode.of_workload(request.workload, request.base_dir))
-            return {"status": Status.OK, "reason": None, "hot_path": result, "config": config,
-                    "notes": notes + trainer.notes, "baseline": request.baseline, "device": str(device)}
+            return _check_hot_path(request, trainer, config, notes)
         metrics = measure(trainer, MeasureSettings(**request.measure), RunPlan(**request.run),
                           startup_s=time.perf_counter() - t0, progress=progress,
                           probe=TreeProbe(request.observers),
@@ -211,6 +209,28 @@ def execute(request: TrialRequest, progress: Callable[[str], None] | None = None
             "has_groups": workload.groups is not None, "has_augment": workload.augment is not None,
             "map_style": trainer.sampler is not None,
             "baseline": request.baseline, "device": str(device), "hardware": describe()}
+
+
+def _check_hot_path(request: TrialRequest, trainer: Any, config: dict, notes: list[str]) -> Record:
+    """The hot-path check of the request's config, then of each of ``also_check`` in this
+    process (a check that raises says why in its place)."""
+    import dataclasses
+
+    from tuner.hotpath import UserCode, check
+    from tuner.loop import Trainer
+
+    user = UserCode.of_workload(request.workload, request.base_dir)
+    also = []
+    for other, baseline in request.also_check:
+        try:
+            resolved = resolve_config(dataclasses.replace(request, config=other, baseline=baseline, also_check=[]))
+            also.append(check(Trainer(resolved.workload, resolved.config, resolved.device, baseline=baseline,
+                                      seed=request.seed), user))
+        except Exception as exc:  # the first check's findings stand without it
+            also.append({"error": classify(exc)[1]})
+    return {"status": Status.OK, "reason": None, "hot_path": check(trainer, user), "hot_path_also": also,
+            "config": config, "notes": notes + trainer.notes, "baseline": request.baseline,
+            "device": str(trainer.device)}
 
 
 def run_at_niceness(target: int | None) -> str | None:
