@@ -100,6 +100,7 @@ class CachedDataset(Dataset):
         self.length = len(dataset)
         t0 = time.perf_counter()
         fields: list[list[torch.Tensor]] | None = None
+        shapes: list[list[tuple]] = []
         self.spec = None
         self.numeric: list[str] = []  # per field: "tensor", "numpy" or the Python number type
         reader = DataLoader(dataset, batch_size=None, shuffle=False, num_workers=workers,
@@ -107,15 +108,16 @@ class CachedDataset(Dataset):
         for item in reader:
             leaves, spec = pytree.tree_flatten(item)
             if fields is None:
-                self.spec, fields = spec, [[] for _ in leaves]
+                self.spec, fields, shapes = spec, [[] for _ in leaves], [[] for _ in leaves]
                 self.numeric = ["tensor" if isinstance(v, torch.Tensor) else "numpy" if isinstance(v, np.ndarray)
                                 else type(v).__name__ for v in leaves]
             elif spec != self.spec:
                 raise CacheRefused("dataset_cache: items differ in structure; the cache keeps items of one shape "
                                    "of nesting (the same keys, the same tuple length)")
-            for f, v in zip(fields, leaves, strict=True):
-                f.append(_leaf(v).reshape(-1))
-            self._shapes_of(leaves)
+            for f, shape, v in zip(fields, shapes, leaves, strict=True):
+                t = _leaf(v)
+                f.append(t.reshape(-1))
+                shape.append(tuple(t.shape))
         assert fields is not None
         # one flat tensor per field, offsets and shapes beside it, all in shared memory
         self.data, self.offsets = [], []
@@ -127,25 +129,9 @@ class CachedDataset(Dataset):
             self.offsets.append(torch.cat([torch.zeros(1, dtype=torch.int64), sizes.cumsum(0)]).share_memory_())
             self.data.append(torch.cat(f).share_memory_())
             f.clear()
-        self.shapes = [s.share_memory_() for s in self._shape_tensors()]
+        self.shapes = [_shape_tensor(j, lst).share_memory_() for j, lst in enumerate(shapes)]
         self.nbytes = sum(t.nbytes for t in self.data + self.offsets + self.shapes)
         self.fill_s = time.perf_counter() - t0
-
-    def _shapes_of(self, leaves: list) -> None:
-        if not hasattr(self, "_shape_lists"):
-            self._shape_lists: list[list[tuple]] = [[] for _ in leaves]
-        for lst, v in zip(self._shape_lists, leaves, strict=True):
-            lst.append(tuple(v.shape) if isinstance(v, torch.Tensor | np.ndarray) else ())
-
-    def _shape_tensors(self) -> list[torch.Tensor]:
-        out = []
-        for j, lst in enumerate(self._shape_lists):
-            ndims = {len(s) for s in lst}
-            if len(ndims) > 1:
-                raise CacheRefused(f"dataset_cache: field {j} of the items changes its number of dimensions")
-            out.append(torch.tensor(lst, dtype=torch.int64).reshape(len(lst), ndims.pop()))
-        del self._shape_lists
-        return out
 
     def __len__(self) -> int:
         return self.length
@@ -163,6 +149,14 @@ class CachedDataset(Dataset):
                 v = v.item()
             leaves.append(v)
         return pytree.tree_unflatten(leaves, self.spec)
+
+
+def _shape_tensor(field: int, shapes: list[tuple]) -> torch.Tensor:
+    """One field's item shapes, a row each (one number of dimensions per field)."""
+    ndims = {len(s) for s in shapes}
+    if len(ndims) > 1:
+        raise CacheRefused(f"dataset_cache: field {field} of the items changes its number of dimensions")
+    return torch.tensor(shapes, dtype=torch.int64).reshape(len(shapes), ndims.pop())
 
 
 def refusal(space: Any) -> str | None:

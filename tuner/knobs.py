@@ -175,7 +175,7 @@ _TABLE = [
     Knob("augment_on", str, "where Workload.augment runs: host (the DataLoader's collate, in its workers) or "
          "device (after the batch is copied there)",
          "host", lambda ctx: "device" if ctx.device == "cuda" else "host", choices=AUGMENT_PLACES,
-         inactive=_needs_augment, recompiles=True, loader=True, priority=6,
+         inactive=_needs_augment, loader=True, priority=6,
          cost="device: the augmentation's kernels share the GPU with the step"),
     # Data parallel (DistributedDataParallel through Ray Train; see tuner/distributed.py).
     Knob("world_size", int, "data-parallel ranks per trial: one GPU each on GPUs, gloo processes on CPUs",

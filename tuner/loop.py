@@ -285,7 +285,13 @@ class Trainer:
             # it (malloc_retain removes the difference).
             batch = self.move(batch)
             if self.augment_on_device:
-                batch = _call(lambda b=batch: self.workload.augment(b), "augment")
+                try:
+                    batch = self.workload.augment(batch)
+                except Exception as exc:
+                    err = _as_workload_error(exc)
+                    if err is exc:
+                        raise
+                    raise err from exc
             # DDP all-reduces in every backward unless told not to: with no_sync, only the
             # accumulation step's last micro-batch does.
             with self.ddp.no_sync() if self.no_sync and i < self.accum - 1 else _NO_CONTEXT:
