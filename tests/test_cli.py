@@ -127,6 +127,7 @@ def _results_folder(tmp_path):
     (["run", "{space}", "--name", "../x"], "name '../x'"),
     (["run", "{space}", "--time-budget", "-5"], "--time-budget -5.0"),
     (["run", "{space}", "--trials", "0"], "--trials 0"),
+    (["run", "{space}", "--address", "ray://127.0.0.1:10001"], "Ray Client (ray://) is not supported"),
     (["resume", "{results}", "--trials", "-3"], "--trials -3"),
     (["submit", "{space}", "--address", "http://127.0.0.1:1", "--trials", "-3"], "--trials -3"),
     (["bench", "{space}", "--timeout", "-1"], "--timeout -1.0"),
@@ -269,3 +270,17 @@ def test_a_stop_swallowed_by_a_finaliser_is_delivered_again(monkeypatch):
         assert caught.value.signum == signal.SIGTERM
     finally:
         restore()
+
+
+def test_the_same_run_again_searches_beside_the_earlier_one(tmp_path, capsys):
+    from tuner.cli import _free_name
+
+    root = tmp_path / "results"
+    assert _free_name(root, "quickstart") == "quickstart"
+    for name in ("quickstart", "quickstart-2"):
+        (root / name).mkdir(parents=True)
+        (root / name / "trials.jsonl").write_text("{}\n")
+    (root / "quickstart-3").mkdir()  # a folder where nothing ran (an empty or missing trials.jsonl) is free
+    assert _free_name(root, "quickstart") == "quickstart-3"
+    said = capsys.readouterr().out
+    assert "resume" in said and "quickstart-3" in said

@@ -72,12 +72,39 @@ def ray_head(tmp_path):
         _stop_head(head, temp_dir)
 
 
+def _user_folder(workdir: Path) -> None:
+    """A user's folder: a workload file that imports its workload from a package beside it,
+    an unrelated module it does not import, and data."""
+    (workdir / "mine").mkdir(parents=True)
+    (workdir / "mine" / "__init__.py").write_text("")
+    (workdir / "mine" / "impl.py").write_text(Path(FIXTURES).read_text())
+    (workdir / "my_workload.py").write_text("from mine.impl import sleepy  # noqa: F401\n")
+    (workdir / "unused.py").write_text("raise SystemExit('not imported by the workload')\n")
+    (workdir / "data.bin").write_bytes(b"x" * 1024)
+
+
+def test_stage_ships_the_modules_the_workload_file_imports(tmp_path):
+    from tuner import cluster, spec
+
+    workdir = tmp_path / "user"
+    _user_folder(workdir)
+    (workdir / "space.yaml").write_text("name: staged\nworkload: my_workload.py:sleepy\n"
+                                        "knobs: {micro_batch_size: [4]}\n")
+    space = spec.load(workdir / "space.yaml")
+    spec.check_workload(space)  # as `submit` does: the workload loads here first
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    assert cluster.stage(space, staging) == "space.yaml"
+    shipped = sorted(str(p.relative_to(staging)) for p in staging.rglob("*") if p.is_file())
+    assert shipped == ["mine/__init__.py", "mine/impl.py", "my_workload.py", "space.yaml"], shipped
+    assert "workload: my_workload.py:sleepy" in (staging / "space.yaml").read_text()
+
+
 @pytest.mark.slow
 def test_submit_to_a_running_head_with_token_auth(ray_head, tmp_path):
     address, env = ray_head
     workdir = tmp_path / "user"
-    workdir.mkdir()
-    (workdir / "my_workload.py").write_text(Path(FIXTURES).read_text())
+    _user_folder(workdir)
     (workdir / "space.yaml").write_text(textwrap.dedent("""\
         name: submitted
         workload: my_workload.py:sleepy
@@ -88,7 +115,8 @@ def test_submit_to_a_running_head_with_token_auth(ray_head, tmp_path):
         confirm: {top: 0}
         """) + measure_line(max_windows=3))
     results = tmp_path / "cluster-results"
-    # Submit from another folder: the job must carry the space and the workload file itself.
+    # Submit from another folder: the job must carry the space, the workload file and the
+    # package it imports from beside it.
     r = subprocess.run([sys.executable, "-m", "tuner", "submit", str(workdir / "space.yaml"), "--address", address,
                         "--results-dir", str(results), "--wait"], env=env, capture_output=True, text=True,
                        timeout=500, cwd=tmp_path)

@@ -239,10 +239,12 @@ def cmd_knobs(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from tuner import spec
+    from tuner.localray import check_address
     from tuner.search import run_search
     from tuner.tables import print_summary
 
     space = spec.load(args.space)
+    check_address(args.address)
     if args.resume:
         name = args.name or space.model.name
         args.results = str(Path(args.results_dir) / name)
@@ -253,6 +255,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         space.model.budget.time_s = args.time_budget
     if args.name:
         space.model.name = args.name
+    else:  # the space's own name, taken by an earlier search: this one goes beside it
+        space.model.name = _free_name(Path(args.results_dir), space.model.name)
     if args.log_to:
         space.model.log_to = sorted(set(space.model.log_to) | set(args.log_to))
     spec.check_workload(space)
@@ -264,6 +268,24 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"results: {out}/ (summary.json, trials.jsonl, optuna.journal, ray/)")
     _next_steps(summary, out)
     return _winner_status(summary)
+
+
+def _free_name(root: Path, name: str) -> str:
+    """``name``, or ``name-2``, ``name-3``... where results of that name already exist, so that
+    the same command run again searches again (``--name`` picks the folder itself, and
+    ``--resume`` continues one)."""
+    def taken(n: str) -> bool:
+        trials = root / n / "trials.jsonl"
+        return trials.is_file() and trials.stat().st_size > 0  # empty: nothing ran
+
+    if not taken(name):
+        return name
+    k = 2
+    while taken(f"{name}-{k}"):
+        k += 1
+    print(f"{root / name}/ holds an earlier search (continue it with `python -m tuner resume {root / name}`); "
+          f"this one writes {root / f'{name}-{k}'}/")
+    return f"{name}-{k}"
 
 
 def _next_steps(summary: dict, out: Path) -> None:
@@ -466,9 +488,11 @@ def _search_commands(sub: Any) -> None:
     p.add_argument("space", help="space.yaml")
     p.add_argument("--trials", type=int, help="override budget.trials (configs tried; the baseline and confirm rounds come on top)")
     p.add_argument("--time-budget", type=float, help="override budget.time_s (seconds)")
-    p.add_argument("--name", help="override the space's name (the results folder)")
+    p.add_argument("--name", help="the results folder's name (default: the space's name; NAME-2, NAME-3... "
+                   "where an earlier search has it)")
     p.add_argument("--results-dir", default="results", help="where results/<name>/ goes")
-    p.add_argument("--address", help="attach to a running Ray cluster instead of a local one")
+    p.add_argument("--address", help="attach to a running Ray cluster (HEAD:6379 or auto, from a node of "
+                   "it) instead of a local one; from elsewhere, `submit`")
     p.add_argument("--resume", action="store_true", help="continue an interrupted search of this name")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--log-to", action="append", choices=["tensorboard", "mlflow"],

@@ -1,7 +1,7 @@
 """Ray Jobs submission of a search to a running cluster, and ``tuner doctor``.
 
-``submit`` ships the space file, the user's workload file and this ``tuner``
-package in the job's runtime environment and runs ``python -m tuner run`` on
+``submit`` ships the space file, the user's workload file (with the modules it
+imports from its own folder) and this ``tuner`` package in the job's runtime environment and runs ``python -m tuner run`` on
 the cluster against it (``--address auto``). Results land on the cluster, in
 ``--results-dir`` (a shared filesystem path is the easy way to read them back).
 Token authentication (``RAY_AUTH_MODE=token`` with ``RAY_AUTH_TOKEN`` or
@@ -24,10 +24,13 @@ TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 
 
 def stage(space: spec.Space, staging: Path) -> str:
-    """Copy what the job needs into ``staging``: the space and a workload file.
+    """Copy what the job needs into ``staging``: the space, the workload file and the modules
+    it imported from its own folder (and below), at the same relative paths.
 
-    Returns the space file's name inside the staging folder. A workload given as a
-    module path must be importable on the cluster (installed there, or put it in a file).
+    Returns the space file's name inside the staging folder. The workload has been loaded in
+    this process (``spec.check_workload``), so ``sys.modules`` names what it imported. A
+    workload given as a module path must be importable on the cluster (installed there, or
+    put it in a file).
     """
     m = space.model
     ref = m.workload
@@ -35,13 +38,39 @@ def stage(space: spec.Space, staging: Path) -> str:
         target, func = ref.rsplit(":", 1)
         if target.endswith(".py"):
             src = Path(target)
-            src = src if src.is_absolute() else space.base_dir / src
+            src = (src if src.is_absolute() else space.base_dir / src).resolve()
             shutil.copy2(src, staging / src.name)
+            for sibling in imported_from(src.parent):
+                dest = staging / sibling.relative_to(src.parent)
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                if not dest.exists():
+                    shutil.copy2(sibling, dest)
             m = m.model_copy(update={"workload": f"{src.name}:{func}"})
     import yaml
 
     (staging / "space.yaml").write_text(yaml.safe_dump(m.model_dump(mode="json"), sort_keys=False))
     return "space.yaml"
+
+
+def imported_from(folder: Path) -> list[Path]:
+    """The Python files under ``folder`` that this process has imported, installed packages and
+    this tuner package left out (a virtual environment inside the user's folder included)."""
+    import site
+    import sysconfig
+
+    import tuner
+
+    skip = [Path(p).resolve() for p in (*site.getsitepackages(), site.getusersitepackages(),
+                                        sysconfig.get_paths()["purelib"], Path(tuner.__file__).parent)]
+    found = set()
+    for module in list(sys.modules.values()):
+        file = getattr(module, "__file__", None)
+        if not file or not file.endswith(".py"):
+            continue
+        path = Path(file).resolve()
+        if path.is_relative_to(folder) and not any(path.is_relative_to(s) for s in skip):
+            found.add(path)
+    return sorted(found)
 
 
 # What Ray's job API answers while a head is still starting (its job agent not up yet):

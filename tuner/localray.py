@@ -80,6 +80,16 @@ def shutdown_ray(log: Path) -> None:
                 log.unlink()
 
 
+def check_address(address: str | None) -> None:
+    """Refuse an address the search cannot run against, before anything starts."""
+    if address and address.startswith("ray://"):
+        # Ray Client moves Tune's loop into a task on the cluster: the search's decisions and
+        # its results would be made there, away from this process and its results folder.
+        raise UserError(f"--address {address}: Ray Client (ray://) is not supported; submit the search "
+                        f"as a Ray Job (`python -m tuner submit SPACE --address http://HEAD:8265 --wait`), "
+                        f"or run it on a node of the cluster with --address HEAD:6379")
+
+
 def start_ray(address: str | None, state_api: bool = True) -> bool:
     """Start a local Ray, or attach to ``address``; True when this call started it.
     ``state_api``: a local Ray starts the head process that answers Ray's state API,
@@ -90,6 +100,7 @@ def start_ray(address: str | None, state_api: bool = True) -> bool:
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
     if ray.is_initialized():
         return False
+    check_address(address)
     if not address and not _can_raise_priority():
         # Ray starts its workers at nice 15; a trial that cannot put itself back at the
         # user's niceness (tuner.trial.run_at_niceness) would be preempted by everything.

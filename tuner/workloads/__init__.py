@@ -108,6 +108,9 @@ def _import_file(path: Path) -> Any:
     name = "tuner_user_" + path.stem + "_" + hashlib.sha1(str(path).encode()).hexdigest()[:8]
     if name in sys.modules:
         return sys.modules[name]
+    # The file imports its sibling modules as it would run as a script: its folder on the path.
+    if str(path.parent) not in sys.path:
+        sys.path.insert(0, str(path.parent))
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         raise UserError(f"workload: cannot import {path}")
