@@ -40,3 +40,20 @@ def test_the_command_reference_is_the_parser():
         for action in p._actions:
             for flag in ([] if isinstance(action, argparse._HelpAction) else action.option_strings):
                 assert f"`{flag}`" in page, (name, flag)
+
+
+def test_the_readmes_workload_runs_as_written(tmp_path):
+    """The README's `my_workload.py`, saved as a user would, loads and takes a training step."""
+    import torch
+
+    from tuner.workloads import load_workload
+
+    block = README.split("```python\n# my_workload.py", 1)[1].split("```", 1)[0]
+    (tmp_path / "my_workload.py").write_text("# my_workload.py" + block)
+    w = load_workload("my_workload.py:make", {"width": 16}, base_dir=tmp_path)
+    model, data = w.model(), w.dataset()
+    x, y = torch.utils.data.default_collate([data[0], data[1]])
+    loss = w.loss(model, (x, y))
+    loss.backward()
+    w.make_optimizer(model.parameters()).step()
+    assert loss.dim() == 0 and torch.isfinite(loss)
