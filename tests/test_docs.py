@@ -57,3 +57,21 @@ def test_the_readmes_workload_runs_as_written(tmp_path):
     loss.backward()
     w.make_optimizer(model.parameters()).step()
     assert loss.dim() == 0 and torch.isfinite(loss)
+
+
+def test_the_readmes_schema_names_every_setting():
+    """Every field of the `measure:` and `run:` sections, every objective metric and every
+    Workload field appear in the README's space file and workload example."""
+    import dataclasses
+
+    from tuner.records import OBJECTIVE_METRICS
+    from tuner.settings import MeasureSettings, RunPlan
+    from tuner.workloads import Workload
+
+    schema = README.split("```yaml\n", 1)[1].split("```", 1)[0]
+    missing = [f"measure.{f}" for f in MeasureSettings.model_fields if f"{f}:" not in schema]
+    missing += [f"run.{f}" for f in RunPlan.model_fields if f"{f}:" not in schema]
+    missing += [f"objective {m}" for m in OBJECTIVE_METRICS if m not in schema]
+    snippet = README.split("```python\n# my_workload.py", 1)[1].split("```", 1)[0]
+    missing += [f"Workload({f.name}=)" for f in dataclasses.fields(Workload) if f"{f.name}=" not in snippet]
+    assert not missing, missing
