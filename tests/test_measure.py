@@ -65,8 +65,10 @@ def test_epochs_shorter_than_a_window_keep_the_window_to_window_s_of_wall_time()
     c0, c1 = r["timed_clock_s"]
     windows = r["windows"] + r["disturbed_windows_dropped"]  # what ran, redos included
     assert (c1 - c0) / windows < 3 * FAST_MEASURE["window_s"]
-    # the figure still counts the boundaries, which cost most of an epoch here
-    assert r["epoch_overhead_from"] == "pauses" and r["epoch_starts_measured"] >= 3 * r["windows"]
+    # the figure still counts the boundaries, which cost most of an epoch here: every window
+    # crossed at least one (how many depends on how fast the machine starts workers: under a
+    # parallel suite's load, fewer and longer pauses fill the same window)
+    assert r["epoch_overhead_from"] == "pauses" and r["epoch_starts_measured"] >= r["windows"]
     assert r["samples_per_sec"] < 0.5 * r["steady_samples_per_sec"]
 
 
