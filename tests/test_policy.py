@@ -232,3 +232,33 @@ def test_on_a_gpu_under_a_time_budget_eager_configs_are_searched_then_the_conten
     best = policy.pick().row
     assert best["config"]["compile"] == "default" and best["feasible"] and best["measurements"] >= 2
     assert len(search) <= 8 + len(held) + 2
+
+
+def test_a_compiled_twin_starts_only_where_it_and_its_confirmation_fit_the_time_budget():
+    """On a GPU a compiled trial costs many eager trials' time (here 60 s against 5 s). The
+    contenders' compiled twins are costed at the compiled trials' wall, not a typical
+    trial's, and each twin that may lead is costed with its re-measurement in the confirm
+    round: every search ends within its budget, and a budget with room for both twins
+    runs both."""
+    def flat(config: dict) -> float:  # every eager config within noise of the others
+        return 100.0 * (1 + 0.01 * (config.get("num_workers") or 0)) * (1.01 if config.get("precision") == "bf16" else 1)
+
+    gpu = knobs.Context(device="cuda", cpu_count=16)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    twins = {}
+    for time_s in (200, 240, 300, 360):
+        space = _space(knobs={"precision": ["fp32", "bf16"], "num_workers": [0, 1, 2], "compile": ["off", "default"]},
+                       budget={"trials": 8, "time_s": time_s}, confirm={"top": 3})
+        policy, now = SearchPolicy(space, gpu), 0.0
+        while not isinstance(decision := policy.next(now), Done):
+            compiled = (decision.config.get("compile") or "off") != "off"
+            wall = 60.0 if compiled else 5.0
+            now += wall
+            policy.on_result(decision, {"status": "ok", "config": dict(decision.config), "trial_wall_s": wall,
+                                        "samples_per_sec": flat(decision.config) * (1.2 if compiled else 1.0),
+                                        "samples_per_sec_error": 0.01, "screened": False})
+        assert now <= time_s, (time_s, now)
+        twins[time_s] = sum(r["phase"] == "search" and r["status"] == "ok" and r["config"].get("compile") == "default"
+                           for r in policy.records)
+        assert policy.pick().row["config"]["compile"] == "default"
+    assert twins[200] == 1 and twins[360] == 2, twins

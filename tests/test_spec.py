@@ -179,9 +179,10 @@ def test_on_a_cpu_the_guides_start_takes_the_largest_micro_batch_listed(tmp_path
 
 def test_on_a_cpu_the_starts_cover_each_split_of_the_cores(tmp_path):
     """Threads and DataLoader workers share the cores, and which split wins depends on the
-    workload: after the guides' split (1 worker, the threads it leaves), the search starts
-    every core on threads with the fewest workers, and the most workers listed with the
-    guides' threads (workers tolerate sharing cores: a conv net's best on 2 cores had 2)."""
+    workload: after the guides' split (its workers, the threads they leave), the search
+    starts the fewest workers listed and the most (workers tolerate sharing cores: a conv
+    net's best on 2 cores had 2), each with the threads its workers leave, on any number
+    of cores."""
     from tuner import knobs
 
     s = _load(tmp_path, """\
@@ -192,7 +193,8 @@ def test_on_a_cpu_the_starts_cover_each_split_of_the_cores(tmp_path):
           num_workers: [0, 1, 2]
         """)
     starts = s.start_points(knobs.Context(device="cpu", cpu_count=2))
-    assert [(p["torch_threads"], p["num_workers"]) for p in starts][1:] == [(1, 1), (2, 0), (1, 2)]
+    # the fewest workers with every core to threads is PyTorch's defaults here: not twice
+    assert [(p["torch_threads"], p["num_workers"]) for p in starts] == [(2, 0), (1, 1), (1, 2)]
     no_more = _load(tmp_path, """\
         name: t
         workload: conv
@@ -200,7 +202,29 @@ def test_on_a_cpu_the_starts_cover_each_split_of_the_cores(tmp_path):
           torch_threads: [1, 2]
           num_workers: [0, 1]
         """)
-    assert len(no_more.start_points(knobs.Context(device="cpu", cpu_count=2))) == 3
+    assert len(no_more.start_points(knobs.Context(device="cpu", cpu_count=2))) == 2  # both splits already in
+    many = _load(tmp_path, """\
+        name: t
+        workload: conv
+        knobs:
+          torch_threads: [2, 4, 8, 14]
+          num_workers: [0, 2, 4, 8]
+          micro_batch_size: [32, 128]
+        """)
+    splits = [(p["torch_threads"], p["num_workers"]) for p in many.start_points(knobs.Context(device="cpu",
+                                                                                               cpu_count=16))]
+    # the guides' 4 workers and the 8 threads they leave; then 0 workers and every core
+    # listed to threads; then 8 workers and the 8 cores they leave (not 2 threads: 6 idle)
+    assert splits == [(14, 0), (8, 4), (14, 0), (8, 8)]  # the first: PyTorch's defaults at 32
+    # a worker count the space holds fixed shares the cores as a searched one does
+    fixed = _load(tmp_path, """\
+        name: t
+        workload: conv
+        knobs:
+          torch_threads: [2, 4, 8, 14]
+          num_workers: 12
+        """)
+    assert fixed.recommended_config(knobs.Context(device="cpu", cpu_count=16))["torch_threads"] == 4
 
 
 def test_on_a_cpu_the_guides_bf16_start_is_paired_with_the_same_in_fp32(tmp_path):
@@ -222,6 +246,6 @@ def test_on_a_cpu_the_guides_bf16_start_is_paired_with_the_same_in_fp32(tmp_path
     assert starts[2] == {**starts[1], "precision": "fp32"}
     assert [p["precision"] for p in starts[3:]] == ["bf16"]  # the split: bf16 until the pair says
     no_bf16 = s.start_points(knobs.Context(device="cpu", cpu_count=2, bf16_native=False))
-    assert [p["precision"] for p in no_bf16] == ["fp32", "fp32", "fp32"]
+    assert [p["precision"] for p in no_bf16] == ["fp32", "fp32"]  # the splits are the two before
     gpu = s.start_points(knobs.Context(device="cuda", cpu_count=2))
     assert [p["precision"] for p in gpu] == ["fp32", "bf16"]

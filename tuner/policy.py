@@ -150,12 +150,19 @@ class Clock:
         base = [r["trial_wall_s"] for r in full if r.get("phase") == Phase.BASELINE]
         return sum(walls) + (base[-1] if base else typical)
 
-    def trial_fits(self, now: float, records: list[dict], metric: str, first: dict | None = None) -> bool:
-        """Whether a typical trial started now ends within the search proper's time, and
-        with ``first`` (a config measured before it) that config's own wall too."""
-        left, need = self.left(now, records, metric), median_wall(records)
+    def trial_fits(self, now: float, records: list[dict], metric: str, first: dict | None = None,
+                   config: dict | None = None, contender: bool = False) -> bool:
+        """Whether a trial started now ends within the search proper's time: ``config``'s
+        (``expected_wall``), or a typical one's where the next config is not chosen yet;
+        with ``first`` (a config measured before it) that config's own wall too. A
+        ``contender`` (measured because it may lead) is measured again in the confirm
+        round, which ``reserve`` counts only once it leads: its second wall too."""
+        left = self.left(now, records, metric)
+        need = median_wall(records) if config is None else expected_wall(records, config)
         if left is None or need is None:
             return True
+        if contender and self.confirming:
+            need *= 2
         if first is not None:
             need += own_wall(records, first) or need
         return left >= need
@@ -171,6 +178,20 @@ def median_wall(records: list[dict]) -> float | None:
     walls = [r["trial_wall_s"] for r in records if r.get("phase") in (Phase.BASELINE, Phase.SEARCH)
              and r.get("trial_wall_s")]
     return statistics.median(walls) if walls else None
+
+
+def expected_wall(records: list[dict], config: dict) -> float | None:
+    """What measuring ``config`` costs, known before it runs: the median wall of its own
+    full measurements; else of the trials in its compile mode (a compiled trial pays its
+    compile on top of an eager one's wall: on a GPU, several eager trials' time); else
+    of any trial."""
+    own = own_wall(records, config)
+    if own is not None:
+        return own
+    mode = config.get("compile") or "off"
+    same = [r["trial_wall_s"] for r in records if r.get("phase") in (Phase.BASELINE, Phase.SEARCH)
+            and r.get("trial_wall_s") and ((r.get("config") or {}).get("compile") or "off") == mode]
+    return statistics.median(same) if same else median_wall(records)
 
 
 def own_wall(records: list[dict], config: dict | None) -> float | None:
@@ -410,13 +431,13 @@ class SearchPolicy:
             top = [r["config"] for r in rows[: max(1, self.space.model.confirm.top - 1)]]
             self.compile_queue = [self.space.derive({**c, "compile": mode}) for c in top for mode in self.compile_late]
         while self.compile_queue:
-            if not self.clock.trial_fits(now, self.records, self.metric):
-                self.compile_queue = []
-                return None
             config = self.compile_queue.pop(0)
             key = self.canon(config)
             if key in self.tried and key not in self.skipped:
                 continue
+            if not self.clock.trial_fits(now, self.records, self.metric, config=config, contender=True):
+                self.compile_queue = []  # its twins in the queue cost as much
+                return None
             self.tried.add(key)
             self.skipped.discard(key)
             self.study.enqueue_trial(self.search_space.active(config))

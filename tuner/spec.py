@@ -185,17 +185,17 @@ class Space:
         if ctx.device == "cpu" and threads and len(threads) > 1:
             # Threads and DataLoader workers share the cores: the threads the workers leave.
             workers = int(config.get("num_workers", self.fixed.get("num_workers", 0)) or 0)
-            fits = [t for t in threads if t is not None and (t == 1 or t + workers <= ctx.cpu_count)]
-            config["torch_threads"] = max(fits) if fits else min(t for t in threads if t is not None)
+            config["torch_threads"] = threads_left(threads, workers, ctx.cpu_count)
         return self.derive(config)
 
     def start_points(self, ctx: knobs.Context) -> list[dict]:
         """The guided search's first configs: PyTorch's defaults, the guides' advice, and on
         CPUs where both threads and workers are searched, the advice with the other splits
         of the cores (threads and workers share them, and which side wins depends on the
-        workload): every core to threads with the fewest workers, and, where the advice has
-        the fewest threads, the most workers listed (workers tolerate sharing cores, and a
-        search starting from one worker rarely reaches many).
+        workload): the fewest workers listed, then the most (workers tolerate sharing
+        cores, and a search starting from one worker rarely reaches many), each with the
+        threads the workers leave, as the advice has (``threads_left``): on any number of
+        cores each start keeps every core busy and none oversubscribed.
 
         On a CPU the advice starts at the largest micro-batch listed (the guides: a small
         batch leaves the device underused; a larger one spreads each step's fixed costs
@@ -220,12 +220,10 @@ class Space:
         threads, workers = self.domain.get("torch_threads"), self.domain.get("num_workers")
         if ctx.device == "cpu" and threads and workers and len(threads) > 1 and len(workers) > 1 \
                 and None not in threads:
-            if rec["torch_threads"] == min(threads):
-                starts.append(self.derive({**rec, "torch_threads": max(threads), "num_workers": min(workers)}))
-                if max(workers) > rec["num_workers"]:
-                    starts.append(self.derive({**rec, "num_workers": max(workers)}))
-            else:
-                starts.append(self.derive({**rec, "torch_threads": min(threads), "num_workers": max(workers)}))
+            for n in (min(workers), max(workers)):
+                split = self.derive({**rec, "num_workers": n, "torch_threads": threads_left(threads, n, ctx.cpu_count)})
+                if split not in starts:
+                    starts.append(split)
         return starts
 
     def default_point(self, ctx: knobs.Context) -> dict:
@@ -257,6 +255,15 @@ class Space:
             config = {"micro_batch_size": eff, "grad_accum_steps": 1}
         config.update(self.model.baseline)
         return config
+
+
+def threads_left(threads: list, workers: int, cores: int) -> int:
+    """The most intra-op threads listed that fit beside ``workers`` DataLoader workers on
+    ``cores`` (one thread always fits: a worker tolerates sharing its core, a thread
+    waiting at an op's barrier does not); the fewest listed where none fits."""
+    listed = [t for t in threads if t is not None]
+    fits = [t for t in listed if t == 1 or t + workers <= cores]
+    return max(fits) if fits else min(listed)
 
 
 # ---- loading with line numbers -----------------------------------------------------------
