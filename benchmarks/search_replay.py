@@ -110,6 +110,7 @@ def record(space_path: Path, repeats: int = 4, held_out: bool = False) -> Path:
                      # the pipeline's stages apart, for a model of rates rather than of one grid
                      **{k: r.get(k) for k in ("data_wait_fraction", "step_time_ms", "compute_samples_per_sec",
                                               "load_samples_per_sec_per_process", "compile_s",
+                                              "trial_cpu_cores", "loader_cpu_cores",
                                               "peak_host_memory_mb", "gpu_power_w", "joules_per_sample")}})
         save(True, [])
         print(f"  {i + 1}/{len(combos)} {config}: {r.get('samples_per_sec') or 0:.1f} ({time.time() - t0:.0f} s)",

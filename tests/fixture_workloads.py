@@ -266,27 +266,34 @@ def ballast(mb_per_sample: int = 4, step_s: float = 0.02) -> Workload:
 
 
 class SlowData(Dataset):
-    """Each sample takes sample_s seconds to load (a sleep: it costs no CPU)."""
+    """Each sample takes sample_s seconds to load: a sleep, which costs no CPU (a read
+    from a slow disk), or with ``spin`` a busy loop, which costs a core (a decode)."""
 
-    def __init__(self, sample_s: float, size: int = 512):
-        self.sample_s, self.size = sample_s, size
+    def __init__(self, sample_s: float, size: int = 512, spin: bool = False):
+        self.sample_s, self.size, self.spin = sample_s, size, spin
 
     def __len__(self) -> int:
         return self.size
 
     def __getitem__(self, i: int):
-        time.sleep(self.sample_s)
+        if self.spin:
+            end = time.perf_counter() + self.sample_s
+            while time.perf_counter() < end:
+                pass
+        else:
+            time.sleep(self.sample_s)
         return torch.ones(8) * (i % 7), torch.zeros(1)
 
 
-def slow_data(sample_s: float = 0.002, step_s: float = 0.01, size: int = 512) -> Workload:
-    """Loading a batch of 8 takes 8 * sample_s; the step takes step_s (both sleeps)."""
+def slow_data(sample_s: float = 0.002, step_s: float = 0.01, size: int = 512, spin: bool = False) -> Workload:
+    """Loading a batch of 8 takes 8 * sample_s (slept, or spun with ``spin``); the step
+    takes step_s (a sleep)."""
 
     def loss(model, batch):
         time.sleep(step_s)
         return _mse(model, batch)
 
-    return Workload(model=lambda: nn.Linear(8, 1), dataset=lambda: SlowData(sample_s, size), loss=loss)
+    return Workload(model=lambda: nn.Linear(8, 1), dataset=lambda: SlowData(sample_s, size, spin), loss=loss)
 
 
 class SlowExitWorkers(Dataset):

@@ -56,6 +56,23 @@ def test_windows_are_sized_by_time_when_the_warm_up_only_drains_prefetched_batch
     assert r["samples_per_sec"] == pytest.approx(8 / 0.020, rel=0.25)
 
 
+@pytest.mark.slow
+def test_the_cores_a_trial_used_are_recorded_with_its_loaders_part():
+    """The input pipeline's share of the cores, for a model of the pipeline's stages: a
+    worker that decodes (a busy loop) uses its core, one that waits on a slow read (a
+    sleep) hardly any, and without workers the loading is the trial process's own."""
+    args = {"sample_s": 0.004, "step_s": 0.002}  # loading (32 ms a batch) is the bottleneck
+    one = {"micro_batch_size": 8, "num_workers": 1, "persistent_workers": True, "torch_threads": 1}
+    decoding = _run("slow_data", {**args, "spin": True}, one)
+    waiting = _run("slow_data", args, one)
+    inline = _run("slow_data", {**args, "spin": True}, {**one, "num_workers": 0})
+    for r in (decoding, waiting, inline):
+        assert r["status"] == "ok", r.get("reason")
+        assert r["trial_cpu_cores"] >= r["loader_cpu_cores"] >= 0
+    assert decoding["loader_cpu_cores"] > 0.6 and waiting["loader_cpu_cores"] < 0.2
+    assert inline["loader_cpu_cores"] < 0.1 and inline["trial_cpu_cores"] > 0.6
+
+
 def test_epochs_shorter_than_a_window_keep_the_window_to_window_s_of_wall_time():
     # 8 steps an epoch, two DataLoader workers started at each, which costs several times
     # the 8 steps: sized on the steady time alone, a 0.2 s window ran 0.8-0.9 s here (0.3 s

@@ -167,8 +167,11 @@ class TreeProbe:
         except psutil.Error:
             return []
 
-    def tree_cpu_s(self) -> float:
-        t = os.times()  # reaped children (workers of past epochs) included
+    def cpu_split_s(self) -> tuple[float, float, float]:
+        """CPU seconds so far of this process, of its children (the DataLoader workers,
+        reaped ones of past epochs included) and of its peers (the other ranks, their
+        workers included)."""
+        t = os.times()
         peers = 0.0
         for p in self.peers:
             try:  # a peer's reaped children (its workers of past epochs) too
@@ -177,8 +180,8 @@ class TreeProbe:
                     _cpu_s(q) for q in p.children(recursive=True))
             except psutil.Error:
                 pass
-        return t.user + t.system + t.children_user + t.children_system + peers + sum(
-            _cpu_s(c) for c in self.children())
+        children = t.children_user + t.children_system + sum(_cpu_s(c) for c in self.children())
+        return t.user + t.system, children, peers
 
     def observers_cpu_s(self) -> float:
         return sum(_cpu_s(p) for p in self.observers)
@@ -224,6 +227,11 @@ class Load:
     idle_cores: float
     gpu_others: int = 0
     steal_cores: float = 0.0
+    # what the trial itself used, in cores: its whole tree, and its loading processes (the
+    # DataLoader workers: a worker that waits on a disk or a network uses little of a
+    # core, one that decodes uses all of it, and the cores they leave are the step's)
+    trial_cores: float = 0.0
+    loader_cores: float = 0.0
 
     def disturbed(self, max_interference: float, cpus: int, max_steal: float = 1.0) -> bool:
         cpu = self.other_cores > max_interference * cpus and self.idle_cores < 0.5
@@ -240,22 +248,24 @@ class LoadMeter:
 
     def start(self) -> None:
         self.probe.refresh_peers()
-        self._start = (machine_cpu(), self.probe.tree_cpu_s(), self.probe.observers_cpu_s())
+        self._start = (machine_cpu(), self.probe.cpu_split_s(), self.probe.observers_cpu_s())
 
     def stop(self, wall_s: float) -> Load | None:
         if self._start is None or self._start[0] is None or wall_s <= 0:
             return None
-        (busy0, idle0, steal0), tree0, obs0 = self._start
+        (busy0, idle0, steal0), split0, obs0 = self._start
         now = machine_cpu()
         if now is None:
             return None
         busy1, idle1, steal1 = now
-        tree = self.probe.tree_cpu_s() - tree0
+        split = [b - a for a, b in zip(split0, self.probe.cpu_split_s(), strict=True)]
+        tree = sum(split)
         gpu_others = self.nvml.other_processes() if self.nvml is not None else 0
         return Load(other_cores=max(0.0, (busy1 - busy0 - tree) / wall_s),
                     tuner_cores=max(0.0, (self.probe.observers_cpu_s() - obs0) / wall_s),
                     idle_cores=max(0.0, (idle1 - idle0) / wall_s), gpu_others=gpu_others,
-                    steal_cores=max(0.0, (steal1 - steal0) / wall_s))
+                    steal_cores=max(0.0, (steal1 - steal0) / wall_s),
+                    trial_cores=max(0.0, tree / wall_s), loader_cores=max(0.0, split[1] / wall_s))
 
 
 class TreeActivity:

@@ -531,6 +531,9 @@ def _record(trainer: Trainer, t: Timed, f: dict, probe: TreeProbe, windows: Wind
         "interference_cores": statistics.median(ld.other_cores for ld in loads) if loads else None,
         "tuner_cpu_cores": statistics.median(ld.tuner_cores for ld in loads) if loads else None,
         "steal_cores": statistics.median(ld.steal_cores for ld in loads) if loads else None,
+        # what the trial used (the input pipeline's share apart): how the cores were split
+        "trial_cpu_cores": statistics.median(ld.trial_cores for ld in loads) if loads else None,
+        "loader_cpu_cores": statistics.median(ld.loader_cores for ld in loads) if loads else None,
         # per window of the figure, in the order of samples_per_sec_windows
         "interference_cores_windows": [None if ld is None else ld.other_cores for ld in t.loads],
         "disturbed_windows_dropped": len(t.disturbed),

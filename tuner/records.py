@@ -91,6 +91,8 @@ class Figures(TypedDict, total=False):
     interference_cores: float | None  # median over the kept windows: CPU used outside the trial
     tuner_cpu_cores: float | None  # the part of it that was the tuner's own
     steal_cores: float | None
+    trial_cpu_cores: float | None  # median over the kept windows: CPU the trial's processes used
+    loader_cpu_cores: float | None  # the part of it its DataLoader workers used
     interference_cores_windows: list[float | None]
     disturbed_windows_dropped: int
     disturbed_windows_left_out: int
@@ -343,7 +345,8 @@ def aggregate(records: list[Record], metric: str) -> list[dict]:
         for m in ("samples_per_sec", "projected_run_s", "peak_host_memory_mb", "peak_device_memory_mb",
                   "compile_s", "data_wait_fraction", "samples_per_sec_spread", "step_time_ms",
                   "gpu_util_pct", "samples_per_sec_per_rank", "joules_per_sample", "samples_per_joule",
-                  "load_samples_per_sec_per_process", "cache_fill_s", "cache_mb"):
+                  "load_samples_per_sec_per_process", "cache_fill_s", "cache_mb", "trial_cpu_cores",
+                  "loader_cpu_cores"):
             vals = [r[m] for r in ok if r.get(m) is not None]
             if m != metric:
                 row[m] = statistics.median(vals) if vals else None
