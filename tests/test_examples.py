@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers import FAST_MEASURE
+from tests.helpers import FAST_MEASURE, UNDISTURBED
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
 
@@ -21,7 +21,7 @@ def _space(tmp_path: Path, name: str) -> Path:
     are what is checked here."""
     data = yaml.safe_load((EXAMPLES / name / "space.yaml").read_text())
     data["workload"] = str(EXAMPLES / name / data["workload"])
-    data["measure"] = {**data.get("measure", {}), **FAST_MEASURE, "max_interference": 1.0}
+    data["measure"] = {**data.get("measure", {}), **FAST_MEASURE, **UNDISTURBED}
     data["confirm"] = {"top": 0}
     path = tmp_path / "space.yaml"
     path.write_text(yaml.safe_dump(data))

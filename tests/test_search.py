@@ -238,19 +238,29 @@ def test_a_local_ray_starts_without_the_parts_a_search_never_reads(no_ray):
     start_local_ray(num_cpus=1, log_to_driver=False, state_api=False)
     try:
         assert ray.get(ray.remote(lambda: 7).remote()) == 7
-        cmds = [" ".join(p.cmdline()) for p in psutil.Process().children(recursive=True)]
+        # this session's processes: those of a Ray an earlier test in this process ended
+        # may still be on their way out (seen: its dashboard, under the parallel suite)
+        session = os.path.basename(ray._private.worker._global_node.get_session_dir_path())
+        ours = []
+        for p in psutil.Process().children(recursive=True):
+            try:
+                if session in " ".join(p.cmdline()):
+                    ours.append(p)
+            except psutil.Error:
+                pass
+        cmds = [" ".join(p.cmdline()) for p in ours]
         assert any("gcs_server" in c for c in cmds) and any("raylet" in c for c in cmds)
         assert not [c for c in cmds if "log_monitor.py" in c or "autoscaler/_private/monitor.py" in c]
         assert not [c for c in cmds if "dashboard/dashboard.py" in c]  # no head process without ranks
         node = ray._private.worker._global_node  # the config the head was started with
         assert all(node._config.get(k) == v for k, v in QUIET_RAY_CONFIG.items())
         # ...and the GCS, from which the raylet and every worker take theirs
-        gcs = next(p for p in psutil.Process().children(recursive=True) if "gcs_server" in p.name())
+        gcs = next(p for p in ours if "gcs_server" in p.name())
         given = next(a.split("=", 1)[1] for a in gcs.cmdline() if a.startswith("--config_list="))
         assert json.loads(base64.b64decode(given)).items() >= QUIET_RAY_CONFIG.items()
         # the raylet starts the agents in the environment it got (an agent's own environ
         # cannot be read back: its process title is written over that memory)
-        raylet = next(p for p in psutil.Process().children(recursive=True) if p.name() == "raylet")
+        raylet = next(p for p in ours if p.name() == "raylet")
         assert {k: raylet.environ().get(k) for k in QUIET_RAY_ENV} == {k: os.environ[k] for k in QUIET_RAY_ENV}
     finally:
         ray.shutdown()
