@@ -189,9 +189,8 @@ def expected_wall(records: list[dict], config: dict) -> float | None:
     if own is not None:
         return own
     mode = config.get("compile") or "off"
-    same = [r["trial_wall_s"] for r in records if r.get("phase") in (Phase.BASELINE, Phase.SEARCH)
-            and r.get("trial_wall_s") and ((r.get("config") or {}).get("compile") or "off") == mode]
-    return statistics.median(same) if same else median_wall(records)
+    same = median_wall([r for r in records if ((r.get("config") or {}).get("compile") or "off") == mode])
+    return same if same is not None else median_wall(records)
 
 
 def own_wall(records: list[dict], config: dict | None) -> float | None:
