@@ -262,3 +262,41 @@ def test_a_compiled_twin_starts_only_where_it_and_its_confirmation_fit_the_time_
                            for r in policy.records)
         assert policy.pick().row["config"]["compile"] == "default"
     assert twins[200] == 1 and twins[360] == 2, twins
+
+
+@pytest.mark.parametrize(("loader_cores_per_worker", "threads"), [(1.0, 8), (0.02, 16)])
+def test_the_cores_its_workers_used_reach_the_starts_through_optuna(loader_cores_per_worker, threads):
+    """A trial's record carries the cores its DataLoader workers used; the policy hands them
+    to Optuna with its figures, and the start at the most workers on 16 cores leaves the
+    threads the cores those workers did not use."""
+    ctx = knobs.Context(device="cpu", cpu_count=16)
+    space = _space(knobs={"num_workers": [0, 4, 8], "torch_threads": [1, 2, 4, 8, 16],
+                          "micro_batch_size": [32, 64]})
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    policy = SearchPolicy(space, ctx)
+    searched = []
+    now = 0.0
+    while len(searched) < 4:
+        task = policy.next(now)
+        assert isinstance(task, Task), task
+        record = _measure(task)
+        if task.phase == "search":
+            searched.append(task.config)
+            record["loader_cpu_cores"] = loader_cores_per_worker * (task.config.get("num_workers") or 0)
+        now += 5.0
+        policy.on_result(task, record)
+    assert [(c["num_workers"], c["torch_threads"]) for c in searched[:3]] == [(0, 16), (4, 8), (0, 16)]
+    assert (searched[3]["num_workers"], searched[3]["torch_threads"]) == (8, threads)
+
+
+def test_a_resumed_study_keeps_the_figures_the_sampler_reads():
+    """Resume rebuilds the study from the records: a trial Optuna never heard of comes back
+    with its figures, screened or not, and its workers' cores, as the live trial told them."""
+    first = _policy(_space())
+    tasks = _run(first, until=lambda tasks: sum(t.phase == "search" for t in tasks) == 3)
+    records = [{**r, "loader_cpu_cores": 0.25, "screened": r.get("trial_number") == 1} for r in first.records]
+    resumed = _policy(_space(), records=records)
+    trials = resumed.study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
+    assert len(trials) == 3 == sum(t.phase == "search" for t in tasks)
+    assert [bool(t.user_attrs.get("screened")) for t in trials] == [False, True, False]
+    assert all(t.user_attrs["loader_cpu_cores"] == 0.25 and t.user_attrs["samples_per_sec"] > 0 for t in trials)

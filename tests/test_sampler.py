@@ -204,3 +204,48 @@ def test_a_thread_count_held_fixed_shares_the_cores_with_the_searched_workers():
     assert rows == {0: 0.0, 2: 0.0, 4: pytest.approx(0.5)}  # 2 threads + 4 workers on 4 cores
     unset = InteractionModel(domain, done, 1.0, cores=4)
     assert unset._row({"num_workers": 2})[unset.over] == pytest.approx(0.5)  # every core to threads
+
+
+def test_workers_that_wait_leave_their_cores_to_the_threads_in_the_model():
+    """The term for threads without a core counts the cores the workers were measured to
+    use: two workers waiting on a disk (a tenth of a core between them) leave two threads
+    their cores on 2 cores; counted as a core each, they would not."""
+    from tuner.sampler import LoaderUse, loader_use, oversubscription
+
+    config = {"torch_threads": 2, "num_workers": 2}
+    assert oversubscription(config, 2) == 1.0
+    waiting = loader_use([({"num_workers": 1}, {"samples_per_sec": 100.0, "loader_cpu_cores": 0.05}),
+                          ({"num_workers": 0}, {"samples_per_sec": 120.0, "loader_cpu_cores": 0.0})])
+    assert waiting == LoaderUse(per_sample=0.0005, rate=120.0)
+    assert oversubscription(config, 2, waiting) == pytest.approx(0.06 / 2)
+    decoding = LoaderUse(per_sample=0.02, rate=120.0)  # 2.4 cores' worth of loading: each worker busy
+    assert oversubscription(config, 2, decoding) == 1.0
+    assert loader_use([({"num_workers": 0}, {"samples_per_sec": 120.0, "loader_cpu_cores": 0.0})]) is None
+    # a screened figure is no target rate, but its workers' cores are a measurement
+    use = loader_use([({"num_workers": 2}, {"samples_per_sec": 50.0, "loader_cpu_cores": 1.0, "screened": True}),
+                      ({"num_workers": 0}, {"samples_per_sec": 80.0})])
+    assert use == LoaderUse(per_sample=0.02, rate=80.0)
+
+
+@pytest.mark.parametrize(("loader_cores", "threads"), [(None, 8), (4.0, 8), (0.4, 16)])
+def test_a_split_start_takes_the_threads_its_workers_leave_by_the_cores_they_used(loader_cores, threads):
+    """On 16 cores the start at the most workers (8) first assumes a core per worker and
+    so 8 threads. Once the guides' start (4 workers) has reported the cores its workers
+    used, the split takes what is left by use: 4 busy workers' rate at 8 workers still
+    leaves 8 threads, workers that waited on a disk (0.4 cores between 4) leave all 16;
+    with no cores reported it stays as it was."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    domain = {"num_workers": [0, 4, 8], "torch_threads": [1, 2, 4, 8, 16]}
+    defaults, guides, split = ({"num_workers": 0, "torch_threads": 16}, {"num_workers": 4, "torch_threads": 8},
+                               {"num_workers": 8, "torch_threads": 8})
+    sampler = GuidedSampler(domain, [defaults, guides, split], key, seed=0, cores=16, splits=[defaults, split])
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    for start, rate in ((defaults, 300.0), (guides, 400.0)):
+        trial = study.ask()
+        assert {k: trial.suggest_categorical(k, v) for k, v in domain.items()} == start
+        trial.set_user_attr("samples_per_sec", rate)
+        if loader_cores is not None and start["num_workers"]:
+            trial.set_user_attr("loader_cpu_cores", loader_cores)
+        study.tell(trial, rate)
+    trial = study.ask()
+    assert {k: trial.suggest_categorical(k, v) for k, v in domain.items()} == {"num_workers": 8, "torch_threads": threads}

@@ -216,6 +216,10 @@ def test_on_a_cpu_the_starts_cover_each_split_of_the_cores(tmp_path):
     # the guides' 4 workers and the 8 threads they leave; then 0 workers and every core
     # listed to threads; then 8 workers and the 8 cores they leave (not 2 threads: 6 idle)
     assert splits == [(14, 0), (8, 4), (14, 0), (8, 8)]  # the first: PyTorch's defaults at 32
+    # the last two are the splits, which the sampler re-splits by the cores workers use
+    ctx16 = knobs.Context(device="cpu", cpu_count=16)
+    assert many.split_starts(ctx16) == many.start_points(ctx16)[2:]
+    assert no_more.split_starts(knobs.Context(device="cpu", cpu_count=2)) == []  # both are the first two starts
     # a worker count the space holds fixed shares the cores as a searched one does
     fixed = _load(tmp_path, """\
         name: t

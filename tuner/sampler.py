@@ -5,11 +5,12 @@ Strategy (DESIGN.md, "Searching well with few trials"): the first trials are the
 starting points (PyTorch's defaults, the guides' recommended config, on CPUs the same in
 fp32 and the advice with the other splits of the cores between intra-op threads and
 DataLoader workers: ``Space.start_points``); where two measured starts differ in one knob
-alone, the starts after them take the value of that pair that read faster. Each next
-trial is the untried config of highest expected improvement under a Bayesian ridge model
-of log-throughput: one effect per (knob, value), one per pair of knob values, and, on
-CPUs, a term for intra-op threads that DataLoader workers leave without cores
-(``oversubscription``). Pairs are shrunk harder than single knobs, so that
+alone, the starts after them take the value of that pair that read faster, and once a
+trial's workers reported the cores they used, the splits' threads are what those cores
+leave (``LoaderUse``). Each next trial is the untried config of highest expected
+improvement under a Bayesian ridge model of log-throughput: one effect per (knob, value),
+one per pair of knob values, and, on CPUs, a term for intra-op threads that DataLoader
+workers leave without cores (``oversubscription``). Pairs are shrunk harder than single knobs, so that
 with few trials the model stays near the additive one and departs from it where the
 data disagree; the posterior's spread is what makes an unmeasured value worth a trial.
 Every config of the space is scored (spaces of more than ``SCORE_ALL`` configs: the one-
@@ -30,8 +31,10 @@ from __future__ import annotations
 
 import itertools
 import math
+import statistics
 from collections import Counter
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -39,7 +42,7 @@ import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.trial import FrozenTrial, TrialState
 
-from tuner import knobs
+from tuner import knobs, spec
 
 
 class GuidedSampler(optuna.samplers.BaseSampler):
@@ -56,11 +59,15 @@ class GuidedSampler(optuna.samplers.BaseSampler):
             them); None on GPUs.
         fixed: the knobs the space holds at one value (a fixed thread or worker count
             shares the cores as a searched one does).
+        splits: the starts that split the cores between threads and workers
+            (``Space.split_starts``): once a trial with workers has been measured, each
+            takes the threads its workers leave by the cores they were measured to use
+            (``LoaderUse``), not by their count.
     """
 
     def __init__(self, domain: dict[str, list], start: dict | list[dict], canonical: Callable[[dict], Any],
                  direction: str = "maximize", seed: int | None = None, cores: int | None = None,
-                 fixed: dict | None = None):
+                 fixed: dict | None = None, splits: list[dict] = ()):
         self.domain = dict(sorted(domain.items(), key=lambda kv: knobs.KNOBS[kv[0]].priority
                                   if kv[0] in knobs.KNOBS else 99))
         starts = start if isinstance(start, list) else [start]
@@ -71,6 +78,8 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         self.seed = seed or 0
         self.cores = cores
         self.fixed = dict(fixed or {})
+        split_keys = {canonical({k: s[k] for k in self.domain}) for s in splits}
+        self.split = [canonical(s) in split_keys for s in self.starts]
         self.fallback = optuna.samplers.TPESampler(seed=seed)
         self._plans: dict[int, dict | None] = {}
 
@@ -109,20 +118,26 @@ class GuidedSampler(optuna.samplers.BaseSampler):
                  if t.state in (TrialState.COMPLETE, TrialState.PRUNED)}
         done = [(self._complete(t.params), t.values[0], bool(t.user_attrs.get("screened"))) for t in trials
                 if t.state == TrialState.COMPLETE and t.values]
-        for start in self.starts:
+        use = loader_use([({**self.fixed, **self._complete(t.params)}, t.user_attrs) for t in trials
+                          if t.state == TrialState.COMPLETE]) if self.cores else None
+        for start, split in zip(self.starts, self.split, strict=True):
             if self.canonical(start) in seen:
                 continue
             start = self._settled(start, done)
+            if split and use is not None:
+                start = self._split(start, use, seen)
+                if start is None:
+                    continue
             if self.canonical(start) not in seen:
                 return start
         if not done:
             return next((c for c in self._candidates(self.start) if self.canonical(c) not in seen),
                         self._untried(seen, number))
         full = [d for d in done if not d[2]]
-        retry = self._screened_contender(full, done, number)
+        retry = self._screened_contender(full, done, number, use)
         if retry is not None:
             return retry
-        model = InteractionModel(self.domain, done, self.sign, self.cores, fixed=self.fixed)
+        model = InteractionModel(self.domain, done, self.sign, self.cores, fixed=self.fixed, use=use)
         # Expected improvement over the model's own figure for the best config measured
         # so far: the best single figure is the luckiest draw of several, and chasing it
         # under-explores (the plug-in incumbent of noisy EI).
@@ -165,6 +180,16 @@ class GuidedSampler(optuna.samplers.BaseSampler):
                 settled[k] = winner[k]
         return settled
 
+    def _split(self, start: dict, use: LoaderUse, seen: set) -> dict | None:
+        """A split start with the threads its workers leave by the cores they use
+        (``use``), or None where it was measured at any thread count: the question it
+        asks (this many workers) is answered."""
+        threads = self.domain["torch_threads"]
+        if any(self.canonical({**start, "torch_threads": t}) in seen for t in threads):
+            return None
+        workers = {**self.fixed, **start}.get("num_workers") or 0
+        return {**start, "torch_threads": spec.threads_left(threads, round(use.cores(workers)), self.cores)}
+
     def _every_config(self, limit: int | None = None) -> list[dict] | None:
         """Every config of the domain, or None for a domain of more than ``limit``
         (default ``SCORE_ALL``)."""
@@ -172,7 +197,7 @@ class GuidedSampler(optuna.samplers.BaseSampler):
             return None
         return [dict(zip(self.domain, values, strict=True)) for values in itertools.product(*self.domain.values())]
 
-    def _screened_contender(self, full: list, done: list, number: int) -> dict | None:
+    def _screened_contender(self, full: list, done: list, number: int, use: LoaderUse | None) -> dict | None:
         """A screened config to measure again in full: of those screened once and not
         measured since (nor on their way to be), the one the model of full measurements
         predicts best, if within ``RETRY_WITHIN`` of the best full figure."""
@@ -185,7 +210,7 @@ class GuidedSampler(optuna.samplers.BaseSampler):
                       if screened and measured[k := self.canonical(c)] == 1 and planned[k] <= 1]
         if not candidates:
             return None
-        model = InteractionModel(self.domain, full, self.sign, self.cores, fixed=self.fixed)
+        model = InteractionModel(self.domain, full, self.sign, self.cores, fixed=self.fixed, use=use)
         best = max(candidates, key=model.predict)
         return dict(best) if model.predict(best) >= max(feasible) - math.log(RETRY_WITHIN) else None
 
@@ -245,10 +270,10 @@ class InteractionModel:
     """
 
     def __init__(self, domain: dict[str, list], done: list[tuple], sign: float, cores: int | None = None, *,
-                 fixed: dict | None = None,
+                 fixed: dict | None = None, use: LoaderUse | None = None,
                  ridge: float = 0.3, pair_ridge: float = 1.5, screened_weight: float = 0.3, noise: float = 0.1):
         names = list(domain)
-        self.cores, self.fixed = cores, dict(fixed or {})
+        self.cores, self.fixed, self.use = cores, dict(fixed or {}), use
         self.columns: dict[tuple, int] = {}
         for k, vs in domain.items():
             for v in vs:
@@ -291,7 +316,7 @@ class InteractionModel:
             if i is not None:
                 row[i] = 1.0
         if self.over is not None:
-            row[self.over] = oversubscription({**self.fixed, **config}, self.cores)
+            row[self.over] = oversubscription({**self.fixed, **config}, self.cores, self.use)
         return row
 
     def predict(self, config: dict) -> float:
@@ -306,17 +331,57 @@ class InteractionModel:
         return math.log(ei) if ei > 1e-300 else -700.0 + z  # ordered by z past underflow
 
 
-def oversubscription(config: dict, cores: int | None) -> float:
+def oversubscription(config: dict, cores: int | None, use: LoaderUse | None = None) -> float:
     """Intra-op threads that DataLoader workers leave without a core of their own, as a
     fraction of the cores (threads unset: PyTorch takes every core). Workers tolerate
     sharing cores; a multi-threaded op stalls at its barriers while one of its threads
-    waits for a core."""
+    waits for a core. The workers take the cores they were measured to use (``use``),
+    else one each."""
     if not cores:
         return 0.0
     threads = config.get("torch_threads") or cores
     if threads <= 1:
         return 0.0
-    return max(0.0, threads + int(config.get("num_workers") or 0) - cores) / cores
+    workers = int(config.get("num_workers") or 0)
+    busy = use.cores(workers) if use is not None else workers
+    return max(0.0, threads + busy - cores) / cores
+
+
+@dataclass(frozen=True)
+class LoaderUse:
+    """What the DataLoader workers cost the cores, measured: the core-seconds their loading
+    takes per sample, and the rate the search aims at (the best figure so far). Workers
+    feeding that rate use ``per_sample x rate`` cores between them, at most one each: a
+    worker that decodes uses its core, one that waits on a disk or a queue leaves most of
+    it to the intra-op threads (the first stage of a pipeline model, in the manner of
+    Plumber's and tf.data's accounting of one CPU budget among the stages)."""
+
+    per_sample: float
+    rate: float
+
+    def cores(self, workers: int) -> float:
+        """The cores ``workers`` workers use at the target rate."""
+        return min(float(workers), self.per_sample * self.rate) if workers > 0 else 0.0
+
+
+def loader_use(trials: list[tuple[dict, dict]]) -> LoaderUse | None:
+    """``LoaderUse`` from measured trials ((config, figures) pairs: a trial's full config
+    and its logged figures): the median of loader_cpu_cores / samples_per_sec over the
+    trials with workers, and the best unscreened samples_per_sec; None before a trial
+    with workers reported the cores they used."""
+    per_sample, best = [], 0.0
+    for config, figures in trials:
+        rate = figures.get("samples_per_sec")
+        if not rate or rate <= 0:
+            continue
+        if not figures.get("screened"):
+            best = max(best, rate)
+        used = figures.get("loader_cpu_cores")
+        if (config.get("num_workers") or 0) > 0 and used is not None:
+            per_sample.append(used / rate)
+    if not per_sample or best <= 0:
+        return None
+    return LoaderUse(statistics.median(per_sample), best)
 
 
 def _phi_pdf(z: float) -> float:

@@ -209,6 +209,11 @@ class Space:
         another: docs/how-it-searches.md), and the starts after it take whichever of the pair read faster
         (``GuidedSampler``), so that the splits of the cores are measured at the host's
         faster precision."""
+        starts = self._first_starts(ctx)
+        return starts + self.split_starts(ctx, starts)
+
+    def _first_starts(self, ctx: knobs.Context) -> list[dict]:
+        """PyTorch's defaults, the advice, and on a CPU the advice's fp32 partner."""
         default, rec = self.default_point(ctx), self.recommended_config(ctx)
         batches = self.domain.get("micro_batch_size")
         if ctx.device == "cpu" and batches and len(batches) > 1:
@@ -217,14 +222,27 @@ class Space:
         precisions = self.domain.get("precision", [])
         if ctx.device == "cpu" and "fp32" in precisions and rec["precision"] != "fp32":
             starts.append(self.derive({**rec, "precision": "fp32"}))
-        threads, workers = self.domain.get("torch_threads"), self.domain.get("num_workers")
-        if ctx.device == "cpu" and threads and workers and len(threads) > 1 and len(workers) > 1 \
-                and None not in threads:
-            for n in (min(workers), max(workers)):
-                split = self.derive({**rec, "num_workers": n, "torch_threads": threads_left(threads, n, ctx.cpu_count)})
-                if split not in starts:
-                    starts.append(split)
         return starts
+
+    def split_starts(self, ctx: knobs.Context, first: list[dict] | None = None) -> list[dict]:
+        """The starts that split the cores, after the ``first`` ones (``start_points``): the
+        advice at the fewest workers listed and at the most, each with the threads its
+        workers leave by their count (``threads_left``), those not among the first starts
+        already; none unless both knobs are searched on a CPU. The guided sampler gives
+        them the threads the workers leave by the cores they were measured to use, once a
+        trial with workers has been measured."""
+        threads, workers = self.domain.get("torch_threads"), self.domain.get("num_workers")
+        if not (ctx.device == "cpu" and threads and workers and len(threads) > 1 and len(workers) > 1
+                and None not in threads):
+            return []
+        first = self._first_starts(ctx) if first is None else first
+        splits: list[dict] = []
+        for n in (min(workers), max(workers)):
+            split = self.derive({**first[1], "num_workers": n,
+                                 "torch_threads": threads_left(threads, n, ctx.cpu_count)})
+            if split not in first and split not in splits:
+                splits.append(split)
+        return splits
 
     def default_point(self, ctx: knobs.Context) -> dict:
         """PyTorch's defaults projected onto the space: where the search's first trial goes,

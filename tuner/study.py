@@ -16,7 +16,7 @@ from typing import Any
 
 from tuner import knobs, spec
 from tuner.errors import ResultsUnwritable
-from tuner.records import objective_values, read_trials
+from tuner.records import logged_metrics, objective_values, read_trials
 from tuner.spec import Canonical, SearchSpace
 from tuner.tables import Progress
 
@@ -78,7 +78,7 @@ def writable_results(out: Path) -> Iterator[None]:
                                 f"({exc.strerror or exc})") from None
 
 
-def make_sampler(space: spec.Space, ctx: knobs.Context, start: list[dict]) -> Any:
+def make_sampler(space: spec.Space, ctx: knobs.Context, start: list[dict], splits: list[dict] = ()) -> Any:
     import optuna
 
     m = space.model
@@ -88,7 +88,8 @@ def make_sampler(space: spec.Space, ctx: knobs.Context, start: list[dict]) -> An
         from tuner.sampler import GuidedSampler
 
         return GuidedSampler(space.searched, start, Canonical(space, ctx), direction=direction, seed=seed,
-                             cores=ctx.cpu_count if ctx.device == "cpu" else None, fixed=space.fixed)
+                             cores=ctx.cpu_count if ctx.device == "cpu" else None, fixed=space.fixed,
+                             splits=list(splits))
     if m.sampler == "tpe":
         return optuna.samplers.TPESampler(seed=seed)
     if m.sampler == "random":
@@ -112,7 +113,7 @@ def make_study(space: spec.Space, ctx: knobs.Context, storage: Any = None, previ
     if previous:
         repair_study(space, ctx, study, previous)
     # the search's own sampler from here on (repairing asks no sampler anything)
-    study.sampler = sampler or make_sampler(space, ctx, space.start_points(ctx))
+    study.sampler = sampler or make_sampler(space, ctx, space.start_points(ctx), space.split_starts(ctx))
     return study
 
 
@@ -172,7 +173,10 @@ def repair_study(space: spec.Space, ctx: knobs.Context, study: Any, previous: li
             continue
         params = search_space.active({k: r["config"].get(k) for k in space.searched})
         values = list(objective_values(r, space.model.objective).values())
+        # with the figures the sampler reads (a screened figure weighs less; the cores the
+        # workers used), as the live trial told them
+        attrs = {**logged_metrics(r), **({"screened": True} if r.get("screened") else {})}
         study.add_trial(optuna.trial.create_trial(
             params=params, distributions={k: CategoricalDistribution(space.searched[k]) for k in params},
-            values=values))
+            values=values, user_attrs=attrs))
         known.add(r["key"])
