@@ -128,10 +128,13 @@ def record(space_path: Path, repeats: int = 4, held_out: bool = False) -> Path:
 
 
 def _commit() -> str | None:
+    """The commit whose rules ran, marked ``+uncommitted`` where tuner/ differs from it."""
     import subprocess
 
     out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=HERE)
-    return out.stdout.strip() or None
+    dirty = subprocess.run(["git", "status", "--porcelain", "--", "../tuner"], capture_output=True, text=True,
+                           cwd=HERE).stdout.strip()
+    return (out.stdout.strip() + ("+uncommitted" if dirty else "")) or None
 
 
 def _measurer(space: spec.Space) -> Any:

@@ -9,7 +9,9 @@ from tuner.hostload import machine_cpu, own_peak_rss_bytes
 from tuner.trial import make_request, run_isolated
 from tuner.windows import Window, median_error, steady_windows
 
-pytestmark = pytest.mark.alone  # rates against references, load beside windows
+# Rates against references and load beside windows need the machine to themselves
+# (`alone`); memory peaks, page faults, compile caches and pure logic do not.
+ALONE = pytest.mark.alone
 
 
 def _run(name, args=None, config=None, timeout=120, measure=None, progress=None, **kw):
@@ -18,6 +20,7 @@ def _run(name, args=None, config=None, timeout=120, measure=None, progress=None,
     return run_isolated(req, timeout_s=timeout, progress=progress)
 
 
+@ALONE
 @pytest.mark.slow
 def test_known_step_time_is_reported_at_the_true_rate():
     # 50 ms of sleep per micro-batch of 4 samples, plus the tiny model's own step (1-2 ms
@@ -42,6 +45,7 @@ def test_known_step_time_is_reported_at_the_true_rate():
     assert t0 < c0 < c1 < t1 and c1 - c0 >= r["timed_s"]
 
 
+@ALONE
 def test_windows_are_sized_by_time_when_the_warm_up_only_drains_prefetched_batches():
     # Two workers each load a batch in 40 ms; the step takes 5 ms. The warm-up's last
     # steps read batches the workers prefetched meanwhile (~5 ms), so warm-up alone would
@@ -56,6 +60,7 @@ def test_windows_are_sized_by_time_when_the_warm_up_only_drains_prefetched_batch
     assert r["samples_per_sec"] == pytest.approx(8 / 0.020, rel=0.25)
 
 
+@ALONE
 @pytest.mark.slow
 def test_the_cores_a_trial_used_are_recorded_with_its_loaders_part():
     """The input pipeline's share of the cores, for a model of the pipeline's stages: a
@@ -73,6 +78,7 @@ def test_the_cores_a_trial_used_are_recorded_with_its_loaders_part():
     assert inline["loader_cpu_cores"] < 0.1 and inline["trial_cpu_cores"] > 0.6
 
 
+@ALONE
 def test_epochs_shorter_than_a_window_keep_the_window_to_window_s_of_wall_time():
     # 8 steps an epoch, two DataLoader workers started at each, which costs several times
     # the 8 steps: sized on the steady time alone, a 0.2 s window ran 0.8-0.9 s here (0.3 s
@@ -162,6 +168,7 @@ def _plain_epochs_here(name: str, args: dict, config: dict, epochs: int) -> floa
     return n / (time.perf_counter() - t0)
 
 
+@ALONE
 @pytest.mark.slow
 @pytest.mark.parametrize("persistent", [False, True])
 def test_many_workers_input_bound_agrees_with_whole_epochs_of_a_plain_loop(persistent):
@@ -267,6 +274,7 @@ def test_the_trial_s_peak_holds_what_its_own_import_of_torch_holds():
     assert "peak RSS" in r["host_memory_measure"]
 
 
+@ALONE
 @pytest.mark.slow
 def test_cpu_hog_mid_measurement_is_detected():
     """A hog on every core starts after the first window of a measurement: the windows
@@ -308,6 +316,7 @@ def test_a_window_the_hypervisor_took_a_quarter_of_the_machine_from_is_disturbed
     assert not stolen.disturbed(s.max_interference, 4, s.max_steal)  # a share of the machine's cores
 
 
+@ALONE
 def test_screening_stops_a_config_that_cannot_reach_the_incumbent():
     # 80 samples/s (sleep-bound): against an incumbent of 1000 it stops after the start-up
     # window and the 2 screening windows
@@ -327,6 +336,7 @@ def test_screening_stops_a_config_that_cannot_reach_the_incumbent():
     assert full["below_incumbent"] is False
 
 
+@ALONE
 @pytest.mark.slow
 def test_a_config_clearly_below_the_incumbent_stops_at_min_windows():
     # A wide screening margin lets it past the first 2 windows; at min_windows its figure
@@ -371,6 +381,7 @@ def test_the_windows_around_an_epoch_boundary_are_notsteady_windows():
     assert steady_windows([a, b, drain, redo, c, last]) == [a, b, c]
 
 
+@ALONE
 @pytest.mark.slow
 def test_steps_of_unequal_cost_read_at_their_average():
     # Batches of one source each, a slow one (36 ms) and a fast one (4 ms), as many of
@@ -398,6 +409,7 @@ def test_steps_of_unequal_cost_read_at_their_average():
     assert r["samples_per_sec"] == pytest.approx(plain, rel=0.05), (plain, r["samples_per_sec_windows"])
 
 
+@ALONE
 @pytest.mark.slow
 def test_the_driver_sleeps_while_a_trial_is_in_its_windows_and_not_after(tmp_path, monkeypatch):
     """A trial in its timed windows marks a folder of the driver's (``hushed``), and the
@@ -433,6 +445,7 @@ def test_the_driver_sleeps_while_a_trial_is_in_its_windows_and_not_after(tmp_pat
         assert not made
 
 
+@ALONE
 def test_a_process_of_the_trial_that_starts_while_it_runs_is_its_own_not_load():
     """A multi-rank trial's helpers that Ray Train starts once the ranks run (its dataset
     manager, preemption watcher, the workers Ray starts to host them) are looked for
