@@ -444,7 +444,10 @@ def test_what_the_driver_writes_as_ray_shuts_down_goes_to_a_log_not_the_terminal
     shutdown_ray(tmp_path / "ray-shutdown.log")
     assert not ray.is_initialized()
     os.write(2, b"stopped (SIGINT)\n")  # the command's own line, after
-    assert capfd.readouterr().err == "stopped (SIGINT)\n"
+    # (not the whole of fd 2: under -n, a Ray Tune SIGINT handler an earlier in-process
+    # search of this worker left behind once logged its own error here)
+    err = capfd.readouterr().err
+    assert "Failed to push error" not in err and err.endswith("stopped (SIGINT)\n")
     assert "Failed to push error" in (tmp_path / "ray-shutdown.log").read_text()
     monkeypatch.undo()
     shutdown_ray(tmp_path / "quiet.log")  # nothing written: no file left behind
