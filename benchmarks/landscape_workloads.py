@@ -220,3 +220,170 @@ def augmented(size: int = 2048, image: int = 64) -> Workload:
 
     return Workload(model=model, dataset=lambda: Photos(size, image),
                     loss=lambda model, batch: nn.functional.cross_entropy(model(batch[0]), batch[1]))
+
+
+class Clips(Dataset):
+    """One-second audio clips made on each read (a few tones and noise at 16 kHz), turned
+    into a log-mel spectrogram by a short-time Fourier transform and a mel filterbank in the
+    loading process, as a keyword-spotting pipeline does to decoded audio."""
+
+    def __init__(self, size: int, rate: int = 16000, n_fft: int = 400, hop: int = 160, mels: int = 40):
+        self.size, self.rate, self.n_fft, self.hop = size, rate, n_fft, hop
+        self.window = torch.hann_window(n_fft)
+        # triangular filters evenly spaced on the mel scale
+        hz = 700 * (10 ** (torch.linspace(0, 2595 * torch.log10(torch.tensor(1 + rate / 2 / 700)), mels + 2) / 2595) - 1)
+        bins = torch.linspace(0, rate / 2, n_fft // 2 + 1)
+        lo, mid, hi = hz[:-2, None], hz[1:-1, None], hz[2:, None]
+        self.filters = torch.clamp(torch.minimum((bins - lo) / (mid - lo), (hi - bins) / (hi - mid)), min=0)
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        g = torch.Generator().manual_seed(i)
+        t = torch.arange(self.rate) / self.rate
+        freqs = 100 + 3000 * torch.rand(3, 1, generator=g)
+        wave = torch.sin(2 * torch.pi * freqs * t).sum(0) + 0.1 * torch.randn(self.rate, generator=g)
+        spec = torch.stft(wave, self.n_fft, self.hop, window=self.window, return_complex=True).abs() ** 2
+        mel = torch.log(self.filters @ spec + 1e-6)
+        return ((mel - mel.mean()) / (mel.std() + 1e-6)).unsqueeze(0), int(torch.randint(0, 12, (), generator=g))
+
+
+def speech(size: int = 4096, width: int = 32) -> Workload:
+    """Keyword spotting: a small conv net over log-mel spectrograms computed per clip."""
+
+    def block(cin: int, cout: int) -> nn.Module:
+        return nn.Sequential(nn.Conv2d(cin, cout, 3, padding=1), nn.BatchNorm2d(cout), nn.ReLU(), nn.MaxPool2d(2))
+
+    def model():
+        return nn.Sequential(block(1, width), block(width, 2 * width), block(2 * width, 2 * width),
+                             nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(2 * width, 12))
+
+    return Workload(model=model, dataset=lambda: Clips(size),
+                    loss=lambda model, batch: nn.functional.cross_entropy(model(batch[0]), batch[1]))
+
+
+class Interactions(Dataset):
+    """Click logs: dense counters and, per sparse feature, a bag of 1 to ``bag`` ids drawn
+    with a long tail (a few ids are most of the traffic), as a recommender's rows are."""
+
+    def __init__(self, size: int, dense: int, sparse: int, rows: int, bag: int):
+        self.size, self.dense, self.sparse, self.rows, self.bag = size, dense, sparse, rows, bag
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, list[torch.Tensor], float]:
+        g = torch.Generator().manual_seed(i)
+        counts = torch.randint(1, self.bag + 1, (self.sparse,), generator=g)
+        bags = [(torch.rand(int(n), generator=g) ** 3 * self.rows).long() for n in counts]
+        return torch.log1p(torch.rand(self.dense, generator=g) * 100), bags, float(torch.rand((), generator=g) < 0.3)
+
+
+def bag_batch(items: list) -> dict:
+    """Per sparse feature, the batch's ids flat with their offsets (``nn.EmbeddingBag``'s
+    input): a collate that builds variable-length bags."""
+    ids, offsets = [], []
+    for f in range(len(items[0][1])):
+        lengths = torch.tensor([len(bags[f]) for _, bags, _ in items])
+        ids.append(torch.cat([bags[f] for _, bags, _ in items]))
+        offsets.append(torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)[:-1]]))
+    return {"dense": torch.stack([d for d, _, _ in items]), "ids": ids, "offsets": offsets,
+            "click": torch.tensor([c for _, _, c in items])}
+
+
+class Recommender(nn.Module):
+    """DLRM-style: a bottom MLP on the dense features, one summed embedding bag per sparse
+    feature, their pairwise dot products, and a top MLP."""
+
+    def __init__(self, dense: int, sparse: int, rows: int, dim: int):
+        super().__init__()
+        self.bottom = nn.Sequential(nn.Linear(dense, 256), nn.ReLU(), nn.Linear(256, dim), nn.ReLU())
+        self.tables = nn.ModuleList(nn.EmbeddingBag(rows, dim, mode="sum") for _ in range(sparse))
+        pairs = (sparse + 1) * sparse // 2
+        self.top = nn.Sequential(nn.Linear(dim + pairs, 512), nn.ReLU(), nn.Linear(512, 256), nn.ReLU(),
+                                 nn.Linear(256, 1))
+
+    def forward(self, dense: torch.Tensor, ids: list, offsets: list) -> torch.Tensor:
+        x = self.bottom(dense)
+        z = torch.stack([x] + [t(i, o) for t, i, o in zip(self.tables, ids, offsets, strict=True)], 1)
+        dots = z @ z.transpose(1, 2)
+        upper = torch.triu_indices(z.shape[1], z.shape[1], offset=1)
+        return self.top(torch.cat([x, dots[:, upper[0], upper[1]]], 1)).squeeze(1)
+
+
+def recommender(size: int = 65536, dense: int = 13, sparse: int = 8, rows: int = 100000, dim: int = 32,
+                bag: int = 8) -> Workload:
+    """A click-through recommender: embedding bags over long-tailed ids, large batches."""
+
+    def loss(model, batch):
+        return nn.functional.binary_cross_entropy_with_logits(
+            model(batch["dense"], batch["ids"], batch["offsets"]), batch["click"])
+
+    return Workload(model=lambda: Recommender(dense, sparse, rows, dim),
+                    dataset=lambda: Interactions(size, dense, sparse, rows, bag), loss=loss, collate=bag_batch)
+
+
+class Molecules(Dataset):
+    """Small graphs (10 to 40 atoms, about two bonds an atom) with atom features and one
+    target each, as a molecular property set holds them."""
+
+    def __init__(self, size: int, features: int):
+        self.size, self.features = size, features
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor, float]:
+        g = torch.Generator().manual_seed(i)
+        n = int(torch.randint(10, 41, (), generator=g))
+        chain = torch.stack([torch.arange(n - 1), torch.arange(1, n)])  # a backbone, then rings
+        extra = torch.randint(0, n, (2, n // 4), generator=g)
+        edges = torch.cat([chain, extra], 1)
+        return torch.randn(n, self.features, generator=g), torch.cat([edges, edges.flip(0)], 1), \
+            float(torch.randn((), generator=g))
+
+
+def graph_batch(items: list) -> dict:
+    """The batch's graphs as one disconnected graph: nodes stacked, each graph's edges
+    shifted by the nodes before it, and each node's graph index (for pooling)."""
+    sizes = torch.tensor([x.shape[0] for x, _, _ in items])
+    shift = torch.cat([torch.zeros(1, dtype=torch.long), sizes.cumsum(0)[:-1]])
+    return {"x": torch.cat([x for x, _, _ in items]),
+            "edges": torch.cat([e + s for (_, e, _), s in zip(items, shift, strict=True)], 1),
+            "graph": torch.repeat_interleave(torch.arange(len(items)), sizes),
+            "y": torch.tensor([y for _, _, y in items])}
+
+
+class MessagePassing(nn.Module):
+    """A graph network: each layer averages the neighbours' states (a scatter over the
+    edge list) and updates every node; a mean over each graph's nodes, then a head."""
+
+    def __init__(self, features: int, hidden: int, layers: int):
+        super().__init__()
+        self.embed = nn.Linear(features, hidden)
+        self.updates = nn.ModuleList(nn.Sequential(nn.Linear(2 * hidden, hidden), nn.ReLU()) for _ in range(layers))
+        self.head = nn.Sequential(nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, 1))
+
+    def forward(self, x: torch.Tensor, edges: torch.Tensor, graph: torch.Tensor) -> torch.Tensor:
+        h = self.embed(x)
+        src, dst = edges
+        degree = torch.zeros(len(h)).index_add_(0, dst, torch.ones(len(dst))).clamp(min=1).unsqueeze(1)
+        for update in self.updates:
+            incoming = torch.zeros_like(h).index_add_(0, dst, h[src]) / degree
+            h = h + update(torch.cat([h, incoming], 1))
+        graphs = int(graph.max()) + 1
+        pooled = torch.zeros(graphs, h.shape[1]).index_add_(0, graph, h)
+        pooled = pooled / torch.bincount(graph, minlength=graphs).unsqueeze(1)
+        return self.head(pooled).squeeze(1)
+
+
+def molecules(size: int = 8192, features: int = 32, hidden: int = 128, layers: int = 4) -> Workload:
+    """A graph network for a molecular property: irregular gathers and scatters, batches
+    of graphs built by the collate."""
+
+    def loss(model, batch):
+        return nn.functional.mse_loss(model(batch["x"], batch["edges"], batch["graph"]), batch["y"])
+
+    return Workload(model=lambda: MessagePassing(features, hidden, layers), dataset=lambda: Molecules(size, features),
+                    loss=loss, collate=graph_batch)
