@@ -6,6 +6,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -31,14 +32,14 @@ def _in_thread(outcome: dict, **kwargs) -> threading.Thread:
     return searcher
 
 
-def _wait(searcher: threading.Thread, outcome: dict, until, out, timeout_s: float = 180) -> None:
+def _wait(searcher: threading.Thread, outcome: dict, until, out: Path, timeout_s: float = 180) -> None:
     deadline = time.time() + timeout_s
     while not until():
         assert time.time() < deadline and searcher.is_alive(), (outcome, _told(out))
         time.sleep(0.1)
 
 
-def _told(out) -> str:
+def _told(out: Path) -> str:
     """What each record says, for a failed assertion."""
     if not (out / "trials.jsonl").exists():
         return "no records"
