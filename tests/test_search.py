@@ -143,7 +143,7 @@ def test_faulty_trials_are_recorded_and_the_search_finishes(tmp_path, ray_local,
           precision: [fp32, fp16]
         sampler: grid
         baseline: {{micro_batch_size: 16}}
-        budget: {{trials: 6, trial_timeout_s: 6}}
+        budget: {{trials: 6, trial_timeout_s: 12}}
         confirm: {{top: 0}}
         """)
     # the driver's temporary folders in one of the test's own: a search run beside this one
