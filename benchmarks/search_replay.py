@@ -267,8 +267,10 @@ class Machine:
         return {"status": "ok", "config": task.config, "samples_per_sec": figure,
                 "samples_per_sec_error": median_error(rates) if len(rates) > 1 else 0.05, "screened": screened,
                 "trial_wall_s": wall * (0.5 + 0.5 * len(rates) / max(len(recorded), 1)),
-                # the cores the trial and its workers used, where the landscape recorded them
-                **{k: g[k] for k in ("trial_cpu_cores", "loader_cpu_cores") if g.get(k) is not None}}
+                # the cores the trial and its workers used, and its data wait (the pipeline's
+                # stages apart), where the landscape recorded them
+                **{k: g[k] for k in ("trial_cpu_cores", "loader_cpu_cores", "data_wait_fraction")
+                   if g.get(k) is not None}}
 
 
 # ---- one replayed search -------------------------------------------------------------------

@@ -249,3 +249,66 @@ def test_a_split_start_takes_the_threads_its_workers_leave_by_the_cores_they_use
         study.tell(trial, rate)
     trial = study.ask()
     assert {k: trial.suggest_categorical(k, v) for k, v in domain.items()} == {"num_workers": 8, "torch_threads": threads}
+
+
+def test_the_loading_stage_is_measured_per_group_of_configs_that_load_alike():
+    """Without workers, the training process's loading rate is its figure over its data
+    wait; with workers that bound the rate, a worker's is the figure over the workers; a
+    rate workers kept up with is the least a worker does; a config whose loading differs
+    (a dataset cache) is a group of its own, and a loading never seen to bind is no limit."""
+    from tuner.sampler import pipeline
+
+    plain, cached = {"dataset_cache": False}, {"dataset_cache": True}
+    pipe = pipeline([({**plain, "num_workers": 0}, {"samples_per_sec": 75.0, "data_wait_fraction": 0.25}),
+                     ({**plain, "num_workers": 2}, {"samples_per_sec": 120.0, "data_wait_fraction": 0.3}),
+                     ({**plain, "num_workers": 4}, {"samples_per_sec": 200.0, "data_wait_fraction": 0.01}),
+                     ({**cached, "num_workers": 0}, {"samples_per_sec": 90.0, "data_wait_fraction": 0.01})], cores=16)
+    assert pipe.limit({**plain, "num_workers": 0}) == (True, pytest.approx(300.0))
+    assert pipe.limit({**plain, "num_workers": 8}) == (False, pytest.approx(8 * 60.0))
+    assert pipe.limit({**cached, "num_workers": 0}) is None
+    # workers seen to keep up at 50 samples/s each: at least that, whatever bound ones read
+    slow = pipeline([({**plain, "num_workers": 2}, {"samples_per_sec": 60.0, "data_wait_fraction": 0.5}),
+                     ({**plain, "num_workers": 4}, {"samples_per_sec": 200.0, "data_wait_fraction": 0.0})], cores=16)
+    assert slow.limit({**plain, "num_workers": 8}) == (False, pytest.approx(8 * 50.0))
+    assert pipeline([({**plain, "num_workers": 2}, {"samples_per_sec": 60.0, "data_wait_fraction": 0.0})], 16) is None
+    assert pipe.step_rate(75.0, 0.25) == pytest.approx(100.0)
+
+
+@pytest.mark.parametrize("throughput", [True, False])
+def test_a_search_its_loading_bounds_adds_workers_rather_than_threads(throughput):
+    """A 16-core machine whose loading takes a process 60 samples/s: every config below 8
+    workers is held to what its workers load, whatever its threads and batch. After the
+    two starts (no workers; 2 workers and 8 threads, bound at 120 samples/s), the model
+    of the pipeline knows that only workers raise the rate and measures 8 of them next;
+    a model of the figures alone spends its trials on the threads and batch of the
+    bound start first."""
+    import itertools
+
+    cores, per_process = 16, 60.0
+    domain = {"micro_batch_size": [32, 64, 128], "num_workers": [0, 2, 4, 8], "torch_threads": [2, 4, 8, 16]}
+
+    def measure(c):  # (samples/s, data wait): the step's rate through the loading's
+        threads, workers = c["torch_threads"], c["num_workers"]
+        step = 150 * threads ** 0.7 * {32: 0.8, 64: 1.0, 128: 1.1}[c["micro_batch_size"]]
+        step *= min(1.0, cores / (threads + workers))
+        if workers == 0:
+            rate = 1 / (1 / step + 1 / per_process)
+            return rate, rate / per_process
+        rate = min(step, per_process * workers)
+        return rate, 1 - rate / step
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    starts = [{"micro_batch_size": 32, "num_workers": 0, "torch_threads": 16},
+              {"micro_batch_size": 128, "num_workers": 2, "torch_threads": 8}]
+    sampler = GuidedSampler(domain, starts, key, seed=0, cores=cores, throughput=throughput)
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    for _ in range(4):
+        trial = study.ask()
+        rate, wait = measure({k: trial.suggest_categorical(k, v) for k, v in domain.items()})
+        trial.set_user_attr("samples_per_sec", rate)
+        trial.set_user_attr("data_wait_fraction", wait)
+        study.tell(trial, rate)
+    best = max(measure(dict(zip(domain, v, strict=True)))[0] for v in itertools.product(*domain.values()))
+    assert [t.params for t in study.trials[:2]] == starts
+    assert (study.trials[2].params["num_workers"] == 8) is throughput
+    assert (study.best_value >= best * 0.999) is throughput

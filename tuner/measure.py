@@ -40,7 +40,7 @@ from tuner.hostload import Load, LoadMeter, TreeProbe, hushed, ray_workers_besid
 from tuner.loop import Trainer, synchronize
 from tuner.nvml import NvmlSampler
 from tuner.ranks import Agree, across_ranks
-from tuner.records import Figures
+from tuner.records import LOADER_BOUND, Figures
 from tuner.settings import PHASES, MeasureSettings, RunPlan
 from tuner.windows import (
     EPOCH_WINDOWS,
@@ -99,10 +99,6 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
     record = _record(trainer, timed, figures, probe, windows, warm, startup_s, screen, left_out)
     record.update(nvml.summary(), driver_asleep=driver_asleep)  # driver: it slept through the windows
     return _energy(_across_ranks(record, trainer, agree, timed, rank_info))
-
-
-# Data wait below this share of a step: the loader kept up, and its own rate is not seen.
-LOADER_BOUND = 0.05
 
 
 def _stage_rates(trainer: Trainer, steady: float, wait_fraction: float) -> dict:

@@ -173,6 +173,10 @@ class Record(Figures, Outcome, Where, Decided, total=False):
     enums compare equal to)."""
 
 
+# Data wait below this share of the timed time: the loader kept up, and its own rate is not
+# seen (the measurement's stage rates and the search's model of the pipeline read it alike).
+LOADER_BOUND = 0.05
+
 OBJECTIVE_METRICS = {"samples_per_sec": "max", "projected_run_s": "min", "samples_per_sec_per_rank": "max",
                      "samples_per_joule": "max"}
 PENALTY = {"max": 0.0, "min": 1e18}  # what Optuna is told for an infeasible trial

@@ -10,9 +10,11 @@ trial's workers reported the cores they used, the splits' threads are what those
 leave (``LoaderUse``). Each next trial is the untried config of highest expected
 improvement under a Bayesian ridge model of log-throughput: one effect per (knob, value),
 one per pair of knob values, and, on CPUs, a term for intra-op threads that DataLoader
-workers leave without cores (``oversubscription``). Pairs are shrunk harder than single knobs, so that
-with few trials the model stays near the additive one and departs from it where the
-data disagree; the posterior's spread is what makes an unmeasured value worth a trial.
+workers leave without cores (``oversubscription``); for a samples/s objective the model
+is the step's rate, held to the loading's measured rate (``Pipeline``). Pairs are shrunk
+harder than single knobs, so that with few trials the model stays near the additive one
+and departs from it where the data disagree; the posterior's spread is what makes an
+unmeasured value worth a trial.
 Every config of the space is scored (spaces of more than ``SCORE_ALL`` configs: the one-
 and two-knob moves from the best so far): a local search from the incumbent stays on the
 side of the cores' split that its start had.
@@ -43,6 +45,7 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner import knobs, spec
+from tuner.records import LOADER_BOUND
 
 
 class GuidedSampler(optuna.samplers.BaseSampler):
@@ -63,11 +66,13 @@ class GuidedSampler(optuna.samplers.BaseSampler):
             (``Space.split_starts``): once a trial with workers has been measured, each
             takes the threads its workers leave by the cores they were measured to use
             (``LoaderUse``), not by their count.
+        throughput: the objective is samples/s, so the model is one of the pipeline's
+            two stages (``Pipeline``): the step's rate, fitted, and the loading's, measured.
     """
 
     def __init__(self, domain: dict[str, list], start: dict | list[dict], canonical: Callable[[dict], Any],
                  direction: str = "maximize", seed: int | None = None, cores: int | None = None,
-                 fixed: dict | None = None, splits: list[dict] = ()):
+                 fixed: dict | None = None, splits: list[dict] = (), throughput: bool = False):
         self.domain = dict(sorted(domain.items(), key=lambda kv: knobs.KNOBS[kv[0]].priority
                                   if kv[0] in knobs.KNOBS else 99))
         starts = start if isinstance(start, list) else [start]
@@ -80,6 +85,7 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         self.fixed = dict(fixed or {})
         split_keys = {canonical({k: s[k] for k in self.domain}) for s in splits}
         self.split = [canonical(s) in split_keys for s in self.starts]
+        self.throughput = throughput and direction == "maximize"
         self.fallback = optuna.samplers.TPESampler(seed=seed)
         self._plans: dict[int, dict | None] = {}
 
@@ -116,10 +122,14 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         # A FAIL from before a resume is a trial cut by a kill or a Ray crash: it may run again.
         seen |= {self.canonical(self._complete(t.params)) for t in trials
                  if t.state in (TrialState.COMPLETE, TrialState.PRUNED)}
-        done = [(self._complete(t.params), t.values[0], bool(t.user_attrs.get("screened"))) for t in trials
-                if t.state == TrialState.COMPLETE and t.values]
-        use = loader_use([({**self.fixed, **self._complete(t.params)}, t.user_attrs) for t in trials
-                          if t.state == TrialState.COMPLETE]) if self.cores else None
+        complete = [t for t in trials if t.state == TrialState.COMPLETE and t.values]
+        # (config, figure, screened, data wait)
+        done = [(self._complete(t.params), t.values[0], bool(t.user_attrs.get("screened")),
+                 t.user_attrs.get("data_wait_fraction")) for t in complete]
+        measured = [({**self.fixed, **self._complete(t.params)}, t.user_attrs) for t in trials
+                    if t.state == TrialState.COMPLETE]
+        use = loader_use(measured) if self.cores else None
+        pipe = pipeline(measured, self.cores) if self.throughput else None
         for start, split in zip(self.starts, self.split, strict=True):
             if self.canonical(start) in seen:
                 continue
@@ -134,14 +144,14 @@ class GuidedSampler(optuna.samplers.BaseSampler):
             return next((c for c in self._candidates(self.start) if self.canonical(c) not in seen),
                         self._untried(seen, number))
         full = [d for d in done if not d[2]]
-        retry = self._screened_contender(full, done, number, use)
+        retry = self._screened_contender(full, done, number, use, pipe)
         if retry is not None:
             return retry
-        model = InteractionModel(self.domain, done, self.sign, self.cores, fixed=self.fixed, use=use)
+        model = InteractionModel(self.domain, done, self.sign, self.cores, fixed=self.fixed, use=use, pipeline=pipe)
         # Expected improvement over the model's own figure for the best config measured
         # so far: the best single figure is the luckiest draw of several, and chasing it
         # under-explores (the plug-in incumbent of noisy EI).
-        measured = [c for c, v, _ in (full or done) if 0 < v < 1e17]
+        measured = [c for c, v, *_ in (full or done) if 0 < v < 1e17]
         top = max(map(model.predict, measured)) if measured else model.mean
         pool = self._every_config()
         if pool is None:  # too many to score all: the one- and two-knob moves from the best
@@ -165,7 +175,7 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         another with the same AVX512-BF16 flag); the starts after the pair then measure
         their own question (the split of the cores) on the side the pair found faster."""
         figures: dict = {}
-        for c, v, _ in done:  # a start's first figure: a later re-measurement that flips the
+        for c, v, *_ in done:  # a start's first figure: a later re-measurement that flips the
             figures.setdefault(self.canonical(c), v)  # pair must not bring back a start it replaced
         measured = {k: figures[k] for k in map(self.canonical, self.starts) if k in figures}
         settled = dict(start)
@@ -197,20 +207,21 @@ class GuidedSampler(optuna.samplers.BaseSampler):
             return None
         return [dict(zip(self.domain, values, strict=True)) for values in itertools.product(*self.domain.values())]
 
-    def _screened_contender(self, full: list, done: list, number: int, use: LoaderUse | None) -> dict | None:
+    def _screened_contender(self, full: list, done: list, number: int, use: LoaderUse | None,
+                            pipe: Pipeline | None) -> dict | None:
         """A screened config to measure again in full: of those screened once and not
         measured since (nor on their way to be), the one the model of full measurements
         predicts best, if within ``RETRY_WITHIN`` of the best full figure."""
-        feasible = [self.sign * math.log(v) for _, v, _ in full if 0 < v < 1e17]
+        feasible = [self.sign * math.log(v) for _, v, *_ in full if 0 < v < 1e17]
         if len(full) < 3 or not feasible:
             return None
-        measured = Counter(self.canonical(c) for c, _, _ in done)
+        measured = Counter(self.canonical(c) for c, *_ in done)
         planned = Counter(self.canonical(p) for n, p in self._plans.items() if p is not None and n != number)
-        candidates = [c for c, _, screened in done
+        candidates = [c for c, _, screened, *_ in done
                       if screened and measured[k := self.canonical(c)] == 1 and planned[k] <= 1]
         if not candidates:
             return None
-        model = InteractionModel(self.domain, full, self.sign, self.cores, fixed=self.fixed, use=use)
+        model = InteractionModel(self.domain, full, self.sign, self.cores, fixed=self.fixed, use=use, pipeline=pipe)
         best = max(candidates, key=model.predict)
         return dict(best) if model.predict(best) >= max(feasible) - math.log(RETRY_WITHIN) else None
 
@@ -264,16 +275,23 @@ class InteractionModel:
     penalties are noise² / prior variance, pairs shrunk ``pair_ridge / ridge`` times
     harder than single knobs, ``noise`` the scale of the posterior's spread (log units).
 
-    ``done``: (config, value, screened) triples. A screened figure (a few windows) weighs
-    ``screened_weight``. Infeasible trials (objective 0 or the minimize penalty) count as
-    much worse than the worst feasible one, so their values are avoided.
+    ``done``: (config, value, screened[, data wait]) tuples. A screened figure (a few
+    windows) weighs ``screened_weight``. Infeasible trials (objective 0 or the minimize
+    penalty) count as much worse than the worst feasible one, so their values are avoided.
+
+    With a ``pipeline`` (a throughput objective), the model is the step's rate (each
+    figure with its data wait taken out), and a config's throughput is the step's rate
+    through the loading's measured limit (``Pipeline.limit``): what only more loading
+    processes can raise, no other knob is credited with.
     """
 
     def __init__(self, domain: dict[str, list], done: list[tuple], sign: float, cores: int | None = None, *,
-                 fixed: dict | None = None, use: LoaderUse | None = None,
+                 fixed: dict | None = None, use: LoaderUse | None = None, pipeline: Pipeline | None = None,
                  ridge: float = 0.3, pair_ridge: float = 1.5, screened_weight: float = 0.3, noise: float = 0.1):
         names = list(domain)
-        self.cores, self.fixed, self.use = cores, dict(fixed or {}), use
+        self.cores, self.fixed, self.use, self.pipeline = cores, dict(fixed or {}), use, pipeline
+        if pipeline is not None:
+            done = [(d[0], pipeline.step_rate(d[1], d[3] if len(d) > 3 else None), *d[2:]) for d in done]
         self.columns: dict[tuple, int] = {}
         for k, vs in domain.items():
             for v in vs:
@@ -302,8 +320,25 @@ class InteractionModel:
         self.n = n
 
     def posterior(self, config: dict) -> tuple[float, float]:
+        """The fitted figure's posterior mean and spread (log units): with a pipeline, the
+        step's rate; otherwise the objective's."""
         row = self._row(config)
         return self.mean + float(row @ self.w), self.noise * math.sqrt(max(1e-12, float(row @ self.a_inv @ row)))
+
+    def _through(self, config: dict, mu: float, sd: float) -> tuple[float, float, float]:
+        """The objective's mean and spread from the step's (``mu``, ``sd``), and the most
+        it can be (inf where the loading's limit is not known): without workers the
+        training process loads, then steps (their times add); with workers, the slower
+        stage sets the rate."""
+        limit = self.pipeline.limit({**self.fixed, **config}) if self.pipeline is not None else None
+        if limit is None:
+            return mu, sd, math.inf
+        serial, rate = limit
+        cap = math.log(rate)
+        if not serial:
+            return min(mu, cap), sd, cap
+        step = math.exp(mu)
+        return -math.log(1 / step + 1 / rate), sd * rate / (step + rate), cap
 
     def _row(self, config: dict, n: int | None = None) -> np.ndarray:
         row = np.zeros(n or self.n)
@@ -320,15 +355,23 @@ class InteractionModel:
         return row
 
     def predict(self, config: dict) -> float:
-        return self.mean + float(self._row(config) @ self.w)
+        mu = self.mean + float(self._row(config) @ self.w)
+        return self._through(config, mu, 0.0)[0] if self.pipeline is not None else mu
 
     def expected_improvement(self, config: dict, top: float) -> float:
         """log E[max(0, f(config) - top)] under the posterior (a log, so that the far
-        tails still rank)."""
+        tails still rank); f held under the loading's limit where it is known:
+        E[max(0, min(f, cap) - top)] = EI(top) - EI(cap)."""
         mu, sd = self.posterior(config)
-        z = (mu - top) / sd
-        ei = (mu - top) * _phi_cdf(z) + sd * _phi_pdf(z)
+        mu, sd, cap = self._through(config, mu, sd)
+        z = (min(mu, cap) - top) / sd
+        ei = _ei(mu, sd, top) - (_ei(mu, sd, cap) if cap < math.inf else 0.0)
         return math.log(ei) if ei > 1e-300 else -700.0 + z  # ordered by z past underflow
+
+
+def _ei(mu: float, sd: float, top: float) -> float:
+    z = (mu - top) / sd
+    return (mu - top) * _phi_cdf(z) + sd * _phi_pdf(z)
 
 
 def oversubscription(config: dict, cores: int | None, use: LoaderUse | None = None) -> float:
@@ -382,6 +425,81 @@ def loader_use(trials: list[tuple[dict, dict]]) -> LoaderUse | None:
     if not per_sample or best <= 0:
         return None
     return LoaderUse(statistics.median(per_sample), best)
+
+
+# Loader knobs that change one loading process's work per sample. The worker count, the
+# queue's depth and the workers' lifetime change how many load at once, not each one's work;
+# a sample's loading costs about the same in a batch of any size.
+_LOADING_ALIKE = ("num_workers", "prefetch_factor", "persistent_workers", "micro_batch_size")
+
+
+def _loads_as(config: dict) -> tuple:
+    """The group of configs whose loading processes do the same work per sample."""
+    return tuple((k, _hashable(config.get(k))) for k, knob in sorted(knobs.KNOBS.items())
+                 if knob.loader and k not in _LOADING_ALIKE)
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """The input pipeline's loading stage, measured: how many samples/s one loading process
+    delivers, per group of configs that load alike (Plumber's model of a pipeline: stages
+    with measured rates, the slowest one setting the pace). Without workers the training
+    process loads between its steps (a trial's data wait over its time is the loading's
+    share: its rate is the figure over that share); with workers, where they were the
+    bottleneck, a worker's rate is the figure over the workers. A worker does the loading
+    the training process did, so until workers were seen bound, the training process's own
+    loading rate stands for a worker's, and a rate the workers were seen to keep up with
+    is the least a worker can do."""
+
+    main: dict  # loading group -> samples/s of the training process's own loading
+    worker: dict  # loading group -> samples/s of one worker, where the workers bound the rate
+    kept_up: dict  # loading group -> the most samples/s per worker that workers kept up with
+    cores: int | None  # the cores a trial has (None on GPUs: one core per worker assumed)
+
+    @staticmethod
+    def step_rate(value: float, wait: float | None) -> float:
+        """A figure with its data wait taken out: the rate of the steps alone."""
+        if not wait or not 0 < value < 1e17:
+            return value
+        return value / (1 - min(wait, 0.9))
+
+    def limit(self, config: dict) -> tuple[bool, float] | None:
+        """(serial, samples/s): what the loading allows ``config``, serial where the
+        training process loads between its steps; None where no loading of its group was
+        seen to bind."""
+        group = _loads_as(config)
+        workers = int(config.get("num_workers") or 0)
+        if workers == 0:
+            rate = self.main.get(group)
+            return (True, rate) if rate else None
+        rate = self.worker.get(group) or self.main.get(group)
+        if not rate:
+            return None
+        return False, max(rate, self.kept_up.get(group, 0.0)) * min(workers, self.cores or workers)
+
+
+def pipeline(trials: list[tuple[dict, dict]], cores: int | None) -> Pipeline | None:
+    """``Pipeline`` from measured trials ((config, figures) pairs: a trial's full config and
+    its logged figures); None before any trial's loading showed in its data wait."""
+    main: dict = {}
+    worker: dict = {}
+    kept_up: dict = {}
+    for config, figures in trials:
+        rate, wait = figures.get("samples_per_sec"), figures.get("data_wait_fraction")
+        if not rate or rate <= 0 or wait is None:
+            continue
+        group, workers = _loads_as(config), int(config.get("num_workers") or 0)
+        if workers == 0:
+            if wait >= LOADER_BOUND:
+                main.setdefault(group, []).append(rate / wait)
+        elif wait >= LOADER_BOUND:
+            worker.setdefault(group, []).append(rate / min(workers, cores or workers))
+        else:
+            kept_up[group] = max(kept_up.get(group, 0.0), rate / workers)
+    if not main and not worker:
+        return None
+    return Pipeline({g: statistics.median(v) for g, v in main.items()},
+                    {g: statistics.median(v) for g, v in worker.items()}, kept_up, cores)
 
 
 def _phi_pdf(z: float) -> float:

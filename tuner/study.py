@@ -89,7 +89,7 @@ def make_sampler(space: spec.Space, ctx: knobs.Context, start: list[dict], split
 
         return GuidedSampler(space.searched, start, Canonical(space, ctx), direction=direction, seed=seed,
                              cores=ctx.cpu_count if ctx.device == "cpu" else None, fixed=space.fixed,
-                             splits=list(splits))
+                             splits=list(splits), throughput=m.objective.metric == "samples_per_sec")
     if m.sampler == "tpe":
         return optuna.samplers.TPESampler(seed=seed)
     if m.sampler == "random":
