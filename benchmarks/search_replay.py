@@ -484,7 +484,8 @@ def main() -> None:
     ap.add_argument("--out", default=str(HERE / "out" / "search_replay.json"))
     ap.add_argument("--add", action="store_true",
                     help="replay only --landscapes and add them to the existing JSON (landscapes recorded "
-                         "after it, under the same rules)")
+                         "after it, under the same rules; with --strategies, only those strategies' rows "
+                         "are replaced)")
     a = ap.parse_args()
     if a.check_live:
         sys.exit(check_live(Path(a.check_live)))
@@ -544,11 +545,13 @@ def _landscape_facts(name: str) -> dict:
 
 def _add(out: Path, names: list[str], table: dict, wall_s: float) -> None:
     """Landscapes recorded after the JSON's run, replayed under the same rules, added to it
-    (each landscape says when it was measured; ``added`` says when and by what)."""
+    (each landscape says when it was measured; ``added`` says when and by what). Only the
+    strategies replayed are replaced: a change to the tuner's rules replays the tuner alone,
+    and the other strategies' rows, which it does not touch, stand."""
     data = json.loads(out.read_text())
     for n in names:
         data["landscapes"][n] = _landscape_facts(n)
-        data["results"][n] = table[n]
+        data["results"][n] = {**data["results"].get(n, {}), **table[n]}
     data.setdefault("added", []).append({**stamp(), "landscapes": names, "wall_s": wall_s, "rules_at": _commit()})
     out.write_text(json.dumps(data, indent=1, default=str))
     print(f"\nadded {', '.join(names)} to {out}")
