@@ -300,3 +300,42 @@ def test_a_resumed_study_keeps_the_figures_the_sampler_reads():
     assert len(trials) == 3 == sum(t.phase == "search" for t in tasks)
     assert [bool(t.user_attrs.get("screened")) for t in trials] == [False, True, False]
     assert all(t.user_attrs["loader_cpu_cores"] == 0.25 and t.user_attrs["samples_per_sec"] > 0 for t in trials)
+
+
+@pytest.mark.parametrize("per_process", [20.0, 60.0, 100.0, 1000.0])
+def test_on_16_cores_the_search_finds_the_split_its_pipeline_needs(per_process):
+    """A 16-core machine (the policy is told so) and a synthetic pipeline: the step's rate
+    grows with the intra-op threads and the batch and falls where threads and workers
+    overrun the cores; each loading process delivers ``per_process`` samples/s, so the
+    workers it takes range from all of them (20) to hardly any (1000). No 2-core rule
+    knows the answer: the starts and the model of the pipeline's stages, fed each trial's
+    data wait, find the best config within 12 configs at every loading rate."""
+    import itertools
+
+    cores = 16
+
+    def measure(c: dict) -> tuple[float, float]:  # (samples/s, data wait)
+        threads, workers = c.get("torch_threads") or cores, c.get("num_workers") or 0
+        step = 150 * threads ** 0.7 * {32: 0.8, 64: 1.0, 128: 1.1}[c["micro_batch_size"]]
+        step *= min(1.0, cores / (threads + workers))
+        if workers == 0:
+            rate = 1 / (1 / step + 1 / per_process)
+            return rate, rate / per_process
+        rate = min(step, per_process * workers)
+        return rate, 1 - rate / step
+
+    knob_values = {"micro_batch_size": [32, 64, 128], "num_workers": [0, 2, 4, 8, 12],
+                   "torch_threads": [1, 2, 4, 8, 16]}
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    policy = SearchPolicy(_space(knobs=knob_values, budget={"trials": 12}),
+                          knobs.Context(device="cpu", cpu_count=cores, bf16_native=False))
+    now = 0.0
+    while not isinstance(task := policy.next(now), Done):
+        rate, wait = measure(task.config)
+        screened = bool(task.screen and rate * (1 + task.screen["margin"]) < task.screen["below"])
+        policy.on_result(task, {"status": "ok", "config": dict(task.config), "samples_per_sec": rate,
+                                "samples_per_sec_error": 0.01, "screened": screened, "trial_wall_s": 5.0,
+                                "data_wait_fraction": wait})
+        now += 5.0
+    best = max(measure(dict(zip(knob_values, v, strict=True)))[0] for v in itertools.product(*knob_values.values()))
+    assert measure(policy.pick().row["config"])[0] == pytest.approx(best)
