@@ -387,3 +387,59 @@ def molecules(size: int = 8192, features: int = 32, hidden: int = 128, layers: i
 
     return Workload(model=lambda: MessagePassing(features, hidden, layers), dataset=lambda: Molecules(size, features),
                     loss=loss, collate=graph_batch)
+
+
+class Scans(Dataset):
+    """Scanned objects made on each read (noisy points on a box, a cylinder or a sphere),
+    reduced to a fixed number of points by farthest-point sampling, centred, scaled to the
+    unit sphere and turned by a random angle about the up axis: what a point-cloud
+    classification pipeline does to each object before batching."""
+
+    def __init__(self, size: int, raw: int, points: int):
+        self.size, self.raw, self.points = size, raw, points
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        g = torch.Generator().manual_seed(i)
+        label = int(torch.randint(0, 3, (), generator=g))
+        u = torch.rand(self.raw, 3, generator=g) * 2 - 1
+        if label == 1:  # a cylinder's side
+            angle = torch.pi * u[:, 0]
+            u = torch.stack([torch.cos(angle), torch.sin(angle), u[:, 2]], 1)
+        elif label == 2:  # a sphere
+            u = u / u.norm(dim=1, keepdim=True)
+        else:  # a box's faces
+            face = torch.randint(0, 3, (self.raw,), generator=g)
+            u[torch.arange(self.raw), face] = torch.sign(u[torch.arange(self.raw), face])
+        raw = u * (0.5 + torch.rand(3, generator=g)) + 0.02 * torch.randn(self.raw, 3, generator=g)
+        chosen = torch.empty(self.points, dtype=torch.long)
+        nearest = torch.full((self.raw,), float("inf"))
+        far = int(torch.randint(0, self.raw, (), generator=g))
+        for j in range(self.points):  # each next point the farthest from those chosen
+            chosen[j] = far
+            nearest = torch.minimum(nearest, ((raw - raw[far]) ** 2).sum(1))
+            far = int(nearest.argmax())
+        pts = raw[chosen]
+        pts = pts - pts.mean(0)
+        pts = pts / pts.norm(dim=1).max()
+        turn = 2 * torch.pi * float(torch.rand((), generator=g))
+        c, s = torch.cos(torch.tensor(turn)), torch.sin(torch.tensor(turn))
+        rotation = torch.tensor([[c, -s, 0.0], [s, c, 0.0], [0.0, 0.0, 1.0]])
+        return (pts @ rotation.T).T.contiguous(), label
+
+
+def pointnet(size: int = 4096, raw: int = 1024, points: int = 256, width: int = 1024) -> Workload:
+    """PointNet-style classification: a shared per-point MLP (1-wide convolutions), a max
+    over the points, then a head; the loading samples each object's points."""
+
+    def model():
+        return nn.Sequential(nn.Conv1d(3, 64, 1), nn.BatchNorm1d(64), nn.ReLU(),
+                             nn.Conv1d(64, 128, 1), nn.BatchNorm1d(128), nn.ReLU(),
+                             nn.Conv1d(128, width, 1), nn.BatchNorm1d(width), nn.ReLU(),
+                             nn.AdaptiveMaxPool1d(1), nn.Flatten(),
+                             nn.Linear(width, 256), nn.ReLU(), nn.Linear(256, 3))
+
+    return Workload(model=model, dataset=lambda: Scans(size, raw, points),
+                    loss=lambda model, batch: nn.functional.cross_entropy(model(batch[0]), batch[1]))
