@@ -62,3 +62,19 @@ def hog_from_first_window(seconds: float, processes: int | None = None) -> Itera
     finally:
         for p in hogs:
             kill_tree(p.pid)
+
+
+def pipeline_rate(config: dict, cores: int, per_process: float) -> tuple[float, float]:
+    """A synthetic input pipeline on ``cores`` cores: (samples/s, data wait) of ``config``.
+    The step's rate grows with the intra-op threads (unset: every core) and the micro-batch,
+    and falls where threads and workers overrun the cores; each loading process delivers
+    ``per_process`` samples/s. Without workers the training process loads between its
+    steps (the times add); with workers the slower stage sets the rate."""
+    threads, workers = config.get("torch_threads") or cores, config.get("num_workers") or 0
+    step = 150 * threads ** 0.7 * {32: 0.8, 64: 1.0, 128: 1.1}[config["micro_batch_size"]]
+    step *= min(1.0, cores / (threads + workers))
+    if workers == 0:
+        rate = 1 / (1 / step + 1 / per_process)
+        return rate, rate / per_process
+    rate = min(step, per_process * workers)
+    return rate, 1 - rate / step

@@ -3,6 +3,7 @@
 import optuna
 import pytest
 
+from tests.helpers import pipeline_rate
 from tuner import knobs, spec
 from tuner.policy import Done, SearchPolicy, Task, Wait
 
@@ -315,14 +316,7 @@ def test_on_16_cores_the_search_finds_the_split_its_pipeline_needs(per_process):
     cores = 16
 
     def measure(c: dict) -> tuple[float, float]:  # (samples/s, data wait)
-        threads, workers = c.get("torch_threads") or cores, c.get("num_workers") or 0
-        step = 150 * threads ** 0.7 * {32: 0.8, 64: 1.0, 128: 1.1}[c["micro_batch_size"]]
-        step *= min(1.0, cores / (threads + workers))
-        if workers == 0:
-            rate = 1 / (1 / step + 1 / per_process)
-            return rate, rate / per_process
-        rate = min(step, per_process * workers)
-        return rate, 1 - rate / step
+        return pipeline_rate(c, cores, per_process)
 
     knob_values = {"micro_batch_size": [32, 64, 128], "num_workers": [0, 2, 4, 8, 12],
                    "torch_threads": [1, 2, 4, 8, 16]}

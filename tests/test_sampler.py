@@ -5,6 +5,7 @@ import json
 import optuna
 import pytest
 
+from tests.helpers import pipeline_rate
 from tuner.sampler import GuidedSampler
 
 DOMAIN = {"precision": ["fp32", "bf16"], "num_workers": [0, 1, 2, 4], "micro_batch_size": [16, 32, 64, 128],
@@ -288,14 +289,7 @@ def test_a_search_its_loading_bounds_adds_workers_rather_than_threads(throughput
     domain = {"micro_batch_size": [32, 64, 128], "num_workers": [0, 2, 4, 8], "torch_threads": [2, 4, 8, 16]}
 
     def measure(c):  # (samples/s, data wait): the step's rate through the loading's
-        threads, workers = c["torch_threads"], c["num_workers"]
-        step = 150 * threads ** 0.7 * {32: 0.8, 64: 1.0, 128: 1.1}[c["micro_batch_size"]]
-        step *= min(1.0, cores / (threads + workers))
-        if workers == 0:
-            rate = 1 / (1 / step + 1 / per_process)
-            return rate, rate / per_process
-        rate = min(step, per_process * workers)
-        return rate, 1 - rate / step
+        return pipeline_rate(c, cores, per_process)
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     starts = [{"micro_batch_size": 32, "num_workers": 0, "torch_threads": 16},
