@@ -86,10 +86,12 @@ def record(space_path: Path, repeats: int = 4, held_out: bool = False) -> Path:
     previous = json.loads(out.read_text()) if out.exists() else {}
     grid = previous.get("grid", []) if previous.get("partial") else []
     seen, t0 = {g["key"] for g in grid}, time.time()
+    measured = previous.get("measured") if previous.get("partial") else None  # when the grid began
+    measured = measured or time.strftime("%Y-%m-%d %H:%M")
 
     def save(partial: bool, repeated: list) -> None:
         out.write_text(json.dumps({
-            "space": space_path.name, "measured": previous.get("measured") or time.strftime("%Y-%m-%d %H:%M"),
+            "space": space_path.name, "measured": measured,
             "command": " ".join(sys.argv), "hardware": hardware, "measure": settings, "grid": grid,
             "repeats": repeated, **({"partial": True} if partial else {}),
             # held out: recorded after the search's rules were frozen at this commit; no rule
