@@ -117,3 +117,16 @@ def test_a_journal_lock_left_by_a_killed_search_does_not_hold_up_the_next(tmp_pa
         optuna.load_study(study_name="j", storage=open_journal(out, Progress())).ask()  # a write
     assert time.monotonic() - t0 < 5
     assert not (out / f"{JOURNAL}.lock").is_symlink()
+
+
+def test_a_rate_and_its_data_wait_are_the_pipeline_s_two_stages():
+    """The step's rate is the figure with the wait taken out; one loading process's rate
+    is seen only where the loading showed: without workers, the figure over the wait's
+    share; with workers, a worker's share (no more of them loading at once than cores)."""
+    from tuner.records import stage_rates
+
+    assert stage_rates(75.0, 0.25, 0) == (pytest.approx(100.0), pytest.approx(300.0))
+    assert stage_rates(120.0, 0.3, 2) == (pytest.approx(120 / 0.7), pytest.approx(60.0))
+    assert stage_rates(200.0, 0.01, 4) == (pytest.approx(200 / 0.99), None)  # the loader kept up
+    assert stage_rates(64.0, 0.5, 32, cores=16)[1] == pytest.approx(4.0)
+    assert stage_rates(50.0, 1.0, 0) == (None, pytest.approx(50.0))  # nothing but waiting

@@ -40,7 +40,7 @@ from tuner.hostload import Load, LoadMeter, TreeProbe, hushed, ray_workers_besid
 from tuner.loop import Trainer, synchronize
 from tuner.nvml import NvmlSampler
 from tuner.ranks import Agree, across_ranks
-from tuner.records import LOADER_BOUND, Figures
+from tuner.records import Figures, stage_rates
 from tuner.settings import PHASES, MeasureSettings, RunPlan
 from tuner.windows import (
     EPOCH_WINDOWS,
@@ -102,17 +102,8 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
 
 
 def _stage_rates(trainer: Trainer, steady: float, wait_fraction: float) -> dict:
-    """The pipeline's two stages apart: the step's rate with the data wait taken out (what
-    the training process consumes), and a loading process's rate where it was seen: with
-    no workers, the training process's own loading; with workers, a worker's share of the
-    rate where they were the bottleneck (None where the loader kept up)."""
-    wait = min(1.0, max(0.0, wait_fraction))
-    workers = getattr(trainer.loader, "num_workers", 0) or 0
-    compute = steady / (1 - wait) if wait < 1 else None
-    if workers == 0:
-        load = steady / wait if wait > 0 else None
-    else:
-        load = steady / workers if wait >= LOADER_BOUND else None
+    """The pipeline's two stages apart (``records.stage_rates``), at the steady rate."""
+    compute, load = stage_rates(steady, wait_fraction, getattr(trainer.loader, "num_workers", 0) or 0)
     return {"compute_samples_per_sec": compute, "load_samples_per_sec_per_process": load}
 
 

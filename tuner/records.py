@@ -174,8 +174,23 @@ class Record(Figures, Outcome, Where, Decided, total=False):
 
 
 # Data wait below this share of the timed time: the loader kept up, and its own rate is not
-# seen (the measurement's stage rates and the search's model of the pipeline read it alike).
+# seen.
 LOADER_BOUND = 0.05
+
+
+def stage_rates(rate: float, wait: float, workers: int, cores: int | None = None) -> tuple[float | None, float | None]:
+    """The input pipeline's two stages apart, from a rate and its data wait (the share of
+    the time spent waiting for the next batch): the step's rate with the wait taken out
+    (what the training process consumes), and one loading process's rate where the loading
+    showed (None where the loader kept up: a wait under ``LOADER_BOUND``). Without workers
+    the training process loads between its steps: the rate over the wait's share. With
+    workers, a worker's share of the rate (at most ``cores`` of them loading at once). The
+    trial's record and the search's model of the pipeline read a trial alike."""
+    wait = min(1.0, max(0.0, wait))
+    step = rate / (1 - wait) if wait < 1 else None
+    if wait < LOADER_BOUND:
+        return step, None
+    return step, rate / wait if workers == 0 else rate / min(workers, cores or workers)
 
 OBJECTIVE_METRICS = {"samples_per_sec": "max", "projected_run_s": "min", "samples_per_sec_per_rank": "max",
                      "samples_per_joule": "max"}

@@ -45,7 +45,7 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner import knobs, spec
-from tuner.records import LOADER_BOUND
+from tuner.records import stage_rates
 
 
 class GuidedSampler(optuna.samplers.BaseSampler):
@@ -126,10 +126,10 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         # (config, figure, screened, data wait)
         done = [(self._complete(t.params), t.values[0], bool(t.user_attrs.get("screened")),
                  t.user_attrs.get("data_wait_fraction")) for t in complete]
-        measured = [({**self.fixed, **self._complete(t.params)}, t.user_attrs) for t in trials
-                    if t.state == TrialState.COMPLETE]
-        use = loader_use(measured) if self.cores else None
-        pipe = pipeline(measured, self.cores) if self.throughput else None
+        figures = [({**self.fixed, **self._complete(t.params)}, t.user_attrs) for t in trials
+                   if t.state == TrialState.COMPLETE]
+        use = loader_use(figures) if self.cores else None
+        pipe = pipeline(figures, self.cores) if self.throughput else None
         for start, split in zip(self.starts, self.split, strict=True):
             if self.canonical(start) in seen:
                 continue
@@ -461,7 +461,7 @@ class Pipeline:
         """A figure with its data wait taken out: the rate of the steps alone."""
         if not wait or not 0 < value < 1e17:
             return value
-        return value / (1 - min(wait, 0.9))
+        return stage_rates(value, min(wait, 0.9), 0)[0]  # a wait near 1 would put the step past any fit
 
     def limit(self, config: dict) -> tuple[bool, float] | None:
         """(serial, samples/s): what the loading allows ``config``, serial where the
@@ -489,12 +489,10 @@ def pipeline(trials: list[tuple[dict, dict]], cores: int | None) -> Pipeline | N
         if not rate or rate <= 0 or wait is None:
             continue
         group, workers = _loads_as(config), int(config.get("num_workers") or 0)
-        if workers == 0:
-            if wait >= LOADER_BOUND:
-                main.setdefault(group, []).append(rate / wait)
-        elif wait >= LOADER_BOUND:
-            worker.setdefault(group, []).append(rate / min(workers, cores or workers))
-        else:
+        _, load = stage_rates(rate, wait, workers, cores)
+        if load is not None:
+            (worker if workers else main).setdefault(group, []).append(load)
+        elif workers:
             kept_up[group] = max(kept_up.get(group, 0.0), rate / workers)
     if not main and not worker:
         return None
