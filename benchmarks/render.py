@@ -154,10 +154,11 @@ def _cell(results: dict, strategy: str, budget: int = 12) -> str:
 def _at(data: dict, names: list[str], budget: int) -> list[str]:
     """One row per landscape at ``budget`` configs: each strategy's median / 10th percentile."""
     strategies = list(next(iter(data["results"].values())))
-    rows = ["| landscape | " + " | ".join(strategies) + " |", "|---|" + "---|" * len(strategies)]
+    # the host beside each: a landscape is one machine's, and the rules were chosen on few
+    rows = ["| landscape | host | " + " | ".join(strategies) + " |", "|---|---|" + "---|" * len(strategies)]
     for name in names:
         r = data["results"][name]
-        rows.append(f"| {name} | " + " | ".join(
+        rows.append(f"| {name} | {_machine(data['landscapes'][name])} | " + " | ".join(
             f"{r[s][str(budget)]['median']:.3f} / {r[s][str(budget)]['p10']:.3f}" if s in r else "-"
             for s in strategies) + " |")
     return rows + [""]
