@@ -66,11 +66,12 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
-def _table(rows: list[dict]) -> list[str]:
-    """A list of flat records as a table: the columns that hold numbers or short strings."""
+def _table(rows: list[dict], most: int = 11) -> list[str]:
+    """A list of flat records as a table: the first ``most`` columns that hold numbers or
+    short strings."""
     cols = [k for k in dict.fromkeys(k for r in rows for k in r)
             if all(isinstance(r.get(k), (int, float, str, bool, type(None))) and len(str(r.get(k))) < 40
-                   for r in rows)][:11]
+                   for r in rows)][:most]
     return ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols),
             *("| " + " | ".join(_fmt(r.get(k, "")) for k in cols) + " |" for r in rows[:20]), ""]
 
@@ -175,7 +176,12 @@ def _search_cost(data: dict) -> list[str]:
             "out and never measured in full (of `tuner_screened`, which also counts configs measured in "
             "full later), each measured in full beside the pick, paired and in turns, twice (medians); "
             "`screening_false_negatives`: those that came within 3% of the pick.", "",
-            *_table(rows)]
+            *_table(rows, most=len(cols)),
+            # each pick and its rounds: a ratio of medians means little where the rounds overlap
+            *(f"- {r['workload']}: the tuner's pick {_short(r['tuner_pick'])}, rounds "
+              f"{', '.join(f'{x:.0f}' for x in r['tuner_pick_runs'])}; stock's {_short(r['stock_pick'])}, "
+              f"rounds {', '.join(f'{x:.0f}' for x in r['stock_pick_runs'])}" for r in data["rows"]
+              if r.get("tuner_pick_runs") and r.get("stock_pick_runs")), ""]
 
 
 def _short(config: dict) -> str:
