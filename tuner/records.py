@@ -192,6 +192,7 @@ def stage_rates(rate: float, wait: float, workers: int, cores: int | None = None
         return step, None
     return step, rate / wait if workers == 0 else rate / min(workers, cores or workers)
 
+
 OBJECTIVE_METRICS = {"samples_per_sec": "max", "projected_run_s": "min", "samples_per_sec_per_rank": "max",
                      "samples_per_joule": "max"}
 PENALTY = {"max": 0.0, "min": 1e18}  # what Optuna is told for an infeasible trial
