@@ -75,6 +75,25 @@ def test_a_search_is_the_baseline_the_configs_the_confirm_rounds_and_the_pick():
     assert isinstance(policy.next(1e6), Done)
 
 
+def test_the_pick_reads_the_confirm_rounds_not_the_lucky_figure_that_made_a_contender():
+    # mb 32 is 5% slower than mb 64, but its one search figure was a lucky draw (+15%):
+    # enough to lead the search and, pooled with its confirm figure, to beat mb 64
+    policy = _policy(_space(knobs={"micro_batch_size": [16, 32, 64]}, budget={"trials": 3},
+                            confirm={"top": 3, "repeats": 1}))
+    now, lucky = 0.0, []
+    while not isinstance(task := policy.next(now), Done):
+        factor = 1.15 if task.phase == "search" and task.config["micro_batch_size"] == 32 else 1.0
+        lucky += [task.config["micro_batch_size"]] if factor > 1 else []
+        now += 5.0
+        policy.on_result(task, _measure(task, factor=factor))
+    assert lucky == [32]
+    confirmed = {t["config"]["micro_batch_size"] for t in policy.records if t.get("confirm_round") and t["phase"] == "confirm"}
+    assert confirmed == {32, 64}  # the lucky one led the search: both were measured again
+    best = policy.pick().row
+    assert best["config"]["micro_batch_size"] == 64
+    assert best["samples_per_sec"] == pytest.approx(rate({"micro_batch_size": 64}))
+
+
 def test_optuna_is_told_each_configs_figure_and_status():
     policy = _policy(_space())
     _run(policy)

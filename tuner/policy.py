@@ -9,7 +9,7 @@ A search is a sequence of measurements, each decided here and measured elsewhere
    and the incumbent measured again after screened trials in a row (``recheck``);
 3. the confirm rounds: the configs still within noise of the leader measured again,
    interleaved with the baseline, until one is clear of the rest;
-4. the pick: the best of the re-measured configs.
+4. the pick: the best of the re-measured configs, on their confirm rounds' figures.
 
 The interface is the shape of Ray Tune's searchers and Optuna's samplers: ``next(now)``
 gives a ``Task`` to measure (or ``Wait`` for measurements in flight, or ``Done``), and

@@ -331,8 +331,9 @@ def device_model(record: dict) -> str:
 
 
 def aggregate(records: list[Record], metric: str) -> list[dict]:
-    """One row per distinct config: the median of its measurements and their spread
-    (and, for several ranks, the scaling efficiency)."""
+    """One row per distinct config: the median of its measurements (of its confirm
+    rounds' alone where it has them: ``_pooled_median``), their spread (and, for several
+    ranks, the scaling efficiency)."""
     groups: dict[tuple[str, str], list[dict]] = {}
     for r in records:
         if r.get("phase") in ("baseline", "lost"):  # a lost trial ran again: it is no result
@@ -395,10 +396,15 @@ def _row_error(records: list[dict], values: list[float]) -> float | None:
 
 
 def _pooled_median(records: list[dict], metric: str) -> float:
-    """A config's figure over several measurements: for throughput, the median of the
-    measurements' figures (each is all its samples over all its time); with repeated
-    measurements, the confirm rounds interleave them with the other contenders'."""
-    return statistics.median(r[metric] for r in records)
+    """A config's figure over several measurements: the median of the measurements'
+    figures (each is all its samples over all its time), of its confirm rounds' alone
+    where it has them. A config enters the confirm rounds because its search figure led,
+    so that figure is the likeliest to be a lucky draw or a fast moment of a drifting
+    machine, and more so the more configs were measured (the winner's curse). The confirm
+    rounds measure the contenders and the baseline interleaved: figures taken under the
+    same conditions, and none of them used to choose who is measured."""
+    confirmed = [r for r in records if r.get("confirm_round")]
+    return statistics.median(r[metric] for r in confirmed or records)
 
 
 def rank(rows: list[dict], metric: str) -> list[dict]:

@@ -51,7 +51,8 @@ class Results:
         return aggregate(self.records, self.metric)
 
     def ranked(self) -> list[dict]:
-        """Feasible configs best first, by the median of each config's measurements."""
+        """Feasible configs best first, by the median of each config's measurements (of its
+        confirm rounds' alone where it has them: ``records.aggregate``)."""
         return rank(self.rows(), self.metric)
 
     def best(self) -> dict | None:

@@ -82,10 +82,11 @@ class Confirm(_Strict):
     """How many of the best configs (those within noise of the leader) are re-measured
     at the end, interleaved with the baseline."""
     repeats: int = Field(2, ge=0)
-    """Rounds of re-measurement at most; the winner is chosen on the median of all of a
-    config's measurements. The rounds come after the budget.trials configs; a round after
-    the first runs only while 2+ contenders are still within noise (and, under a time
-    budget, only if it fits)."""
+    """Rounds of re-measurement at most; the winner is chosen on the median of a config's
+    confirm-round measurements (its search figure, which made it a contender, left out).
+    The rounds come after the budget.trials configs; a round after the first runs only
+    while 2+ contenders are still within noise (and, under a time budget, only if it
+    fits)."""
 
 
 class SpaceModel(_Strict):
