@@ -522,7 +522,7 @@ def run_replays(a: argparse.Namespace) -> None:
                 results.setdefault(name, {}).setdefault(strategy, {}).setdefault(b, []).append(r)
     table = {name: _table(name, results[name], a.strategies) for name in names}
     if a.add:
-        _add(Path(a.out), names, table, time.time() - t0)
+        _add(Path(a.out), names, table, time.time() - t0, a.strategies)
         return
     real = real_run() if a.real_run else None
     if real:
@@ -545,7 +545,7 @@ def _landscape_facts(name: str) -> dict:
             "held_out": bool(landscape.get("held_out"))}
 
 
-def _add(out: Path, names: list[str], table: dict, wall_s: float) -> None:
+def _add(out: Path, names: list[str], table: dict, wall_s: float, strategies: list[str]) -> None:
     """Landscapes recorded after the JSON's run, replayed under the same rules, added to it
     (each landscape says when it was measured; ``added`` says when and by what). Only the
     strategies replayed are replaced: a change to the tuner's rules replays the tuner alone,
@@ -554,7 +554,8 @@ def _add(out: Path, names: list[str], table: dict, wall_s: float) -> None:
     for n in names:
         data["landscapes"][n] = _landscape_facts(n)
         data["results"][n] = {**data["results"].get(n, {}), **table[n]}
-    data.setdefault("added", []).append({**stamp(), "landscapes": names, "wall_s": wall_s, "rules_at": _commit()})
+    data.setdefault("added", []).append({**stamp(), "landscapes": names, "strategies": sorted(strategies),
+                                         "wall_s": wall_s, "rules_at": _commit()})
     out.write_text(json.dumps(data, indent=1, default=str))
     print(f"\nadded {', '.join(names)} to {out}")
 
