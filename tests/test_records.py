@@ -130,3 +130,21 @@ def test_a_rate_and_its_data_wait_are_the_pipeline_s_two_stages():
     assert stage_rates(200.0, 0.01, 4) == (pytest.approx(200 / 0.99), None)  # the loader kept up
     assert stage_rates(64.0, 0.5, 32, cores=16)[1] == pytest.approx(4.0)
     assert stage_rates(50.0, 1.0, 0) == (None, pytest.approx(50.0))  # nothing but waiting
+
+
+def test_a_trial_s_record_reads_its_loading_as_the_search_s_model_does():
+    """More workers than cores: the record's per-worker loading rate and the sampler's
+    model of the pipeline divide by the cores alike (the record is what `diagnose` reads)."""
+    import os
+    from types import SimpleNamespace
+
+    from tuner.measure import _stage_rates
+    from tuner.sampler import pipeline
+
+    workers = 4 * (os.cpu_count() or 1)
+    trainer = SimpleNamespace(loader=SimpleNamespace(num_workers=workers))
+    record = _stage_rates(trainer, 120.0, 0.5)
+    model = pipeline([({"num_workers": workers}, {"samples_per_sec": 120.0, "data_wait_fraction": 0.5})],
+                     os.cpu_count())
+    assert record["load_samples_per_sec_per_process"] == pytest.approx(120.0 / (os.cpu_count() or 1))
+    assert list(model.worker.values()) == [pytest.approx(record["load_samples_per_sec_per_process"])]

@@ -102,8 +102,11 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
 
 
 def _stage_rates(trainer: Trainer, steady: float, wait_fraction: float) -> dict:
-    """The pipeline's two stages apart (``records.stage_rates``), at the steady rate."""
-    compute, load = stage_rates(steady, wait_fraction, getattr(trainer.loader, "num_workers", 0) or 0)
+    """The pipeline's two stages apart (``records.stage_rates``), at the steady rate, on
+    this machine's cores as the search's model reads them (``knobs.Context.cpu_count``):
+    more workers than cores load at most ``cores`` at once."""
+    compute, load = stage_rates(steady, wait_fraction, getattr(trainer.loader, "num_workers", 0) or 0,
+                                os.cpu_count())
     return {"compute_samples_per_sec": compute, "load_samples_per_sec_per_process": load}
 
 
