@@ -111,8 +111,9 @@ def _search_replay(data: dict) -> list[str]:
         if names:
             out += [f"**{title}**, at 12 configs:", "", *_at(data, names, 12)]
     for added in data.get("added") or []:
+        only = f" ({', '.join(added['strategies'])}; the other strategies' rows stand)" if added.get("strategies") else ""
         out += [f"{', '.join(added['landscapes'])}: replayed {added['date']} with the rules of commit "
-                f"{added.get('rules_at')} (`{added['command']}`) and added to this file.", ""]
+                f"{added.get('rules_at')}{only} (`{added['command']}`) and added to this file.", ""]
     previous = data.get("previous") or {}
     if previous.get("results"):
         out += [f"Where the figures moved from the replay before the policy was one object "
