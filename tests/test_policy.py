@@ -87,7 +87,8 @@ def test_the_pick_reads_the_confirm_rounds_not_the_lucky_figure_that_made_a_cont
         now += 5.0
         policy.on_result(task, _measure(task, factor=factor))
     assert lucky == [32]
-    confirmed = {t["config"]["micro_batch_size"] for t in policy.records if t.get("confirm_round") and t["phase"] == "confirm"}
+    confirmed = {r["config"]["micro_batch_size"] for r in policy.records
+                 if r.get("confirm_round") and r["phase"] == "confirm"}
     assert confirmed == {32, 64}  # the lucky one led the search: both were measured again
     best = policy.pick().row
     assert best["config"]["micro_batch_size"] == 64
