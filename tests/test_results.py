@@ -106,6 +106,25 @@ def test_report_writes_markdown_and_images(folder):
     assert "out of memory: boom" in md
 
 
+def test_the_report_gives_the_best_config_s_confirm_round_figure_and_says_so(tmp_path):
+    out = tmp_path / "r" / "demo"
+    out.mkdir(parents=True)
+    (out / "space.yaml").write_text(yaml.safe_dump({"name": "demo", "workload": "conv",
+                                                     "knobs": {"micro_batch_size": [8, 16]}}))
+    lucky, steady = {"micro_batch_size": 16}, {"micro_batch_size": 8}
+    recs = [_rec("baseline", steady, 100.0, 300.0), _rec("search", lucky, 300.0, 500.0, n=0),
+            _rec("search", steady, 200.0, 300.0, n=1)]
+    for round_, (a, b) in enumerate([(196.0, 199.0), (200.0, 199.0)], 1):
+        recs += [{**_rec(phase, config, sps, 300.0), "confirm_round": round_}
+                 for phase, config, sps in [("confirm", lucky, a), ("confirm", steady, b), ("baseline", steady, 100.0)]]
+    (out / "trials.jsonl").write_text("\n".join(json.dumps(r) for r in recs) + "\n")
+    assert main(["report", str(out)]) == 0
+    best = next(ln for ln in (out / "report.md").read_text().splitlines() if ln.startswith("**Best**"))
+    # mb 16's figures pooled with its lucky 300 would read 200 and win; its rounds read 198
+    assert best.startswith("**Best**: 199.0 samples_per_sec, **1.99x**")
+    assert "median of its 2 confirm-round measurement(s), of 3 in all" in best
+
+
 def _space_file(tmp_path, name, trials, extra=""):
     p = tmp_path / f"{name}.yaml"
     p.write_text(textwrap.dedent(f"""\

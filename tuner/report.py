@@ -155,7 +155,9 @@ def write_report(res: Results) -> Path:
         sp = res.speedup(best)
         lines.append(f"**Best**: {fmt(best[metric])} {metric}"
                      + (f", **{sp:.2f}x** the plain PyTorch loop" if sp else "")
-                     + f" (median of {best['measurements']} measurement(s)"
+                     + (f" (median of its {best['confirm_measurements']} confirm-round measurement(s), of "
+                        f"{best['measurements']} in all" if best.get("confirm_measurements")
+                        else f" (median of {best['measurements']} measurement(s)")
                      + (f", spread {best['spread'] * 100:.1f}%" if best.get("spread") is not None else "") + ").")
         lines.append("")
         lines.append(f"`{diff_from_default(best['config'])}`")
