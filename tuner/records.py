@@ -358,7 +358,7 @@ def aggregate(records: list[Record], metric: str) -> list[dict]:
             "disturbed": bool(full) and not quiet,
             "screened": bool(measured) and not full,
             "error": _row_error(ok, values),
-            "confirm_measurements": sum(1 for r in ok if r.get("confirm_round")),  # the figure's, where > 0
+            "confirm_measurements": sum(1 for r in ok if r.get("confirm_round")),  # the figure is their median if any
             "reason": next((r.get("reason") for r in rs if r.get("status") != "ok"), None),
             metric: _pooled_median(ok, metric) if values else None,
             "values": values,
