@@ -179,6 +179,15 @@ def test_under_a_time_budget_no_trial_starts_that_cannot_end_in_it():
     assert any(t.confirm_round for t in tasks)
 
 
+def test_a_budget_with_room_for_one_config_and_its_confirmation_measures_that_one():
+    # the baseline, one config and a confirm round of it (and the baseline) take 20 s: the
+    # room kept for the confirm round counts the contenders found, not three yet to find
+    policy = _policy(_space(budget={"trials": 20, "time_s": 22}))
+    tasks = _run(policy, wall=5.0)
+    assert [str(t.phase) for t in tasks] == ["baseline", "search", "confirm", "baseline"]
+    assert len(tasks) * 5.0 <= 22 and policy.pick().row is not None
+
+
 def test_several_at_once_the_confirm_round_waits_for_the_search_s_last_trials():
     policy = _policy(_space(budget={"trials": 3}))
     base = policy.next(0.0)

@@ -40,6 +40,7 @@ from tuner.records import (
     aggregate,
     best_of,
     cold_compile_of,
+    contender,
     logged_metrics,
     no_winner_reason,
     objective_values,
@@ -120,8 +121,9 @@ def retry_room(configs: int) -> int:
 @dataclass
 class Clock:
     """The time budget: the search proper keeps room for the first confirm round, and a
-    trial starts only where it can end within the budget (Tune would otherwise stop it,
-    and its measurement would be lost)."""
+    trial starts only where it is expected to end within the budget (no trial is stopped
+    at the budget: one that ran past it would overrun the time the user gave, by as much
+    as its estimate was short)."""
 
     time_s: float | None  # budget.time_s (None: no budget)
     top: int  # confirm.top: the contenders a confirm round re-measures
@@ -129,24 +131,26 @@ class Clock:
 
     def left(self, now: float, records: list[dict], metric: str) -> float | None:
         """The search proper's seconds left: the budget less what was spent less room
-        for the confirm round (``reserve``); None without a budget."""
+        for the confirm round after the next trial (``reserve``); None without a budget."""
         if self.time_s is None:
             return None
-        return max(1.0, self.time_s - now - self.reserve(records, metric))
+        return max(1.0, self.time_s - now - self.reserve(records, metric, found_next=True))
 
-    def reserve(self, records: list[dict], metric: str) -> float:
-        """The first confirm round's time if the search ended now: the top
-        ``confirm.top`` configs re-measured in full and the baseline, each as long as its
-        own full measurement took (the contenders are often the slow ones to measure:
-        workers to start, larger batches), a config not yet found as long as a typical
-        full trial."""
+    def reserve(self, records: list[dict], metric: str, found_next: bool = False) -> float:
+        """The first confirm round's time if the search ended now (``found_next``: after
+        one more trial): the top ``confirm.top`` configs found re-measured in full and the
+        baseline, each as long as its own full measurement took (the contenders are often
+        the slow ones to measure: workers to start, larger batches), the next trial's
+        config as long as a typical full trial. Configs the search has not found are no
+        contenders: a budget with room for one config and its confirmation measures that
+        one, where reserving a whole round ahead would measure none."""
         if not self.confirming:
             return 0.0
         full = [r for r in records if r.get("status") == "ok" and not r.get("screened") and r.get("trial_wall_s")]
         typical = median_wall(full) or 0.0
         walls = [own_wall(records, row["config"]) or typical
-                 for row in rank(aggregate(records, metric), metric)[: self.top]]
-        walls += [typical] * (self.top - len(walls))
+                 for row in [r for r in rank(aggregate(records, metric), metric) if contender(r)][: self.top]]
+        walls += [typical] * min(int(found_next), self.top - len(walls))
         base = [r["trial_wall_s"] for r in full if r.get("phase") == Phase.BASELINE]
         return sum(walls) + (base[-1] if base else typical)
 
