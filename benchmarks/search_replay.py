@@ -27,6 +27,7 @@ no rule or constant is chosen on it, and the results page shows it apart.
     python benchmarks/search_replay.py --check-live results/NAME     # exit 0: the same decisions
     python benchmarks/search_replay.py record benchmarks/landscapes/files.yaml   # a quiet machine
     python benchmarks/search_replay.py repeat benchmarks/landscapes/files.yaml   # contenders twice more
+    python benchmarks/search_replay.py budget gpu_resnet50 --time-s 480   # under --time-budget
 
 ``--check-live`` feeds a finished live search's records to the policy in the order they
 landed, with its seed and its machine's knob context, and exits 0 only where the policy
@@ -38,6 +39,7 @@ first difference. Writes ``benchmarks/out/search_replay.json``.
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import itertools
 import json
@@ -287,15 +289,18 @@ def variant(space: spec.Space, trials: int, sampler: str | None = None) -> spec.
     return dataclasses.replace(space, model=model)
 
 
-def replay(landscape: dict, space: spec.Space, ctx: knobs.Context, strategy: str, seed: int, trials: int) -> dict:
-    """One search of ``trials`` configs on the landscape: the pick's judged rate over the
-    best, the screening false negatives, and the measurements it took."""
+def replay(landscape: dict, space: spec.Space, ctx: knobs.Context, strategy: str, seed: int, trials: int,
+           time_s: float | None = None) -> dict:
+    """One search of ``trials`` configs on the landscape (under ``time_s`` seconds of its
+    trials' recorded walls, as ``--time-budget``): the pick's judged rate over the best, the
+    screening false negatives, the measurements and distinct configs it took, its wall."""
     canon, ss = Canonical(space, ctx), SearchSpace(space, ctx)
     if strategy == "stock-tpe":
         return stock_tpe(landscape, space, ctx, seed, trials)
     names = {"tuner": None, "random": "random", "tpe-mv": "tpe", "gp": "tpe"}
     space = variant(space, trials, names[strategy])
     space.model.seed = seed
+    space.model.budget.time_s = time_s
     machine = Machine(landscape, canon, ss, seed, measure_settings(space))
     sampler = {"tpe-mv": lambda: optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=4),
                "gp": lambda: optuna.samplers.GPSampler(seed=seed, n_startup_trials=4, warn_independent_sampling=False),
@@ -309,12 +314,14 @@ def replay(landscape: dict, space: spec.Space, ctx: knobs.Context, strategy: str
         now += record["trial_wall_s"]
         policy.on_result(decision, record)
     best = policy.pick().row
+    spent = {"measurements": len(policy.records), "wall_s": now, "ended": decision.why,
+             "configs": len({r["key"] for r in policy.records if r.get("phase") == "search"})}
     if best is None:
-        return {"pick": 0.0, "false_negatives": [], "measurements": len(policy.records)}
+        return {"pick": 0.0, "false_negatives": [], **spent}
     pick = machine.rate[best["key"]]
     screened = {r["key"] for r in policy.records if r.get("screened")}
     full = {r["key"] for r in policy.records if r.get("status") == "ok" and not r.get("screened")}
-    return {"pick": pick / machine.optimum, "measurements": len(policy.records),
+    return {"pick": pick / machine.optimum, **spent,
             "false_negatives": [machine.rate[k] >= 0.97 * pick for k in screened - full]}
 
 
@@ -474,6 +481,13 @@ def main() -> None:
     rep = sub.add_parser("repeat", help="measure the configs near a landscape's best twice more")
     rep.add_argument("space", nargs="+")
     rep.add_argument("--within", type=float, default=REPEAT_BAND, help="configs within this fraction of the best")
+    bud = sub.add_parser("budget", help="replay the search under a time budget: the configs it fits, and its pick")
+    bud.add_argument("landscapes", nargs="+", help="names under benchmarks/landscapes")
+    bud.add_argument("--time-s", type=float, nargs="+", default=[480.0], help="budgets, as --time-budget")
+    bud.add_argument("--trials", type=int, nargs="+", default=[10, 100],
+                     help="budget.trials (10: the shipped GPU spaces'; more than a grid has: the time alone binds)")
+    bud.add_argument("--seeds", type=int, default=100)
+    bud.add_argument("--out", default=str(HERE / "out" / "search_budget.json"))
     ap.add_argument("--check-live", metavar="RESULTS_DIR", help="check a finished live search's decisions")
     ap.add_argument("--seeds", type=int, default=100)
     ap.add_argument("--gp-seeds", type=int, default=10, help="the GP sampler is slow: fewer seeds")
@@ -498,6 +512,9 @@ def main() -> None:
     if a.cmd == "repeat":
         for s in a.space:
             repeat(Path(s), a.within)
+        return
+    if a.cmd == "budget":
+        budget_replays(a.landscapes, a.time_s, a.trials, a.seeds, Path(a.out))
         return
     if a.real_run_only:
         data = json.loads(Path(a.out).read_text())
@@ -536,6 +553,46 @@ def run_replays(a: argparse.Namespace) -> None:
         "landscapes": {n: _landscape_facts(n) for n in names},
         "results": table}, indent=1, default=str))
     print(f"\nwrote {a.out} ({time.time() - t0:.0f} s)")
+
+
+def budget_replays(names: list[str], budgets: list[float], trials: list[int], seeds: int, out: Path) -> None:
+    """The search under ``--time-budget``: on each landscape, for each budget and trial
+    count, ``seeds`` searches whose clock is their trials' recorded walls (each trial from
+    its process's start to its result; what a live search adds around them, Ray's start
+    and the scheduling between trials, is not in them). Reported: the distinct configs the
+    search measured, its measurements, the wall it used and why it stopped, and the pick
+    over the landscape's best."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    rows = []
+    for name in names:
+        landscape, space, ctx = _load(name)
+        for time_s, n in itertools.product(budgets, trials):
+            runs = [replay(landscape, space, ctx, "tuner", seed, n, time_s) for seed in range(seeds)]
+            picks, configs = [r["pick"] for r in runs], [r["configs"] for r in runs]
+            walls = [g["trial_wall_s"] for g in landscape["grid"] if g.get("trial_wall_s")]
+            rows.append({"landscape": name, "landscape_hardware": _machine_of(landscape), "time_s": time_s,
+                         "trials": n, "trial_wall_s_median": statistics.median(walls),
+                         "configs_median": statistics.median(configs), "configs_min": min(configs),
+                         "measurements_median": statistics.median(r["measurements"] for r in runs),
+                         "wall_s_median": statistics.median(r["wall_s"] for r in runs),
+                         "wall_s_max": max(r["wall_s"] for r in runs),
+                         "pick_median": statistics.median(picks), "pick_p10": quantile(picks, 0.1),
+                         "ended": dict(collections.Counter(r["ended"] for r in runs))})
+            r = rows[-1]
+            print(f"{name} under {time_s:.0f} s, trials {n}: {r['configs_median']:.0f} configs (least "
+                  f"{r['configs_min']}), {r['measurements_median']:.0f} measurements, wall {r['wall_s_median']:.0f} s "
+                  f"(most {r['wall_s_max']:.0f}); pick / best {r['pick_median']:.3f}, p10 {r['pick_p10']:.3f}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"benchmark": "search_budget", **stamp(), "seeds": seeds, "rules_at": _commit(),
+                               "rows": rows}, indent=1, default=str))
+    print(f"wrote {out}")
+
+
+def _machine_of(landscape: dict) -> str:
+    """Where a landscape's walls were measured, in words."""
+    hw = landscape.get("hardware") or {}
+    return ", ".join(str(x) for x in (hw.get("gpu") or hw.get("cpu"), f"{hw.get('cpu_count')} cores",
+                                        hw.get("torch")) if x)
 
 
 def _landscape_facts(name: str) -> dict:
