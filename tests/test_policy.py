@@ -170,6 +170,20 @@ def test_a_search_killed_in_a_confirm_round_takes_it_up_again_within_its_share()
     assert _run(_policy(space, records=policy.records)) == []
 
 
+def test_a_confirm_round_near_the_end_of_the_budget_measures_the_contenders_that_fit():
+    space = spec.parse({"name": "t", "workload": "conv", "knobs": {"micro_batch_size": [8, 16, 32]},
+                        "budget": {"trials": 3, "time_s": 100}, "confirm": {"top": 3, "repeats": 2}})
+    canon = _policy(space).canon
+    records = [{"phase": phase, "status": "ok", "config": {"micro_batch_size": b}, "key": canon({"micro_batch_size": b}),
+                "samples_per_sec": v, "samples_per_sec_error": 0.01, "trial_wall_s": 5.0}
+               for phase, b, v in (("baseline", 4, 50.0), ("search", 8, 100.0), ("search", 16, 99.0),
+                                   ("search", 32, 98.0))]
+    policy = _policy(space, records=records)
+    # three contenders within noise, 12 s left: the leader and the baseline fit (10 s)
+    tasks = _run(policy, now=88.0)
+    assert [(t.config["micro_batch_size"], t.confirm_round) for t in tasks] == [(8, 1), (4, 1)]
+
+
 def test_under_a_time_budget_no_trial_starts_that_cannot_end_in_it():
     space = _space(budget={"trials": 20, "time_s": 60})
     tasks = _run(_policy(space), wall=5.0)
@@ -186,6 +200,25 @@ def test_a_budget_with_room_for_one_config_and_its_confirmation_measures_that_on
     tasks = _run(policy, wall=5.0)
     assert [str(t.phase) for t in tasks] == ["baseline", "search", "confirm", "baseline"]
     assert len(tasks) * 5.0 <= 22 and policy.pick().row is not None
+
+
+def test_a_budget_keeps_room_for_the_contenders_within_noise_of_the_leader_alone():
+    # every measurement 5 s; the confirm round re-measures the configs within noise of the
+    # leader: where each config doubles the one before, that is the leader alone, and the
+    # search measures one config more in the time kept for three
+    def configs_measured(value) -> tuple[int, float]:
+        policy = _policy(_space(knobs={"micro_batch_size": [8, 16, 32, 64, 128, 256]},
+                                budget={"trials": 6, "time_s": 45}))
+        now = 0.0
+        while not isinstance(task := policy.next(now), Done):
+            now += 5.0
+            policy.on_result(task, {"status": "ok", "config": dict(task.config), "trial_wall_s": 5.0,
+                                    "samples_per_sec": value(task.config["micro_batch_size"]),
+                                    "samples_per_sec_error": 0.01, "screened": False})
+        return sum(r["phase"] == "search" for r in policy.records), now
+
+    clear, flat = configs_measured(lambda batch: float(batch)), configs_measured(lambda batch: 100.0)
+    assert clear == (5, 35.0 + 5.0) and flat[0] == 4 and flat[1] <= 45
 
 
 def test_several_at_once_the_confirm_round_waits_for_the_search_s_last_trials():

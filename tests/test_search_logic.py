@@ -158,11 +158,12 @@ def test_a_leader_whose_repeats_disagree_has_not_beaten_the_rows_behind_it():
 
 def test_the_time_budget_keeps_room_for_the_confirm_round_as_its_contenders_measure():
     """Under a time budget the search stops starting trials that cannot end in it, and keeps
-    room for the confirm round: the top configs and the baseline measured again in full,
-    each as long as its own full measurement took (contenders with workers to start read
-    9 s where a typical trial took 3), a contender not yet found as long as a typical full
-    trial; a screened trial's short wall sizes neither. That is one round's room: a
-    second round runs only if it fits."""
+    room for the confirm round: its contenders (the top configs within noise of the
+    leader) and the baseline measured again in full, each as long as its own full
+    measurement took (contenders with workers to start read 9 s where a typical trial
+    took 3), the next trial's config as long as a typical full trial; a config beaten
+    beyond noise is no contender, and a screened trial's short wall sizes nothing. That is
+    one round's room: a second round runs only if it fits."""
     from tuner.policy import Clock, median_wall
 
     clock = Clock(time_s=100.0, top=2, confirming=True)
@@ -172,19 +173,20 @@ def test_the_time_budget_keeps_room_for_the_confirm_round_as_its_contenders_meas
         return {"phase": phase, "status": "ok", "key": key, "config": {"micro_batch_size": key},
                 "samples_per_sec": value, "samples_per_sec_error": 0.01, "trial_wall_s": wall, **more}
 
-    recs = [rec(8, 100.0, 5.0, phase="baseline"), rec(16, 200.0, 9.0)]
-    # the leader's own 9 s, a second contender as long as a typical full trial (median of
-    # 5 and 9), the baseline's 5 s
-    assert clock.reserve(recs, metric) == pytest.approx(9 + 7 + 5)
+    recs = [rec(8, 100.0, 5.0, phase="baseline"), rec(16, 200.0, 9.0), rec(128, 120.0, 5.0)]
+    # the leader's own 9 s and the baseline's 5 s (the 120 is 40% behind: no contender);
+    # before the next trial, its config too, as long as a typical full trial (5 s)
+    assert clock.reserve(recs, metric) == pytest.approx(9 + 5)
+    assert clock.reserve(recs, metric, found_next=True) == pytest.approx(9 + 5 + 5)
     recs += [rec(32, 190.0, 3.0), rec(64, 400.0, 1.0, screened=True),
              {"phase": "search", "status": "infeasible", "key": 4, "config": {}, "trial_wall_s": 0.5}]
     assert clock.reserve(recs, metric) == pytest.approx(9 + 3 + 5)  # the screened 400 is no contender
-    assert median_wall(recs) == 3.0  # what the next trial costs, screened ones included
+    assert median_wall(recs) == 4.0  # what the next trial costs, screened ones included
     assert clock.left(0.0, recs, metric) == pytest.approx(100 - 17)
     # the search proper keeps time for one round; a second starts only if it fits
     assert clock.round_fits(80.0, recs, metric) and not clock.round_fits(85.0, recs, metric)
     assert median_wall([]) is None
-    # the next trial: 100 - 17 of the reserve - 78 spent leaves 5 s, a typical trial's 3
+    # the next trial: 100 - 17 of the reserve - 78 spent leaves 5 s, a typical trial's 4
     # fit; after screened trials in a row it first re-measures the leader (its own 9 s)
     assert clock.trial_fits(78.0, recs, metric)
     assert not clock.trial_fits(78.0, recs, metric, first={"micro_batch_size": 16})

@@ -40,7 +40,6 @@ from tuner.records import (
     aggregate,
     best_of,
     cold_compile_of,
-    contender,
     logged_metrics,
     no_winner_reason,
     objective_values,
@@ -137,19 +136,21 @@ class Clock:
         return max(1.0, self.time_s - now - self.reserve(records, metric, found_next=True))
 
     def reserve(self, records: list[dict], metric: str, found_next: bool = False) -> float:
-        """The first confirm round's time if the search ended now (``found_next``: after
-        one more trial): the top ``confirm.top`` configs found re-measured in full and the
-        baseline, each as long as its own full measurement took (the contenders are often
-        the slow ones to measure: workers to start, larger batches), the next trial's
-        config as long as a typical full trial. Configs the search has not found are no
-        contenders: a budget with room for one config and its confirmation measures that
-        one, where reserving a whole round ahead would measure none."""
+        """The next confirm round's time if the search ended now (``found_next``: after
+        one more trial): its contenders (the top ``confirm.top`` configs within noise of
+        the leader, as ``_next_confirm`` takes them) re-measured in full and the baseline,
+        each as long as its own full measurement took (the contenders are often the slow
+        ones to measure: workers to start, larger batches), the next trial's config as
+        long as a typical full trial. A config the search has not found, or one the
+        leader has beaten beyond noise, is no contender: a budget with room for one config
+        and its confirmation measures that one, and a search whose leader is clear goes on
+        where reserving a whole round ahead would have stopped it."""
         if not self.confirming:
             return 0.0
         full = [r for r in records if r.get("status") == "ok" and not r.get("screened") and r.get("trial_wall_s")]
         typical = median_wall(full) or 0.0
         walls = [own_wall(records, row["config"]) or typical
-                 for row in [r for r in rank(aggregate(records, metric), metric) if contender(r)][: self.top]]
+                 for row in within_noise(rank(aggregate(records, metric), metric), metric)[: self.top]]
         walls += [typical] * min(int(found_next), self.top - len(walls))
         base = [r["trial_wall_s"] for r in full if r.get("phase") == Phase.BASELINE]
         return sum(walls) + (base[-1] if base else typical)
@@ -170,6 +171,26 @@ class Clock:
         if first is not None:
             need += own_wall(records, first) or need
         return left >= need
+
+    def fitting(self, now: float, records: list[dict], rows: list[dict], with_base: bool) -> list[dict]:
+        """Of a confirm round's contenders (best first), those whose re-measurements, with
+        the baseline's (``with_base``), are expected to end within the budget. The room
+        kept for the round (``reserve``) counted the contenders of its time; a last trial
+        that leads with a wide error brings more configs within noise of it, and the
+        round then measures the best of them that fit."""
+        if self.time_s is None:
+            return rows
+        full = [r for r in records if r.get("status") == "ok" and not r.get("screened") and r.get("trial_wall_s")]
+        typical = median_wall(full) or 0.0
+        base = [r["trial_wall_s"] for r in full if r.get("phase") == Phase.BASELINE]
+        end = now + ((base[-1] if base else typical) if with_base else 0.0)
+        out = []
+        for row in rows:
+            end += own_wall(records, row["config"]) or typical
+            if end > self.time_s:
+                break
+            out.append(row)
+        return out
 
     def round_fits(self, now: float, records: list[dict], metric: str) -> bool:
         """Whether another confirm round ends within the budget (always, without one)."""
@@ -492,7 +513,8 @@ class SearchPolicy:
         left (the order is clear), after ``confirm.repeats`` rounds, once the rounds'
         share is spent (a round that does not fit whole keeps its best contenders and
         the baseline), or, under a time budget, at a round after the first that does not
-        fit."""
+        fit; a round measures the contenders whose re-measurements fit the budget, best
+        first (``Clock.fitting``), and a later round only 2 or more of them."""
         c = self.confirming
         if c.queue:
             phase, config = c.queue.pop(0)
@@ -512,7 +534,12 @@ class SearchPolicy:
             return None
         base = next((r for r in self.records if r.get("phase") == Phase.BASELINE), None)
         with_base = base is not None and base.get("status") == "ok" and c.left >= 2
-        c.queue = [(Phase.CONFIRM, row["config"]) for row in contenders[: c.left - with_base]]
+        share = contenders[: c.left - with_base]
+        rows = self.clock.fitting(now, self.records, share, with_base)
+        if not rows or (c.round > 0 and len(rows) < min(2, len(share))):  # a later round orders 2+
+            self.ended = "time budget spent: no more confirm rounds"
+            return None
+        c.queue = [(Phase.CONFIRM, row["config"]) for row in rows]
         if with_base:
             c.queue.append((Phase.BASELINE, base["config"]))
         c.left -= len(c.queue)
