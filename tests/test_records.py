@@ -148,3 +148,19 @@ def test_a_trial_s_record_reads_its_loading_as_the_search_s_model_does():
                      os.cpu_count())
     assert record["load_samples_per_sec_per_process"] == pytest.approx(120.0 / (os.cpu_count() or 1))
     assert list(model.worker.values()) == [pytest.approx(record["load_samples_per_sec_per_process"])]
+
+
+def test_a_row_s_other_figures_come_from_the_measurements_its_objective_does():
+    from tuner.records import aggregate
+
+    config = {"micro_batch_size": 32}
+    search = {"phase": "search", "key": "k", "config": config, "status": "ok", "samples_per_sec": 130.0,
+              "samples_per_joule": 1.30, "peak_host_memory_mb": 500.0}  # the lucky draw that made a contender
+    confirm = [{**search, "phase": "confirm", "confirm_round": n, "samples_per_sec": v, "samples_per_joule": v / 100,
+                "peak_host_memory_mb": 510.0} for n, v in ((1, 100.0), (2, 104.0))]
+    row, = aggregate([search, *confirm], "samples_per_joule")
+    assert row["samples_per_joule"] == pytest.approx(1.02) and row["samples_per_sec"] == pytest.approx(102.0)
+    assert row["peak_host_memory_mb"] == 510.0 and row["measurements"] == 3
+    # without confirm rounds, every measurement counts
+    row, = aggregate([search, {**search, "samples_per_sec": 110.0}], "samples_per_joule")
+    assert row["samples_per_sec"] == pytest.approx(120.0)
