@@ -147,13 +147,11 @@ class Clock:
         where reserving a whole round ahead would have stopped it."""
         if not self.confirming:
             return 0.0
-        full = [r for r in records if r.get("status") == "ok" and not r.get("screened") and r.get("trial_wall_s")]
-        typical = median_wall(full) or 0.0
+        typical, base = _round_walls(records)
         walls = [own_wall(records, row["config"]) or typical
                  for row in within_noise(rank(aggregate(records, metric), metric), metric)[: self.top]]
         walls += [typical] * min(int(found_next), self.top - len(walls))
-        base = [r["trial_wall_s"] for r in full if r.get("phase") == Phase.BASELINE]
-        return sum(walls) + (base[-1] if base else typical)
+        return sum(walls) + base
 
     def trial_fits(self, now: float, records: list[dict], metric: str, first: dict | None = None,
                    config: dict | None = None, contender: bool = False) -> bool:
@@ -180,10 +178,8 @@ class Clock:
         round then measures the best of them that fit."""
         if self.time_s is None:
             return rows
-        full = [r for r in records if r.get("status") == "ok" and not r.get("screened") and r.get("trial_wall_s")]
-        typical = median_wall(full) or 0.0
-        base = [r["trial_wall_s"] for r in full if r.get("phase") == Phase.BASELINE]
-        end = now + ((base[-1] if base else typical) if with_base else 0.0)
+        typical, base = _round_walls(records)
+        end = now + (base if with_base else 0.0)
         out = []
         for row in rows:
             end += own_wall(records, row["config"]) or typical
@@ -195,6 +191,16 @@ class Clock:
     def round_fits(self, now: float, records: list[dict], metric: str) -> bool:
         """Whether another confirm round ends within the budget (always, without one)."""
         return self.time_s is None or now + self.reserve(records, metric) <= self.time_s
+
+
+def _round_walls(records: list[dict]) -> tuple[float, float]:
+    """What a confirm round's measurements cost: a typical full trial's wall (a config's
+    own where it has one comes from ``own_wall``), and the baseline's last full one (a
+    typical trial's before it has one)."""
+    full = [r for r in records if r.get("status") == "ok" and not r.get("screened") and r.get("trial_wall_s")]
+    typical = median_wall(full) or 0.0
+    base = [r["trial_wall_s"] for r in full if r.get("phase") == Phase.BASELINE]
+    return typical, base[-1] if base else typical
 
 
 def median_wall(records: list[dict]) -> float | None:
