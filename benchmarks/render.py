@@ -189,7 +189,8 @@ def _search_cost(data: dict) -> list[str]:
 def _search_budget(data: dict) -> list[str]:
     out = [f"The search policy itself under `--time-budget`, {data['seeds']} seeds per row (rules of commit "
            f"{data.get('rules_at')}). Its clock is the recorded wall of each trial it measures, from the trial "
-           "process's start to its result (a screened trial's in proportion to its windows); Ray's start and "
+           "process's start to its result, half of it fixed and half in proportion to the windows the replayed "
+           "measurement takes (a screened one's few windows cost less); Ray's start and "
            "the scheduling between trials, which a live search adds, are not in it. `trials`: the space's "
            "budget.trials (10: the shipped GPU spaces'; 100: more than the grid holds, so the time alone "
            "binds). Configs: distinct configs measured, median (least); pick / best: median (10th percentile).",
