@@ -370,13 +370,12 @@ def aggregate(records: list[Record], metric: str) -> list[dict]:
                   "gpu_util_pct", "samples_per_sec_per_rank", "joules_per_sample", "samples_per_joule",
                   "load_samples_per_sec_per_process", "cache_fill_s", "cache_mb", "trial_cpu_cores",
                   "loader_cpu_cores"):
-            # the row's other figures from the same measurements as its objective's
-            # (``_pooled_median``): a samples/s shown beside a samples/J pick is not the
-            # lucky search figure that made the config a contender
-            vals = [r[m] for r in ok if r.get("confirm_round") and r.get(m) is not None] \
-                or [r[m] for r in ok if r.get(m) is not None]
+            # the row's other figures from the same measurements as its objective's: a
+            # samples/s shown beside a samples/J pick is not the lucky search figure that
+            # made the config a contender
+            having = [r for r in ok if r.get(m) is not None]
             if m != metric:
-                row[m] = statistics.median(vals) if vals else None
+                row[m] = _pooled_median(having, m) if having else None
         row["memory_mb"] = memory_mb(row) if ok else None
         row["hardware"] = rs[0].get("hardware")
         row["notes"] = rs[0].get("notes") or []
