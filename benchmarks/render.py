@@ -199,7 +199,8 @@ def _search_budget(data: dict) -> list[str]:
            "|---|---|---|---|---|---|---|---|---|"]
     for r in data["rows"]:
         ended = "; ".join(f"{why} ({n})" for why, n in r["ended"].items())
-        out.append(f"| {r['landscape']} ({r['landscape_hardware']}) | {r['trial_wall_s_median']:.0f} | "
+        out.append(f"| {r['landscape']} ({_machine({'hardware': r['landscape_hardware']})}) | "
+                   f"{r['trial_wall_s_median']:.0f} | "
                    f"{r['time_s']:.0f} | {r['trials']} | {r['configs_median']:.0f} ({r['configs_min']}) | "
                    f"{r['measurements_median']:.0f} | {r['wall_s_median']:.0f} ({r['wall_s_max']:.0f}) | "
                    f"{r['pick_median']:.3f} ({r['pick_p10']:.3f}) | {ended} |")

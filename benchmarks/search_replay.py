@@ -570,7 +570,7 @@ def budget_replays(names: list[str], budgets: list[float], trials: list[int], se
             runs = [replay(landscape, space, ctx, "tuner", seed, n, time_s) for seed in range(seeds)]
             picks, configs = [r["pick"] for r in runs], [r["configs"] for r in runs]
             walls = [g["trial_wall_s"] for g in landscape["grid"] if g.get("trial_wall_s")]
-            rows.append({"landscape": name, "landscape_hardware": _machine_of(landscape), "time_s": time_s,
+            rows.append({"landscape": name, "landscape_hardware": landscape["hardware"], "time_s": time_s,
                          "trials": n, "trial_wall_s_median": statistics.median(walls),
                          "configs_median": statistics.median(configs), "configs_min": min(configs),
                          "measurements_median": statistics.median(r["measurements"] for r in runs),
@@ -586,13 +586,6 @@ def budget_replays(names: list[str], budgets: list[float], trials: list[int], se
     out.write_text(json.dumps({"benchmark": "search_budget", **stamp(), "seeds": seeds, "rules_at": _commit(),
                                "rows": rows}, indent=1, default=str))
     print(f"wrote {out}")
-
-
-def _machine_of(landscape: dict) -> str:
-    """Where a landscape's walls were measured, in words."""
-    hw = landscape.get("hardware") or {}
-    return ", ".join(str(x) for x in (hw.get("gpu") or hw.get("cpu"), f"{hw.get('cpu_count')} cores",
-                                        hw.get("torch")) if x)
 
 
 def _landscape_facts(name: str) -> dict:
