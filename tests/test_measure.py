@@ -445,6 +445,39 @@ def test_the_driver_sleeps_while_a_trial_is_in_its_windows_and_not_after(tmp_pat
         assert not made
 
 
+def test_a_machine_busy_on_every_core_reads_as_no_more_cores_than_it_has():
+    """The machine's CPU time is read at the edges of a bracket longer than the window it
+    encloses (the reads of the trial's own CPU, the page faults). Per second of the window,
+    a machine busy on every core would read more cores than it has, and a trial that
+    sleeps beside it would be disturbed even where ``max_interference`` allows the whole
+    machine. Here the bracket holds a third more than the window."""
+    import multiprocessing as mp
+
+    from tests.helpers import spin
+    from tuner.hostload import LoadMeter, TreeProbe
+
+    cpus = os.cpu_count() or 1
+    spinners = [mp.get_context("spawn").Process(target=spin, args=(3.0,)) for _ in range(cpus)]
+    for p in spinners:
+        p.start()
+    try:
+        time.sleep(0.5)  # spinning
+        meter = LoadMeter(TreeProbe())  # this process's tree: the spinners are its children
+        meter.probe.children = lambda: []  # ...and here load beside it, not its own
+        meter.start()
+        time.sleep(0.1)  # inside the bracket, outside the window
+        t0 = time.perf_counter()
+        time.sleep(0.3)
+        load = meter.stop(time.perf_counter() - t0)
+    finally:
+        for p in spinners:
+            p.kill()
+            p.join()
+    assert load.other_cores > 0.5 * cpus  # the spinners are seen...
+    assert load.other_cores <= cpus  # ...as no more than the machine has
+    assert not load.disturbed(1.0, cpus)
+
+
 @ALONE
 def test_a_process_of_the_trial_that_starts_while_it_runs_is_its_own_not_load():
     """A multi-rank trial's helpers that Ray Train starts once the ranks run (its dataset

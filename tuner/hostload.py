@@ -239,7 +239,13 @@ class Load:
 
 
 class LoadMeter:
-    """Brackets one window: ``start()`` before, ``stop(wall_s)`` after, both untimed."""
+    """Brackets one window: ``start()`` before, ``stop(wall_s)`` after, both untimed.
+
+    The machine's CPU time is read at the bracket's edges, which enclose the window and
+    the reading of the tree's own CPU at the start: its rates are per second of that
+    span, not of the window. Per second of the window, a machine busy on every core
+    read above its cores (the span is longer), and a window of a process that sleeps
+    beside a busy machine read as disturbed whatever ``max_interference`` allowed."""
 
     def __init__(self, probe: TreeProbe, nvml: NvmlSampler | None = None):
         self.probe, self.nvml = probe, nvml
@@ -248,20 +254,25 @@ class LoadMeter:
 
     def start(self) -> None:
         self.probe.refresh_peers()
-        self._start = (machine_cpu(), self.probe.cpu_split_s(), self.probe.observers_cpu_s())
+        machine, t0 = machine_cpu(), time.perf_counter()
+        self._start = (machine, t0, self.probe.cpu_split_s(), self.probe.observers_cpu_s())
 
     def stop(self, wall_s: float) -> Load | None:
         if self._start is None or self._start[0] is None or wall_s <= 0:
             return None
-        (busy0, idle0, steal0), split0, obs0 = self._start
+        (busy0, idle0, steal0), t0, split0, obs0 = self._start
         now = machine_cpu()
         if now is None:
             return None
+        wall_s = max(wall_s, time.perf_counter() - t0)  # the span the machine's figures cover
         busy1, idle1, steal1 = now
         split = [b - a for a, b in zip(split0, self.probe.cpu_split_s(), strict=True)]
         tree = sum(split)
         gpu_others = self.nvml.other_processes() if self.nvml is not None else 0
-        return Load(other_cores=max(0.0, (busy1 - busy0 - tree) / wall_s),
+        # at most the cores the trial left: /proc/stat counts in ticks, which over a
+        # short window can add up to more than the machine has
+        others = min(busy1 - busy0 - tree, self.cpus * wall_s - tree)
+        return Load(other_cores=max(0.0, others / wall_s),
                     tuner_cores=max(0.0, (self.probe.observers_cpu_s() - obs0) / wall_s),
                     idle_cores=max(0.0, (idle1 - idle0) / wall_s), gpu_others=gpu_others,
                     steal_cores=max(0.0, (steal1 - steal0) / wall_s),
