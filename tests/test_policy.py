@@ -195,11 +195,18 @@ def test_under_a_time_budget_no_trial_starts_that_cannot_end_in_it():
 
 def test_a_budget_with_room_for_one_config_and_its_confirmation_measures_that_one():
     # the baseline, one config and a confirm round of it (and the baseline) take 20 s: the
-    # room kept for the confirm round counts the contenders found, not three yet to find
-    policy = _policy(_space(budget={"trials": 20, "time_s": 22}))
+    # room kept for the confirm round counts the contenders found, not three yet to find;
+    # that one config is the guides' advice: PyTorch's defaults would read as the baseline
+    space = _space(budget={"trials": 20, "time_s": 22})
+    policy = _policy(space)
     tasks = _run(policy, wall=5.0)
     assert [str(t.phase) for t in tasks] == ["baseline", "search", "confirm", "baseline"]
     assert len(tasks) * 5.0 <= 22 and policy.pick().row is not None
+    defaults, advice = space.start_points(CTX)[:2]
+    assert defaults != advice and policy.canon(tasks[1].config) == policy.canon(advice)
+    # with room for two configs, PyTorch's defaults come first, as without a budget
+    roomy = _run(_policy(_space(budget={"trials": 20, "time_s": 32})), wall=5.0)
+    assert sum(t.phase == "search" for t in roomy) == 2 and policy.canon(roomy[1].config) == policy.canon(defaults)
 
 
 def test_a_budget_keeps_room_for_the_contenders_within_noise_of_the_leader_alone():

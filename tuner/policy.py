@@ -170,6 +170,11 @@ class Clock:
             need += own_wall(records, first) or need
         return left >= need
 
+    def one_config_fits(self, now: float, records: list[dict], metric: str) -> bool:
+        """Whether the time left holds one typical trial and its confirmation but not two."""
+        left, need = self.left(now, records, metric), median_wall(records)
+        return left is not None and need is not None and need <= left < 2 * need
+
     def fitting(self, now: float, records: list[dict], rows: list[dict], with_base: bool) -> list[dict]:
         """Of a confirm round's contenders (best first), those whose re-measurements, with
         the baseline's (``with_base``), are expected to end within the budget. The room
@@ -421,6 +426,11 @@ class SearchPolicy:
             # measurement lost: the time goes to the confirm round instead
             self.search_ended = "time budget spent"
             return None
+        if not self.asked and not self.tried_before and self.clock.one_config_fits(now, self.records, self.metric):
+            # PyTorch's defaults in the optimized loop come first so that the pick is
+            # never slower than what the user has; with room for one config alone, that
+            # pick would be the baseline again, and the guides' advice is measured instead
+            getattr(self.study.sampler, "advice_first", lambda: None)()
         while not self._search_spent():
             trial = self.study.ask()
             self.search_space(trial)
