@@ -170,10 +170,13 @@ class Clock:
             need += own_wall(records, first) or need
         return left >= need
 
-    def one_config_fits(self, now: float, records: list[dict], metric: str) -> bool:
-        """Whether the time left holds one typical trial and its confirmation but not two."""
+    def few_configs_fit(self, now: float, records: list[dict], metric: str) -> bool:
+        """Whether the time left holds one typical trial and its confirmation, and at most
+        two such trials. Before the first config the typical trial is the baseline's, and
+        a config's own wall may run longer (workers to start, a larger batch): an estimate
+        of two may hold one."""
         left, need = self.left(now, records, metric), median_wall(records)
-        return left is not None and need is not None and need <= left < 2 * need
+        return left is not None and need is not None and need <= left < 3 * need
 
     def fitting(self, now: float, records: list[dict], rows: list[dict], with_base: bool) -> list[dict]:
         """Of a confirm round's contenders (best first), those whose re-measurements, with
@@ -426,10 +429,11 @@ class SearchPolicy:
             # measurement lost: the time goes to the confirm round instead
             self.search_ended = "time budget spent"
             return None
-        if not self.asked and not self.tried_before and self.clock.one_config_fits(now, self.records, self.metric):
+        if not self.asked and not self.tried_before and self.clock.few_configs_fit(now, self.records, self.metric):
             # PyTorch's defaults in the optimized loop come first so that the pick is
             # never slower than what the user has; with room for one config alone, that
-            # pick would be the baseline again, and the guides' advice is measured instead
+            # pick would be the baseline again: the guides' advice goes first (with room
+            # for two, the same two configs are measured, the defaults second)
             getattr(self.study.sampler, "advice_first", lambda: None)()
         while not self._search_spent():
             trial = self.study.ask()
