@@ -264,19 +264,19 @@ class LoadMeter:
         now = machine_cpu()
         if now is None:
             return None
-        wall_s = max(wall_s, time.perf_counter() - t0)  # the span the machine's figures cover
+        span = max(wall_s, time.perf_counter() - t0)  # what the machine's figures cover
         busy1, idle1, steal1 = now
         split = [b - a for a, b in zip(split0, self.probe.cpu_split_s(), strict=True)]
         tree = sum(split)
         gpu_others = self.nvml.other_processes() if self.nvml is not None else 0
         # at most the cores the trial left: /proc/stat counts in ticks, which over a
         # short window can add up to more than the machine has
-        others = min(busy1 - busy0 - tree, self.cpus * wall_s - tree)
-        return Load(other_cores=max(0.0, others / wall_s),
-                    tuner_cores=max(0.0, (self.probe.observers_cpu_s() - obs0) / wall_s),
-                    idle_cores=max(0.0, (idle1 - idle0) / wall_s), gpu_others=gpu_others,
-                    steal_cores=max(0.0, (steal1 - steal0) / wall_s),
-                    trial_cores=max(0.0, tree / wall_s), loader_cores=max(0.0, split[1] / wall_s))
+        others = min(busy1 - busy0 - tree, self.cpus * span - tree)
+        return Load(other_cores=max(0.0, others / span),
+                    tuner_cores=max(0.0, (self.probe.observers_cpu_s() - obs0) / span),
+                    idle_cores=max(0.0, (idle1 - idle0) / span), gpu_others=gpu_others,
+                    steal_cores=max(0.0, (steal1 - steal0) / span),
+                    trial_cores=max(0.0, tree / span), loader_cores=max(0.0, split[1] / span))
 
 
 class TreeActivity:
