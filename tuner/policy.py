@@ -171,12 +171,12 @@ class Clock:
         return left >= need
 
     def few_configs_fit(self, now: float, records: list[dict], metric: str) -> bool:
-        """Whether the time left holds one typical trial and its confirmation, and at most
-        two such trials. Before the first config the typical trial is the baseline's, and
-        a config's own wall may run longer (workers to start, a larger batch): an estimate
-        of two may hold one."""
+        """Whether the time left holds two typical trials and their confirmation at most
+        (that one fits is ``trial_fits``). Before the first config the typical trial is the
+        baseline's, and a config's own wall may run longer (workers to start, a larger
+        batch): an estimate of two may hold one."""
         left, need = self.left(now, records, metric), median_wall(records)
-        return left is not None and need is not None and need <= left < 3 * need
+        return left is not None and need is not None and left < 3 * need
 
     def fitting(self, now: float, records: list[dict], rows: list[dict], with_base: bool) -> list[dict]:
         """Of a confirm round's contenders (best first), those whose re-measurements, with

@@ -91,8 +91,8 @@ class GuidedSampler(optuna.samplers.BaseSampler):
 
     def advice_first(self) -> None:
         """Measure the second start (the guides' advice) before the first (PyTorch's
-        defaults): where the time left holds one config, the config likeliest to be
-        faster than what the user has, which the baseline already measured."""
+        defaults): where the time left holds two configs at most, the first is the config
+        likeliest to be faster than what the user has, which the baseline measured."""
         if len(self.starts) > 1 and not self._plans:
             self.starts[:2], self.split[:2] = self.starts[1::-1], self.split[1::-1]
 
