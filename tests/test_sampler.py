@@ -306,3 +306,34 @@ def test_a_search_its_loading_bounds_adds_workers_rather_than_threads(throughput
     assert [t.params for t in study.trials[:2]] == starts
     assert (study.trials[2].params["num_workers"] == 8) is throughput
     assert (study.best_value >= best * 0.999) is throughput
+
+
+@pytest.mark.parametrize(("peak_mb", "grown"), [(None, 128), (1000.0, 128), (3000.0, 64), (5000.0, None)])
+def test_on_a_gpu_the_best_config_is_measured_next_at_the_largest_batch_its_memory_fits(peak_mb, grown):
+    """After the starts, the best config measured in full is measured at the largest
+    micro-batch listed that its peak device memory, scaled with the batch, fits in 80% of
+    the device's (the largest listed where no memory was reported); once, and not on a CPU."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    defaults = {**START, "precision": "fp32", "num_workers": 0, "micro_batch_size": 16}
+
+    def run(grow):
+        sampler = GuidedSampler(DOMAIN, [defaults, START], key, seed=0, throughput=True, grow_batch=grow)
+        study = optuna.create_study(direction="maximize", sampler=sampler)
+        for _ in range(2):
+            trial = study.ask()
+            config = {k: trial.suggest_categorical(k, v) for k, v in DOMAIN.items()}
+            memory = {"peak_device_memory_mb": peak_mb * config["micro_batch_size"] / 32,
+                      "gpu_memory_mb": 10000.0} if peak_mb else {}
+            for k, v in {**memory, "data_wait_fraction": 0.0}.items():
+                trial.set_user_attr(k, v)
+            study.tell(trial, speed(config))
+        nxt = study.ask()
+        return {k: nxt.suggest_categorical(k, v) for k, v in DOMAIN.items()}, study
+
+    third, study = run(True)
+    assert [t.params for t in study.trials[:2]] == [defaults, START]
+    if grown is None:  # the advice's batch is the largest that fits: the model chooses
+        assert third not in ({**START, "micro_batch_size": 64}, {**START, "micro_batch_size": 128})
+    else:
+        assert third == {**START, "micro_batch_size": grown}
+    assert run(False)[0] != {**START, "micro_batch_size": 128}  # a CPU search: the model chooses

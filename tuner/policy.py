@@ -40,10 +40,10 @@ from tuner.records import (
     aggregate,
     best_of,
     cold_compile_of,
-    logged_metrics,
     no_winner_reason,
     objective_values,
     rank,
+    sampler_attrs,
     with_cold_compile,
     within_noise,
 )
@@ -627,11 +627,9 @@ class SearchPolicy:
         """Optuna is told a search record: its objective values, and its figures, status
         and reason as user attributes (what optuna-dashboard shows; the guided sampler
         weighs a screening figure less)."""
-        for k, v in logged_metrics(rec).items():
+        for k, v in sampler_attrs(rec).items():
             trial.set_user_attr(k, v)
         trial.set_user_attr("status", rec.get("status"))
-        if rec.get("screened"):
-            trial.set_user_attr("screened", True)
         if rec.get("reason"):
             trial.set_user_attr("reason", str(rec["reason"])[:500])
         values = list(objective_values(rec, self.space.model.objective).values())

@@ -325,6 +325,16 @@ def logged_metrics(record: dict) -> dict[str, float]:
             if isinstance(record.get(k), (int, float)) and not isinstance(record.get(k), bool)}
 
 
+def sampler_attrs(record: dict) -> dict:
+    """What Optuna's trial keeps of a search record as user attributes: its figures
+    (``logged_metrics``), whether it was screened (the guided sampler weighs a screening
+    figure less) and the device memory it had (the guided sampler sizes the micro-batch
+    from the peak it measured against it)."""
+    total = (record.get("hardware") or {}).get("gpu_memory_mb")
+    return {**logged_metrics(record), **({"screened": True} if record.get("screened") else {}),
+            **({"gpu_memory_mb": float(total)} if isinstance(total, (int, float)) else {})}
+
+
 def device_model(record: dict) -> str:
     """The GPU model a record was measured on, or "cpu"."""
     return (record.get("hardware") or {}).get("gpu") or record.get("gpu_model") or "cpu"

@@ -68,11 +68,15 @@ class GuidedSampler(optuna.samplers.BaseSampler):
             (``LoaderUse``), not by their count.
         throughput: the objective is samples/s, so the model is one of the pipeline's
             two stages (``Pipeline``): the step's rate, fitted, and the loading's, measured.
+        grow_batch: the trials run on GPUs and the micro-batch is searched: once a config
+            has been measured in full, the best one is measured at the largest micro-batch
+            its measured device memory says fits (``_grown``).
     """
 
     def __init__(self, domain: dict[str, list], start: dict | list[dict], canonical: Callable[[dict], Any],
                  direction: str = "maximize", seed: int | None = None, cores: int | None = None,
-                 fixed: dict | None = None, splits: list[dict] = (), throughput: bool = False):
+                 fixed: dict | None = None, splits: list[dict] = (), throughput: bool = False,
+                 grow_batch: bool = False):
         self.domain = dict(sorted(domain.items(), key=lambda kv: knobs.KNOBS[kv[0]].priority
                                   if kv[0] in knobs.KNOBS else 99))
         starts = start if isinstance(start, list) else [start]
@@ -86,6 +90,7 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         split_keys = {canonical({k: s[k] for k in self.domain}) for s in splits}
         self.split = [canonical(s) in split_keys for s in self.starts]
         self.throughput = throughput and direction == "maximize"
+        self.grow_batch = grow_batch and self.throughput and len(self.domain.get("micro_batch_size", ())) > 1
         self.fallback = optuna.samplers.TPESampler(seed=seed)
         self._plans: dict[int, dict | None] = {}
 
@@ -150,6 +155,9 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         if not done:
             return next((c for c in self._candidates(self.start) if self.canonical(c) not in seen),
                         self._untried(seen, number))
+        grown = self._grown(trials) if self.grow_batch else None
+        if grown is not None and self.canonical(grown) not in seen:
+            return grown
         full = [d for d in done if not d[2]]
         retry = self._screened_contender(full, done, number, use, pipe)
         if retry is not None:
@@ -172,6 +180,33 @@ class GuidedSampler(optuna.samplers.BaseSampler):
             if score > best_score + 1e-12:
                 best, best_score = candidate, score
         return best if best is not None else self._untried(seen, number)
+
+    def _grown(self, trials: list[FrozenTrial]) -> dict | None:
+        """The best config measured in full so far at the largest micro-batch listed that
+        its measured peak device memory, scaled with the batch, says fits (the largest
+        listed where a trial reported no memory), or None once a config at that batch has
+        been asked for. The guides: a GPU kept busy by larger batches spreads each step's
+        fixed costs (launches, host syncs, the optimizer) over more samples. The advice
+        does not start there because the largest listed may not fit, and an infeasible
+        start teaches the model that every value it holds is bad; one measured config
+        tells what fits, and this one move tells the model what the batch is worth."""
+        full = [t for t in trials if t.state == TrialState.COMPLETE and t.values
+                and not t.user_attrs.get("screened") and 0 < t.values[0] < 1e17]
+        if not full:
+            return None
+        best = max(full, key=lambda t: self.sign * t.values[0])
+        config = self._complete(best.params)
+        batch = config["micro_batch_size"]
+        peak, total = best.user_attrs.get("peak_device_memory_mb"), best.user_attrs.get("gpu_memory_mb")
+        fits = [b for b in self.domain["micro_batch_size"] if b > batch
+                and not (peak and total and peak * b / batch > MEMORY_FITS * total)]
+        if not fits:
+            return None
+        target = max(fits)
+        asked = [p for p in self._plans.values() if p is not None] + [self._complete(t.params) for t in trials]
+        if any(p["micro_batch_size"] == target for p in asked):
+            return None
+        return {**config, "micro_batch_size": target}
 
     def _settled(self, start: dict, done: list) -> dict:
         """``start`` with each knob that two measured starts settled between them: where
@@ -266,6 +301,12 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         i = values.index(value) if value in values else 0
         return [values[j] for j in (i + dist, i - dist) if 0 <= j < len(values)]
 
+
+# A micro-batch "fits" where the peak device memory measured at a smaller one, scaled in
+# proportion to the batch (an overestimate: weights and optimizer state do not grow with
+# it), stays within this share of the device's memory (the allocator's fragmentation and
+# cuDNN's workspaces take the rest).
+MEMORY_FITS = 0.8
 
 # Spaces up to this many configs have every config scored for the next trial.
 SCORE_ALL = 5000

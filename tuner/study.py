@@ -16,7 +16,7 @@ from typing import Any
 
 from tuner import knobs, spec
 from tuner.errors import ResultsUnwritable
-from tuner.records import logged_metrics, objective_values, read_trials
+from tuner.records import objective_values, read_trials, sampler_attrs
 from tuner.spec import Canonical, SearchSpace
 from tuner.tables import Progress
 
@@ -89,7 +89,8 @@ def make_sampler(space: spec.Space, ctx: knobs.Context, start: list[dict], split
 
         return GuidedSampler(space.searched, start, Canonical(space, ctx), direction=direction, seed=seed,
                              cores=ctx.cpu_count if ctx.device == "cpu" else None, fixed=space.fixed,
-                             splits=list(splits), throughput=m.objective.metric == "samples_per_sec")
+                             splits=list(splits), throughput=m.objective.metric == "samples_per_sec",
+                             grow_batch=ctx.device == "cuda")
     if m.sampler == "tpe":
         return optuna.samplers.TPESampler(seed=seed)
     if m.sampler == "random":
@@ -175,7 +176,7 @@ def repair_study(space: spec.Space, ctx: knobs.Context, study: Any, previous: li
         values = list(objective_values(r, space.model.objective).values())
         # with the figures the sampler reads (a screened figure weighs less; the cores the
         # workers used), as the live trial told them
-        attrs = {**logged_metrics(r), **({"screened": True} if r.get("screened") else {})}
+        attrs = sampler_attrs(r)
         study.add_trial(optuna.trial.create_trial(
             params=params, distributions={k: CategoricalDistribution(space.searched[k]) for k in params},
             values=values, user_attrs=attrs))
