@@ -10,7 +10,9 @@
 # and, in another session, one of:
 #   MODELS=gpt2_124m TRUTH_S=320 bash benchmarks/gpu_check.sh setup truth
 #   MODELS=resnet50 TRUTH_S=540 bash benchmarks/gpu_check.sh setup truth
-#   SPACES=gpu_resnet50 SEARCH_S=540 BUDGET=450 bash benchmarks/gpu_check.sh setup search
+#   SPACES=gpu_resnet50 SEARCH_S=510 BUDGET=480 PICK_S=200 bash benchmarks/gpu_check.sh setup search pickbest
+#     (the search measured 10 configs in 368 s on an H200, then the pick against the landscape's
+#     best took 150 s a round: a whole call of 600 s)
 #   LANDSCAPE=gpu_resnet50 LANDSCAPE_S=500 bash benchmarks/gpu_check.sh setup landscape   (again to finish it)
 #   LANDSCAPE_S=500 bash benchmarks/gpu_check.sh setup cpu16    (again to finish it)
 #   PAIRS_S=400 bash benchmarks/gpu_check.sh setup pairs
@@ -43,7 +45,15 @@ for stage in "$@"; do
           --results-dir /tmp/results --quiet 2>&1 | tee "$OUT/${space}_search.log"
         cp "/tmp/results/$space/trials.jsonl" "$OUT/${space}_trials.jsonl"
         cp "/tmp/results/$space/summary.json" "$OUT/${space}_summary.json" 2>/dev/null
+        cp "/tmp/results/$space/space.yaml" "$OUT/${space}_space.yaml" 2>/dev/null  # the budget it ran under
         python3 -m tuner show "/tmp/results/$space" >> "$OUT/${space}_search.log" 2>&1
+      done ;;
+    pickbest)  # each searched space's pick against its landscape's best config, side by side (after `search`)
+      out=$(cd "$OUT" && pwd)
+      for space in ${SPACES:-gpu_resnet50}; do
+        (cd benchmarks && timeout "${PICK_S:-300}" python3 pick_vs_best.py --results "/tmp/results/$space" \
+          --landscape "$space" --space "../search_spaces/$space.yaml" --rounds "${ROUNDS:-2}" \
+          --deadline-s "$(( ${PICK_S:-300} - 10 ))" --out "$out/${space}_pick_vs_best.json") 2>&1 | tee "$OUT/${space}_pick_vs_best.log"
       done ;;
     truth)  # bench against a plain loop on GPT-2 124M and ResNet-50, interleaved
       m=${MODELS:-gpt2_124m,resnet50}

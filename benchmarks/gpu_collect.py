@@ -33,6 +33,11 @@ PUBLISHED = {
 }
 
 
+# The knobs of a GPU search's space that a page row shows of a config.
+SHOWN = ("precision", "micro_batch_size", "num_workers", "persistent_workers", "pin_memory", "non_blocking",
+         "compile", "channels_last", "cudnn_benchmark", "tf32", "fused_optimizer")
+
+
 def _doctor_gpu(folder: Path) -> str | None:
     """The GPU the last `setup` stage saw (``doctor.log``'s "gpu 0" line): the tests ran there."""
     text = (folder / "doctor.log").read_text() if (folder / "doctor.log").is_file() else ""
@@ -76,7 +81,8 @@ def _search(folder: Path, space: str) -> dict | None:
     summary = json.loads((folder / f"gpu_{space}_summary.json").read_text())
     best = summary["best"]
     pick = [r for r in records if r.get("config") == best["config"] and r.get("status") == "ok"]
-    searched = [r for r in records if r.get("phase") == "search"]
+    # a config held back unrun (a compiled config under a time budget: its eager twin runs) is no measurement
+    searched = [r for r in records if r.get("phase") == "search" and not r.get("skipped")]
 
     def med(key: str) -> float | None:
         xs = [r[key] for r in pick if r.get(key) is not None]
@@ -84,13 +90,13 @@ def _search(folder: Path, space: str) -> dict | None:
 
     # parts of this page may come from different lent machines: each search names its own
     out = {"space": f"search_spaces/gpu_{space}.yaml", "gpu": summary.get("hardware", {}).get("gpu"),
-           "date": time.strftime("%Y-%m-%d", time.gmtime(min(r["started_at"] for r in records))),
+           "date": time.strftime("%Y-%m-%d", time.gmtime(min(r["started_at"] for r in records if "started_at" in r))),
            "configs_measured": len(searched),
-           "measurements": len(records), "baseline_samples_per_sec": summary["baseline"]["samples_per_sec"],
+           "measurements": len([r for r in records if not r.get("skipped")]),
+           "time_budget_s": _budget(folder / f"gpu_{space}_space.yaml"), "ended": (summary.get("policy") or {}).get("ended"),
+           "pick_joules_per_sample": best.get("joules_per_sample"), "baseline_samples_per_sec": summary["baseline"]["samples_per_sec"],
            "pick_samples_per_sec": best["samples_per_sec"], "speedup": summary["speedup_vs_baseline"],
-           "pick": {k: v for k, v in best["config"].items() if k in (
-               "precision", "micro_batch_size", "num_workers", "persistent_workers", "pin_memory", "non_blocking",
-               "compile", "channels_last", "cudnn_benchmark", "tf32", "fused_optimizer")},
+           "pick": {k: v for k, v in best["config"].items() if k in SHOWN},
            "pick_mfu": med("mfu"), "pick_tflops": med("achieved_tflops"), "gpu_util_pct": med("gpu_util_pct"),
            "gpu_power_w": med("gpu_power_w"), "gpu_sm_clock_mhz": med("gpu_sm_clock_mhz"),
            "gpu_memory_used_mb": med("gpu_memory_used_mb"), "peak_device_memory_mb": best.get("peak_device_memory_mb"),
@@ -103,6 +109,57 @@ def _search(folder: Path, space: str) -> dict | None:
         out["wall_s"] = int(wall.group(3))
     if f"gpu_{space}" in PUBLISHED:
         out["published"] = PUBLISHED[f"gpu_{space}"]
+    side = folder / f"gpu_{space}_pick_vs_best.json"
+    if side.is_file():
+        out["pick_vs_best"] = _pick_vs_best(json.loads(side.read_text()))
+    return out
+
+
+def _budget(space_file: Path) -> float | None:
+    """The ``--time-budget`` a search ran under (its results folder's ``space.yaml``)."""
+    if not space_file.is_file():
+        return None
+    found = re.search(r"^\s+time_s:\s*([\d.]+)", space_file.read_text(), re.M)
+    return float(found.group(1)) if found else None
+
+
+def _pick_vs_best(data: dict) -> dict:
+    """``benchmarks/pick_vs_best.py``'s runs: each side's median rate and J/sample."""
+    def med(side: str, key: str) -> float | None:
+        xs = [r[key] for r in data["runs"] if r["side"] == side and r.get(key) is not None]
+        return statistics.median(xs) if xs else None
+
+    return {"date": data["date"][:10], "landscape": data["landscape"], "rounds": max(r["round"] for r in data["runs"]),
+            "runs": len(data["runs"]), "pick_over_best": data.get("pick_over_best"),
+            "best": {k: v for k, v in data["configs"]["best"].items() if k in SHOWN}, "landscape_best_figures": data["landscape_best_figures"],
+            **{f"{side}_{k}": med(side, k) for side in ("pick", "best")
+               for k in ("samples_per_sec", "joules_per_sample", "gpu_power_w", "peak_device_memory_mb")}}
+
+
+def _pairs(folder: Path) -> dict:
+    """The input pipeline's and the hot path's pairs on the GPU (``gpu_check.sh pairs``): the
+    augment pair's JSON, and the hot-path pairs' lines of a log where the run was cut before
+    its JSON (the script writes it at its end)."""
+    out: dict = {}
+    aug = folder / "augment_pairs_gpu.json"
+    if aug.is_file():
+        d = json.loads(aug.read_text())
+        out["augment"] = {"date": d["date"][:10], "rounds": d["rounds"], "workload": d["workload"], "args": d["args"],
+                          "config": d["config"], "pair": d["pair"],
+                          "host": statistics.median(x["samples_per_sec"] for x in d["uncached"]),
+                          "device": statistics.median(x["samples_per_sec"] for x in d["cached"]),
+                          "device_over_host": d["cached_over_uncached"], "interval_90": d["interval_90"],
+                          "data_wait_host": statistics.median(x["data_wait_fraction"] for x in d["uncached"]),
+                          "data_wait_device": statistics.median(x["data_wait_fraction"] for x in d["cached"])}
+    hot = folder / "hotpath_pairs_gpu.json"
+    log = folder / "hotpath_pairs_gpu.log"
+    if hot.is_file():
+        out["hotpath"] = {"complete": True, **json.loads(hot.read_text())}
+    elif log.is_file():
+        rows: dict = {}
+        for mode, side, rate in re.findall(r"^compile (\S+) (defects|fixed): ([\d.]+)$", log.read_text(), re.M):
+            rows.setdefault(mode, {})[side] = float(rate)
+        out["hotpath"] = {"complete": False, "log": f"benchmarks/out/gpu/{log.name}", "rounds": 1, "rows": rows}
     return out
 
 
@@ -116,7 +173,7 @@ def main() -> None:
     data = {"date": dates[-1] if dates else None, "hardware": {"gpu": device.get("gpu"), **device},
             "command": "bash benchmarks/gpu_check.sh setup tests truth search; python benchmarks/gpu_collect.py",
             "doctor": [line.strip() for line in doctor.splitlines() if line.strip()],
-            "tests": _tests(folder), "truth": truth, "searches": searches}
+            "tests": _tests(folder), "truth": truth, "searches": searches, "pairs": _pairs(folder)}
     out = HERE / "out" / "gpu.json"
     out.write_text(json.dumps(data, indent=2, default=str))
     print(f"wrote {out}")

@@ -432,13 +432,15 @@ def _gpu(data: dict) -> list[str]:
             "step). MFU: model FLOPs (`flops_per_sample`) per second over the dense peak of the pick's "
             "precision (989 TFLOP/s bf16 on an H100 or H200; 67 fp32 without TF32, so the fp32 baseline's MFU is "
             "against that).", "",
-            "| model | GPU, date | configs | wall s | baseline | pick | speed-up | pick MFU | TFLOP/s | GPU util | "
-            "power W | peak MB | pick |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "| model | GPU, date | time budget s | configs | wall s | baseline | pick | speed-up | pick MFU | TFLOP/s | "
+            "GPU util | power W | J/sample | peak MB | pick |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, r in data["searches"].items():
-        out.append(f"| {name} | {r.get('gpu') or hw.get('gpu')}, {r.get('date', '?')} | {r['configs_measured']} | {r.get('wall_s', '?')} | {r['baseline_samples_per_sec']:.1f} | "
-                   f"{r['pick_samples_per_sec']:.1f} | {r['speedup']:.2f}x | {r['pick_mfu']:.1%} | "
-                   f"{r['pick_tflops']:.0f} | {r['gpu_util_pct']:.0f}% | {r['gpu_power_w']:.0f} | "
-                   f"{r['peak_device_memory_mb']:,.0f} | {_short(r['pick'])} |")
+        joules, budget = r.get("pick_joules_per_sample"), r.get("time_budget_s")
+        out.append(f"| {name} | {r.get('gpu') or hw.get('gpu')}, {r.get('date', '?')} | "
+                   f"{f'{budget:.0f}' if budget else '?'} | {r['configs_measured']} | {r.get('wall_s', '?')} | "
+                   f"{r['baseline_samples_per_sec']:.1f} | {r['pick_samples_per_sec']:.1f} | {r['speedup']:.2f}x | "
+                   f"{r['pick_mfu']:.1%} | {r['pick_tflops']:.0f} | {r['gpu_util_pct']:.0f}% | {r['gpu_power_w']:.0f} | "
+                   f"{f'{joules:.3f}' if joules else '-'} | {r['peak_device_memory_mb']:,.0f} | {_short(r['pick'])} |")
     for name, r in data["searches"].items():
         best = max((t for t in data["truth"] if t["model"] == name), key=lambda t: t["bench"], default=None)
         if best and r.get("gpu", hw.get("gpu")) == hw.get("gpu") and best["bench"] > r["pick_samples_per_sec"]:
@@ -447,9 +449,45 @@ def _gpu(data: dict) -> list[str]:
                        f"{r['pick_samples_per_sec'] / same[0]:.2f} of a config bench measured in the table above "
                        f"({', '.join(f'{x:.0f}' for x in same)} in {len(same)} runs: {_short(best['config'])}): "
                        f"in {r.get('wall_s', '?')} s the search measured {r['configs_measured']} configs.")
+        side = r.get("pick_vs_best")
+        if side:
+            pj, bj = side.get("pick_joules_per_sample"), side.get("best_joules_per_sample")
+            energy = (f"; J/sample {pj:.3f} against {bj:.3f} (NVML board power {side['pick_gpu_power_w']:.0f} W "
+                      f"against {side['best_gpu_power_w']:.0f} W)") if pj and bj else ""
+            out.append(f"\n{name}: the pick against the best config of the `{side['landscape']}` landscape "
+                       f"({_short(side['best'])}; its recorded figures "
+                       f"{', '.join(f'{x:.0f}' for x in side['landscape_best_figures'])}), each by `tuner bench` in a "
+                       f"fresh process, interleaved (`benchmarks/pick_vs_best.py`, {side['date']}, {side['runs']} runs "
+                       f"in {side['rounds']} round{'s' if side['rounds'] > 1 else ''}): {side['pick_samples_per_sec']:.0f} "
+                       f"against {side['best_samples_per_sec']:.0f} samples/s, {side['pick_over_best']:.3f} of it{energy}.")
         if r.get("published"):
             out.append(f"\n{name}: the pick's MFU {r['pick_mfu']:.1%}{on_gpu(r)} against {r['published']['mfu']:.0%} "
                        f"published: {r['published']['what']}.")
+    return out + _gpu_pairs(data.get("pairs") or {})
+
+
+def _gpu_pairs(pairs: dict) -> list[str]:
+    """The input pipeline's and the hot path's pairs on the GPU (``gpu_check.sh pairs``)."""
+    out = []
+    a = pairs.get("augment")
+    if a:
+        lo, hi = a["interval_90"]
+        out += ["", f"**The augment on the GPU** (`benchmarks/cache_pairs.py --device cuda --augment`, {a['date']}, "
+                f"{a['rounds']} round{'s' if a['rounds'] > 1 else ''}; `{a['workload']}` {_short(a['args'])}, "
+                f"{_short(a['config'])}, the dataset cached): the per-batch augment on the host "
+                f"{a['host']:,.0f} samples/s (data wait {a['data_wait_host']:.0%}), on the GPU {a['device']:,.0f} "
+                f"({a['data_wait_device']:.0%}): {a['device_over_host']:.2f}x"
+                + (f" (90% {lo:.2f}-{hi:.2f})." if hi != float("inf") else "; one round gives no interval.")]
+    h = pairs.get("hotpath")
+    if h and not h.get("complete"):
+        rows = "; ".join(f"compile {mode}: " + ", ".join(f"{side} {rate:,.0f}" for side, rate in r.items())
+                         + (f" ({r['fixed'] / r['defects']:.2f}x)" if {"fixed", "defects"} <= r.keys() else "")
+                         for mode, r in h["rows"].items())
+        out += ["", f"**The hot-path pairs on the GPU** (`benchmarks/hotpath_pairs.py --device cuda`, one round, cut "
+                f"by its time limit before the compiled pair's fixed side; `{h['log']}`): samples/s, {rows}. One "
+                "round gives no interval."]
+    elif h:
+        out += ["", "**The hot-path pairs on the GPU**", ""] + _hotpath_pairs(h)
     return out
 
 
