@@ -402,3 +402,24 @@ def test_on_16_cores_the_search_finds_the_split_its_pipeline_needs(per_process):
         now += 5.0
     best = max(measure(dict(zip(knob_values, v, strict=True)))[0] for v in itertools.product(*knob_values.values()))
     assert measure(policy.pick().row["config"])[0] == pytest.approx(best)
+
+
+@pytest.mark.parametrize(("mb_per_sample", "grown"), [(100.0, True), (200.0, False)])
+def test_on_a_gpu_the_third_config_is_the_best_start_at_the_largest_batch_its_measured_memory_fits(
+        mb_per_sample, grown):
+    """The records' peak device memory and the device's memory reach the guided sampler
+    through Optuna (a GPU context: no GPU is needed to decide, only its figures)."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    policy = SearchPolicy(_space(budget={"trials": 4}), knobs.Context(device="cuda", cpu_count=8))
+    searched = []
+    while not isinstance(task := policy.next(5.0 * len(searched)), Done):
+        rec = _measure(task)
+        rec.update(peak_device_memory_mb=mb_per_sample * task.config["micro_batch_size"],
+                   hardware={"gpu_memory_mb": 10000.0})
+        searched += [task.config] if task.phase == "search" else []
+        policy.on_result(task, rec)
+    advice = searched[1]
+    assert advice["micro_batch_size"] == 32  # on a GPU the advice keeps its batch
+    third = {k: searched[2][k] for k in ("precision", "num_workers", "micro_batch_size")}
+    # 64 samples: 6,400 MB of 10,000 fits in 80%; 12,800 does not
+    assert (third == {**{k: advice[k] for k in third}, "micro_batch_size": 64}) is grown
