@@ -487,11 +487,20 @@ def _gpu_pairs(pairs: dict) -> list[str]:
                 f"by its time limit before the compiled pair's fixed side; `{h['log']}`): samples/s, {rows}. One "
                 "round gives no interval."]
     elif h:
-        out += ["", "**The hot-path pairs on the GPU**", ""] + _hotpath_pairs(h)
+        out += ["", "**The hot-path pairs on the GPU**", ""] + _hotpath_table(h)
     return out
 
 
 def _hotpath_pairs(data: dict) -> list[str]:
+    return _hotpath_table(data) + [
+        "", "On a CPU a host sync waits for nothing (there is no device queue) and the builtins cost "
+        "microseconds: the eager pair is a step this small and the rounds' noise; where a ratio's "
+        "interval holds 1, the fix's gain is not measured. Under compile the recompile every step "
+        "(until dynamo gives up and runs the function eagerly) and the graph break are what the "
+        "second row costs. The sync's stall is a GPU's (benchmarks/gpu_check.sh pairs)."]
+
+
+def _hotpath_table(data: dict) -> list[str]:
     out = [f"`{data['workload']}`, micro-batch 8, {data['rounds']} interleaved rounds of `tuner bench` per side "
            f"(order alternated; windows {data['measure']}).", "",
            "| compile | with the defects, samples/s | fixed, samples/s | fixed / defects (90% interval) | "
@@ -505,11 +514,7 @@ def _hotpath_pairs(data: dict) -> list[str]:
                    f"{statistics.median(p['fixed_samples_per_sec']):,.1f} | {p['fixed_over_defects']:.2f}x "
                    f"({lo:.2f}-{hi:.2f}) | {', '.join(f'{k} {n}' for k, n in kinds.items())} | "
                    f"{len(p['found_when_fixed']) or 'none'} |")
-    return out + ["", "On a CPU a host sync waits for nothing (there is no device queue) and the builtins cost "
-                  "microseconds: the eager pair is a step this small and the rounds' noise; where a ratio's "
-                  "interval holds 1, the fix's gain is not measured. Under compile the recompile every step "
-                  "(until dynamo gives up and runs the function eagerly) and the graph break are what the "
-                  "second row costs. The sync's stall is a GPU's (benchmarks/gpu_check.sh pairs)."]
+    return out
 
 
 def _cache_pairs(data: dict) -> list[str]:
