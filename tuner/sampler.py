@@ -7,7 +7,9 @@ fp32 and the advice with the other splits of the cores between intra-op threads 
 DataLoader workers: ``Space.start_points``); where two measured starts differ in one knob
 alone, the starts after them take the value of that pair that read faster, and once a
 trial's workers reported the cores they used, the splits' threads are what those cores
-leave (``LoaderUse``). Each next trial is the untried config of highest expected
+leave (``LoaderUse``). On GPUs, once the starts are asked and one config is measured in
+full, the best so far is measured at the largest micro-batch its measured device memory
+fits (``_grown``). Each next trial is the untried config of highest expected
 improvement under a Bayesian ridge model of log-throughput: one effect per (knob, value),
 one per pair of knob values, and, on CPUs, a term for intra-op threads that DataLoader
 workers leave without cores (``oversubscription``); for a samples/s objective the model
