@@ -73,3 +73,15 @@ def test_a_churning_host_heap_is_flagged_with_the_knob_that_fixes_it():
     assert not [f for f in diagnose(settled).flags if "page faults" in f]
     on_gpu = {**rec, "peak_device_memory_mb": 5000.0, "hardware": {"gpu_memory_mb": 80000}}
     assert not [f for f in diagnose(on_gpu).flags if "page faults" in f]
+
+
+@pytest.mark.parametrize(("other_cores", "blamed"), [(0.3, False), (4.0, True), (None, True)])
+def test_spread_windows_blame_another_process_only_where_the_load_beside_them_says_so(other_cores, blamed):
+    """Windows other load kept from their cores are measured again: where the load meter saw
+    little beside the kept ones, the spread is named the workload's own."""
+    rec = {"status": "ok", "samples_per_sec": 2375.0, "config": {"micro_batch_size": 128},
+           "peak_device_memory_mb": 5754.0, "hardware": {"gpu_memory_mb": 143155, "cpu_count": 16},
+           "data_wait_fraction": 0.14, "samples_per_sec_spread": 0.27, "interference_cores": other_cores}
+    [flag] = [f for f in diagnose(rec).flags if "spread 27%" in f]
+    assert (("another process" in flag or "other processes used 4.0 of 16" in flag) is blamed
+            and ("the workload's own pace" in flag) is not blamed)

@@ -28,6 +28,7 @@ GPU_IDLE = 60.0  # % utilization below this with little data wait: the host hold
 MEMORY_NEAR = 0.90  # peak above this share of capacity (or of max_memory_mb)
 COMPILE_HEAVY = 0.25  # compile above this share of the projected run
 NOISY = 0.20  # windows spread above this
+OTHER_LOAD = 0.10  # of the machine's cores beside a trial's windows: measure.max_interference's default
 # Page faults per step above this, with glibc moving its thresholds by itself: the heap
 # churns, and where those thresholds settle is drawn per process (tens with malloc_retain).
 CHURN_FAULTS = 1000
@@ -139,8 +140,23 @@ def _flags(record: dict, c: dict, on_gpu: bool) -> list[str]:
                      f"may read several percent faster or slower{first}; malloc_retain=true fixes them")
     spread = record.get("samples_per_sec_spread")
     if spread is not None and spread >= NOISY:
-        flags.append(f"timing windows spread {spread:.0%}: another process may share this machine")
+        flags.append(f"timing windows spread {spread:.0%}: {_why_spread(record)}")
     return flags
+
+
+def _why_spread(record: dict) -> str:
+    """What the load beside the windows says of their spread: a window that other load
+    kept from its cores is measured again, so where the load meter saw little beside the
+    kept ones the spread is the workload's own (an epoch start in a window, data waits,
+    a GPU's clocks), and blaming another process sends the user to look for none."""
+    other, cpus = record.get("interference_cores"), (record.get("hardware") or {}).get("cpu_count")
+    if other is None or not cpus:
+        return "another process may share this machine"
+    if other >= OTHER_LOAD * cpus:
+        return f"other processes used {other:.1f} of {cpus} cores beside its windows (`tuner doctor` names them)"
+    return (f"other load beside its windows was {other:.1f} of {cpus} cores, so the spread is the workload's "
+            "own pace (an epoch start, data waits, the device's clocks); more windows (measure.min_windows) "
+            "steady its figure")
 
 
 def _memory(record: dict, max_memory_mb: float | None) -> tuple[float | None, float | None]:
