@@ -164,3 +164,21 @@ def test_a_row_s_other_figures_come_from_the_measurements_its_objective_does():
     # without confirm rounds, every measurement counts
     row, = aggregate([search, {**search, "samples_per_sec": 110.0}], "samples_per_joule")
     assert row["samples_per_sec"] == pytest.approx(120.0)
+
+
+def test_a_config_held_back_unrun_is_a_row_of_no_measurement_not_an_infeasible_one():
+    """A compiled config held back under a GPU time budget (its eager twin runs in its place)
+    is shown as not run, with nothing measured; one skipped because it would hang as a
+    measured one did stays infeasible; once a held config is measured, it is an ordinary row."""
+    from tuner.records import aggregate
+
+    held = {"phase": "search", "key": "held", "config": {"compile": "default"}, "status": "infeasible",
+            "error_kind": "held", "skipped": True, "samples_per_sec": None, "reason": "not run in the search"}
+    hang = {**held, "key": "hang", "error_kind": "timeout", "reason": "would hang"}
+    rows = {r["key"]: r for r in aggregate([held, hang], "samples_per_sec")}
+    assert rows["held"]["held"] and rows["held"]["measurements"] == 0 and not rows["held"]["feasible"]
+    assert not rows["hang"]["held"] and rows["hang"]["measurements"] == 0
+    measured = {**held, "status": "ok", "error_kind": None, "skipped": False, "samples_per_sec": 100.0,
+                "phase": "search"}
+    row, = aggregate([held, measured], "samples_per_sec")
+    assert row["feasible"] and not row["held"] and row["measurements"] == 1

@@ -363,13 +363,16 @@ def aggregate(records: list[Record], metric: str) -> list[dict]:
         ok = quiet or full or measured
         values = [r[metric] for r in ok]
         row = {
-            "key": key, "device_model": model, "config": rs[0]["config"], "measurements": len(rs),
+            "key": key, "device_model": model, "config": rs[0]["config"],
+            "measurements": sum(not r.get("skipped") for r in rs),  # a config not run measured nothing
             "feasible": bool(measured) and len(measured) == len(rs),
             "disturbed": bool(full) and not quiet,
             "screened": bool(measured) and not full,
             "error": _row_error(ok, values),
             "confirm_measurements": sum(1 for r in ok if r.get("confirm_round")),  # the figure is their median if any
             "reason": next((r.get("reason") for r in rs if r.get("status") != "ok"), None),
+            # held back unrun (a compiled config under a GPU time budget): not known infeasible
+            "held": all(r.get("error_kind") == "held" for r in rs),
             metric: _pooled_median(ok, metric) if values else None,
             "values": values,
             "spread": (max(values) - min(values)) / statistics.median(values) if len(values) > 1 else None,

@@ -303,7 +303,9 @@ def summarize(space: spec.Space, records: list[dict], baseline: dict, *, describ
         "speedup_vs_baseline": best_speedup,
         "top": [_public(r) for r in winner_first(ranked, best)[:5]],
         "pareto": [_public(r) for r in pareto_front(rows, metric)] if m.objective.memory else None,
-        "infeasible": [{"config": r["config"], "reason": r["reason"]} for r in rows if not r["feasible"]],
+        "infeasible": [{"config": r["config"], "reason": r["reason"]} for r in rows
+                       if not r["feasible"] and not r.get("held")],
+        "held": [{"config": r["config"], "reason": r["reason"]} for r in rows if r.get("held")],
         "trials": len(search),
         "measurements": len(records),
         "device": device,

@@ -56,7 +56,7 @@ def print_show(res: Results, out: Any = None, limit: int | None = None) -> None:
     cap = res.space.constraints.max_memory_mb
     for i, r in enumerate(rows[:limit] if limit else rows, 1):
         status = ("screened" if r.get("screened") else "disturbed" if r.get("disturbed") else "ok") \
-            if r["feasible"] else "infeasible"
+            if r["feasible"] else "not run" if r.get("held") else "infeasible"
         spread = f"{r['spread'] * 100:.1f}%" if r.get("spread") is not None else "-"
         sp = res.speedup(r)
         detail = diff_from_default(r["config"])
@@ -230,8 +230,11 @@ def print_summary(summary: dict, out: Any = None) -> None:
     bv = "-" if base_v is None else f"{base_v:,.1f}"
     print(f"{'b':>2}  {bv:>16}  {'':>7}  {base.get('measurements') or 1:>2}  {'1.00x':>7}  {'':>9}  baseline (plain PyTorch loop)"
           + (f" {base['status']}: {base['reason']}" if base.get("status") != "ok" else ""), file=out)
-    for r in summary["infeasible"][:10]:
-        print(f"infeasible: {r['reason']}  ({', '.join(f'{k}={v}' for k, v in r['config'].items() if k in ('precision', 'micro_batch_size', 'num_workers', 'compile'))})", file=out)
+    for what, rs in (("infeasible", summary["infeasible"]), ("not run", summary.get("held") or [])):
+        for r in rs[:10]:
+            shown = ", ".join(f"{k}={v}" for k, v in r["config"].items()
+                              if k in ("precision", "micro_batch_size", "num_workers", "compile"))
+            print(f"{what}: {r['reason']}  ({shown})", file=out)
     if summary.get("disturbed_measurements"):
         print(f"disturbed: {summary['disturbed_measurements']} measurement(s) stayed disturbed by other load "
               f"on the machine; they are marked (show) and never pick the winner", file=out)
