@@ -29,21 +29,21 @@ FIGURES = ("samples_per_sec", "joules_per_sample", "gpu_power_w", "peak_device_m
 
 
 def landscape_best(name: str) -> tuple[dict, list[float]]:
-    """The landscape's config with the highest median figure, resolved in full, and its figures."""
-    data = json.loads((HERE / "landscapes" / f"{name}.json").read_text())
-    figures: dict[str, list[float]] = {}
-    resolved: dict[str, dict] = {}
-    for row in data["grid"]:
-        if row.get("samples_per_sec"):
-            key = json.dumps(row["config"], sort_keys=True)
-            figures.setdefault(key, []).append(row["samples_per_sec"])
-            resolved[key] = json.loads(row["key"])
-    for row in data.get("repeats") or []:  # a repeat's figures begin with the grid's own
-        key = json.dumps(row["config"], sort_keys=True)
-        if key in figures:
-            figures[key] = list(row["samples_per_sec"])
-    best = max(figures, key=lambda k: statistics.median(figures[k]))
-    return resolved[best], figures[best]
+    """The config the replay judges best on the landscape (``search_replay.judged_rates``:
+    the mean of its repeats where the top configs have them, else first figures), resolved
+    in full as the landscape ran it, and its recorded figures."""
+    from search_replay import _load, judged_rates
+
+    from tuner.spec import Canonical, SearchSpace
+
+    landscape, space, ctx = _load(name)
+    canon, ss = Canonical(space, ctx), SearchSpace(space, ctx)
+    rates, _ = judged_rates(landscape, canon, ss)
+    best = max(rates, key=rates.get)
+    row = next(g for g in landscape["grid"] if canon(ss.active(g["config"])) == best)
+    repeats = next((r["samples_per_sec"] for r in landscape.get("repeats") or []  # they begin with the grid's
+                    if canon(ss.active(r["config"])) == best), [row["samples_per_sec"]])
+    return json.loads(row["key"]), list(repeats)
 
 
 def settable(config: dict) -> dict:
