@@ -119,8 +119,10 @@ def _budget(space_file: Path) -> float | None:
     """The ``--time-budget`` a search ran under (its results folder's ``space.yaml``)."""
     if not space_file.is_file():
         return None
-    found = re.search(r"^\s+time_s:\s*([\d.]+)", space_file.read_text(), re.M)
-    return float(found.group(1)) if found else None
+    import yaml
+
+    time_s = (yaml.safe_load(space_file.read_text()).get("budget") or {}).get("time_s")
+    return float(time_s) if time_s is not None else None
 
 
 def _pick_vs_best(data: dict) -> dict:
