@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tuner import knobs
+from tuner.settings import MeasureSettings
 
 # Where the recipes come from (../shared/guides), cited in recommendations.
 GUIDES = {
@@ -28,7 +29,6 @@ GPU_IDLE = 60.0  # % utilization below this with little data wait: the host hold
 MEMORY_NEAR = 0.90  # peak above this share of capacity (or of max_memory_mb)
 COMPILE_HEAVY = 0.25  # compile above this share of the projected run
 NOISY = 0.20  # windows spread above this
-OTHER_LOAD = 0.10  # of the machine's cores beside a trial's windows: measure.max_interference's default
 # Page faults per step above this, with glibc moving its thresholds by itself: the heap
 # churns, and where those thresholds settle is drawn per process (tens with malloc_retain).
 CHURN_FAULTS = 1000
@@ -152,7 +152,8 @@ def _why_spread(record: dict) -> str:
     other, cpus = record.get("interference_cores"), (record.get("hardware") or {}).get("cpu_count")
     if other is None or not cpus:
         return "another process may share this machine"
-    if other >= OTHER_LOAD * cpus:
+    # the share of the cores beside a window above which the windows read as disturbed
+    if other >= MeasureSettings.model_fields["max_interference"].default * cpus:
         return f"other processes used {other:.1f} of {cpus} cores beside its windows (`tuner doctor` names them)"
     return (f"other load beside its windows was {other:.1f} of {cpus} cores, so the spread is the workload's "
             "own pace (an epoch start, data waits, the device's clocks); more windows (measure.min_windows) "
