@@ -44,3 +44,20 @@ def test_progress_line_counts_trials_and_the_best(capsys):
     err = capsys.readouterr().err
     assert "[2/4]" in err and "best 150.0 samples_per_sec" in err and "(1.50x baseline)" in err
     assert "trial infeasible: out of memory" in err
+
+
+def test_progress_in_a_log_prints_a_line_only_where_there_is_news(capsys):
+    """Redirected (stderr not a terminal, as under pytest's capture or in a Ray job's log),
+    a confirm round's record adds no line of its own: the next task's line says what runs;
+    a baseline's record says its figure."""
+    p = Progress(total=2, metric="samples_per_sec", quiet=False)
+    assert not p.tty
+    p.update({"phase": "baseline", "status": "ok", "samples_per_sec": 100.0})
+    p.update({"phase": "search", "status": "ok", "samples_per_sec": 150.0})
+    p.update(msg="confirm round 1: re-measuring a contender within noise of the leader, interleaved")
+    p.update({"phase": "confirm", "status": "ok", "samples_per_sec": 149.0})
+    p.update({"phase": "confirm", "status": "infeasible", "reason": "out of memory", "samples_per_sec": None})
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 4, lines
+    assert "baseline 100.0 samples_per_sec" in lines[0] and "[1/2]" in lines[1] and "confirm round 1" in lines[2]
+    assert "trial infeasible: out of memory" in lines[3]

@@ -160,7 +160,9 @@ def print_bench(result: dict, out: Any = None) -> None:
 
 
 class Progress:
-    """One status line: trials done/total, best so far and its speedup, elapsed."""
+    """One status line: trials done/total, best so far and its speedup, elapsed. On a
+    terminal the line is rewritten in place; in a log (a Ray job's, a redirected stderr)
+    each line is news: a search trial done, a baseline's figure, a task begun, a failure."""
 
     def __init__(self, total: int, metric: str, quiet: bool):
         self.total, self.metric, self.quiet = total, metric, quiet
@@ -179,6 +181,12 @@ class Progress:
                     self.best = v
         if self.quiet:
             return
+        if record is not None and record.get("phase") == "baseline" and record.get("status") == "ok" \
+                and msg is None and record.get(self.metric) is not None:
+            msg = f"baseline {record[self.metric]:,.1f} {self.metric}"
+        elif not self.tty and msg is None and record is not None and record.get("phase") != "search" \
+                and record.get("status") in (None, "ok"):
+            return  # a log gets a line where there is news: the next task's line follows this one
         elapsed = time.time() - self.t0
         parts = [f"[{self.done}/{self.total}]"]
         if self.best is not None:
