@@ -182,3 +182,24 @@ def test_a_config_held_back_unrun_is_a_row_of_no_measurement_not_an_infeasible_o
                 "phase": "search"}
     row, = aggregate([held, measured], "samples_per_sec")
     assert row["feasible"] and not row["held"] and row["measurements"] == 1
+
+
+def test_a_row_and_the_baseline_keep_the_load_beside_their_windows_for_the_spread_note():
+    """`show` diagnoses a config from its row, not from one record: the row keeps the load
+    beside its measurements' windows (the median), so that a wide spread on a quiet
+    machine is called the workload's own pace, not another process's doing."""
+    from tuner.diagnose import diagnose
+    from tuner.records import aggregate, baseline_of
+
+    hw = {"cpu_count": 2}
+    quiet = [{"phase": "search", "key": "a", "config": {}, "status": "ok", "samples_per_sec": v,
+              "samples_per_sec_spread": 0.4, "interference_cores": 0.02, "hardware": hw} for v in (100.0, 110.0)]
+    row, = aggregate(quiet, "samples_per_sec")
+    assert row["interference_cores"] == 0.02
+    note = next(f for f in diagnose(row).flags if "spread" in f)
+    assert "workload's own pace" in note and "another process" not in note
+    busy = [{**r, "interference_cores": 1.5} for r in quiet]
+    note = next(f for f in diagnose(aggregate(busy, "samples_per_sec")[0]).flags if "spread" in f)
+    assert "other processes used 1.5 of 2 cores" in note
+    base = baseline_of([{**r, "phase": "baseline"} for r in quiet], "samples_per_sec")
+    assert base["measurements"] == 2 and base["interference_cores"] == 0.02

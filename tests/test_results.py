@@ -60,6 +60,17 @@ def test_show_sorts_by_objective_with_baseline_and_reasons(folder, capsys):
     assert body[4].lstrip().startswith("b") and "baseline" in body[4]
 
 
+def test_show_counts_the_baseline_s_measurements(folder, capsys):
+    """The baseline is measured again in each confirm round: its row says how often, as the
+    search's own table does."""
+    lines = (folder / "trials.jsonl").read_text().split("\n")
+    lines.insert(5, json.dumps(_rec("baseline", {"micro_batch_size": 8}, 100.0, 300.0)))
+    (folder / "trials.jsonl").write_text("\n".join(lines))
+    assert main(["show", str(folder)]) == 0
+    base = next(ln for ln in capsys.readouterr().out.splitlines() if ln.lstrip().startswith("b "))
+    assert base.split()[2:4] == ["100.0", "2"], base
+
+
 def test_export_picks_and_headroom(folder, capsys):
     res = open_results(folder)
     assert pick(res, "best")[0]["config"]["micro_batch_size"] == 64

@@ -382,7 +382,7 @@ def aggregate(records: list[Record], metric: str) -> list[dict]:
                   "compile_s", "data_wait_fraction", "samples_per_sec_spread", "step_time_ms",
                   "gpu_util_pct", "samples_per_sec_per_rank", "joules_per_sample", "samples_per_joule",
                   "load_samples_per_sec_per_process", "cache_fill_s", "cache_mb", "trial_cpu_cores",
-                  "loader_cpu_cores"):
+                  "loader_cpu_cores", "interference_cores"):
             # the row's other figures from the same measurements as its objective's: a
             # samples/s shown beside a samples/J pick is not the lucky search figure that
             # made the config a contender
@@ -478,7 +478,8 @@ def baseline_of(records: list[Record], metric: str) -> Record | None:
     if quiet:
         out.update(status="ok", reason=None, disturbed=not any(not r.get("disturbed") for r in measured))
         out[metric] = _pooled_median(quiet, metric)
-        for m in ("samples_per_sec", "projected_run_s", "peak_host_memory_mb", "peak_device_memory_mb"):
+        for m in ("samples_per_sec", "projected_run_s", "peak_host_memory_mb", "peak_device_memory_mb",
+                  "samples_per_sec_spread", "interference_cores"):
             vals = [r[m] for r in quiet if r.get(m) is not None]
             if m != metric:
                 out[m] = statistics.median(vals) if vals else None

@@ -84,7 +84,8 @@ def print_show(res: Results, out: Any = None, limit: int | None = None) -> None:
     if base:
         extra = "" if base.get("status") == "ok" else f"  -- {base.get('reason')}"
         mem = base.get("peak_device_memory_mb") or base.get("peak_host_memory_mb")
-        print(f"{'b':>3}  {base.get('status', '-'):<10} {fmt(base.get(metric)):>16} {'':>7} {1:>2} "
+        print(f"{'b':>3}  {base.get('status', '-'):<10} {fmt(base.get(metric)):>16} {'':>7} "
+              f"{base.get('measurements') or 1:>2} "
               f"{'1.00x':>7} {fmt(mem, digits=0):>9}  {diagnose(base, cap).verdict:<15}  "
               f"baseline: plain PyTorch loop, {diff_from_default(base['config'])}{extra}", file=out)
     for r in (r for r in res.records if r.get("phase") == "lost"):
