@@ -284,3 +284,29 @@ def test_the_same_run_again_searches_beside_the_earlier_one(tmp_path, capsys):
     assert _free_name(root, "quickstart") == "quickstart-3"
     said = capsys.readouterr().out
     assert "resume" in said and "quickstart-3" in said
+
+
+def test_bench_fits_the_advice_around_what_was_set(tmp_path):
+    """`bench --set num_workers=0` on a space whose advice has persistent workers measures
+    the advice without them (they have no effect there) and with the threads no worker
+    leaves; a knob the user set that cannot apply is still refused."""
+    import os
+
+    from tuner import spec
+    from tuner.errors import UserError
+    from tuner.trial import bench_request
+
+    space = spec.load(_space(tmp_path, f"{FIXTURES}:linear", """\
+        device: cpu
+        knobs:
+          num_workers: [0, 1, 2]
+          persistent_workers: [false, true]
+          torch_threads: [1, 2]
+        """))
+    advice = bench_request(space).config
+    assert advice["num_workers"] > 0 and advice["persistent_workers"] is True
+    config = bench_request(space, {"num_workers": 0}).config
+    assert config["persistent_workers"] is False
+    assert config["torch_threads"] == spec.threads_left([1, 2], 0, os.cpu_count())
+    with pytest.raises(UserError, match="persistent_workers"):
+        bench_request(space, {"num_workers": 0, "persistent_workers": True})

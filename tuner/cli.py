@@ -535,7 +535,9 @@ def _measure_commands(sub: Any) -> None:
                        "them) plus the private pages of its DataLoader workers. Windows disturbed by "
                        "other load on the machine are measured again.")
     p.add_argument("space", help="space.yaml")
-    p.add_argument("--set", action="append", default=[], metavar="KNOB=VALUE", help="override a knob")
+    p.add_argument("--set", action="append", default=[], metavar="KNOB=VALUE",
+                   help="override a knob (the advice fits around it: threads the workers leave, "
+                        "persistent workers off without workers)")
     p.add_argument("--config", help="an exported config (tuner export) to re-measure")
     p.add_argument("--baseline", action="store_true", help="measure the plain PyTorch loop instead")
     p.add_argument("--json", action="store_true", help="print one JSON object")

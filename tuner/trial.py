@@ -139,18 +139,44 @@ def bench_request(space: Any, overrides: dict | None = None, baseline: bool = Fa
     m = space.model
     resolved = resolve_config(make_request(workload=m.workload, workload_args=m.workload_args,
                                            base_dir=str(space.base_dir), device=m.device))
+    overrides = dict(overrides or {})
     if baseline:
-        config = space.baseline_config()
+        config = {**space.baseline_config(), **overrides}
     else:
         ctx = apply.context_for(resolved.device, has_groups=resolved.workload.groups is not None,
                                 has_augment=resolved.workload.augment is not None)
-        config = space.recommended_config(ctx)
-    config = space.derive({**config, **(overrides or {})})
+        config = _advice_around(space, ctx, overrides)
+    config = space.derive(config)
     request = make_request(workload=m.workload, workload_args=m.workload_args, base_dir=str(space.base_dir),
                            config=config, baseline=baseline, strict=True, device=m.device,
                            measure=m.measure.model_dump(), run=m.run.model_dump(), seed=m.seed)
     resolve_config(request)
     return request
+
+
+def _advice_around(space: Any, ctx: Any, overrides: dict) -> dict:
+    """The space's recommended config with ``overrides``, the advice fitted around them:
+    the threads the overridden workers leave (threads and workers share the cores), and
+    advice that the overrides leave without effect (persistent workers under
+    ``num_workers=0``) back at its default. Only what the user set is checked strictly."""
+    from tuner import knobs
+    from tuner.spec import threads_left
+
+    config = {**space.recommended_config(ctx), **overrides}
+    threads = space.domain.get("torch_threads")
+    if ctx.device == "cpu" and threads and len(threads) > 1 and "torch_threads" not in overrides \
+            and "num_workers" in overrides:
+        config["torch_threads"] = threads_left(threads, int(config.get("num_workers") or 0), ctx.cpu_count)
+    changed = True
+    while changed:  # a knob put back can leave another without effect
+        changed = False
+        for name, value in list(config.items()):
+            knob = knobs.KNOBS.get(name)
+            if name in overrides or knob is None or knob.inactive is None or value == knob.default:
+                continue
+            if knob.inactive({**knobs.defaults(), **config}, ctx):
+                config[name], changed = knob.default, True
+    return config
 
 
 def execute(request: TrialRequest, progress: Callable[[str], None] | None = None,
