@@ -101,3 +101,24 @@ def test_a_space_written_into_another_folder_names_the_workload_file_from_there(
     assert seen_from("x.py:make", Path("space.yaml")) == "x.py:make"
     assert seen_from("lib/x.py:make", Path("sub/deeper/space.yaml")) == "../../lib/x.py:make"
     assert seen_from("conv", Path("sub/space.yaml")) == "conv" and seen_from("pkg.mod:make", Path("a/b.yaml")) == "pkg.mod:make"
+
+
+def test_probe_stops_where_an_epoch_would_hold_too_few_steps(tmp_path):
+    """A batch of the whole dataset fits in memory but is one step per epoch: the probe
+    stops at the largest batch that leaves STEPS_PER_EPOCH steps, and the space file says
+    why it stopped there."""
+    from tuner.scaffold import STEPS_PER_EPOCH, write_space
+
+    seen = []
+
+    def measure(b):
+        seen.append(b)
+        return {"status": "ok", "peak_host_memory_mb": 1.0, "step_time_ms": 1.0, "epoch_size": 2048}
+
+    fit = probe_batch(measure, device="cpu", max_memory_mb=None, max_step_s=1.0)
+    bound = 2048 // STEPS_PER_EPOCH // 8 * 8
+    assert fit.largest == bound and max(seen) == bound and fit.first_too_big is None
+    text = write_space(tmp_path / "s.yaml", name="s", workload="conv", workload_args={}, device="cpu",
+                       fit=fit, lines=[], trials=4, cap_note="")
+    assert f"fewer than {STEPS_PER_EPOCH} steps in an epoch of 2048 samples" in text
+    assert max(spec.load(tmp_path / "s.yaml").model.knobs["micro_batch_size"]) == bound

@@ -25,6 +25,12 @@ PROBE_MEASURE = {"warmup_steps": 2, "window_s": 0.05, "min_windows": 1, "max_win
                  "max_steal": 1.0}
 
 
+# A micro-batch leaves at least this many steps per epoch: the measurement times five
+# windows per epoch (``windows.EPOCH_WINDOWS``), and a batch of the whole dataset is one
+# step per epoch, which is no training anyone runs.
+STEPS_PER_EPOCH = 10
+
+
 @dataclass
 class Probe:
     """One probed micro-batch size and why it fit or not."""
@@ -42,6 +48,8 @@ class Fit:
 
     largest: int | None
     probes: list[Probe] = field(default_factory=list)
+    epoch_size: int | None = None  # the samples an epoch holds, where a probe reported them
+    bound: int | None = None  # the largest batch that leaves STEPS_PER_EPOCH steps per epoch
 
     @property
     def first_too_big(self) -> Probe | None:
@@ -52,11 +60,18 @@ class Fit:
 def probe_batch(measure_one: Callable[[int], dict], *, device: str, max_memory_mb: float | None,
                 max_step_s: float, upper: int = 4096,
                 say: Callable[[str], None] = lambda msg: None) -> Fit:
-    """Doubling then bisection over micro-batch sizes; ``measure_one(b)`` is a trial result."""
+    """Doubling then bisection over micro-batch sizes, up to ``upper`` and to the largest
+    that leaves ``STEPS_PER_EPOCH`` steps per epoch; ``measure_one(b)`` is a trial result."""
     fit = Fit(largest=None)
 
     def fits(b: int) -> bool:
+        nonlocal upper
         r = measure_one(b)
+        if r.get("status") == "ok" and r.get("epoch_size") and fit.epoch_size is None:
+            fit.epoch_size = int(r["epoch_size"])
+            bound = max(1, fit.epoch_size // STEPS_PER_EPOCH)
+            fit.bound = bound - bound % 8 if bound >= 8 else bound  # a multiple of 8: the shapes kernels favour
+            upper = min(upper, fit.bound)
         peak = r.get("peak_device_memory_mb") if device == "cuda" else r.get("peak_host_memory_mb")
         step_ms = r.get("step_time_ms")
         if r.get("status") != "ok":
@@ -74,9 +89,15 @@ def probe_batch(measure_one: Callable[[int], dict], *, device: str, max_memory_m
 
     lo, hi = 0, None  # lo fits (0: none yet), hi does not
     b = 1
-    while b <= upper:
+    while True:
+        if b > upper:
+            if lo >= upper:
+                break
+            b = upper  # the bound itself, between the last power of two and the next
         if fits(b):
             lo, b = b, b * 2
+            if lo >= upper:
+                break
         else:
             hi = b
             break
@@ -154,8 +175,13 @@ def write_space(path: Path, *, name: str, workload: str, workload_args: dict, de
 
     assert fit.largest is not None
     too_big = fit.first_too_big
-    mb_why = f"largest that fits: {fit.largest}" + (
-        f"; {too_big.batch} did not ({too_big.why})" if too_big else "; the probe stopped at its upper bound") + cap_note
+    if too_big:
+        stop = f"; {too_big.batch} did not ({too_big.why})"
+    elif fit.bound is not None and fit.largest >= fit.bound:
+        stop = f"; a larger one leaves fewer than {STEPS_PER_EPOCH} steps in an epoch of {fit.epoch_size} samples"
+    else:
+        stop = "; the probe stopped at its upper bound"
+    mb_why = f"largest that fits: {fit.largest}{stop}{cap_note}"
     rows = [("micro_batch_size", batch_values(fit.largest), mb_why), *lines]
     width = max(len(f"  {k}: {_flow(v)}") for k, v, _ in rows) + 2
     text = [f"# Written by `tuner init` for this machine ({device}). Edit freely.",
