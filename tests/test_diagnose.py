@@ -85,3 +85,14 @@ def test_spread_windows_blame_another_process_only_where_the_load_beside_them_sa
     [flag] = [f for f in diagnose(rec).flags if "spread 27%" in f]
     assert (("another process" in flag or "other processes used 4.0 of 16" in flag) is blamed
             and ("the workload's own pace" in flag) is not blamed)
+
+
+def test_channels_last_is_advised_for_a_model_with_conv_layers_only():
+    """A trial records whether its model has Conv2d layers; a compute-bound config of a
+    model without them is not sent to try channels_last (records from before the fact
+    keep the advice, worded for conv nets)."""
+    rec = {"status": "ok", "samples_per_sec": 100.0, "data_wait_fraction": 0.01, "config": {},
+           "hardware": {"cpu_count": 2}}
+    advised = lambda r: any(x.startswith("channels_last=true") for x in diagnose(r).recommendations)  # noqa: E731
+    assert advised({**rec, "has_conv2d": True}) and advised(rec)
+    assert not advised({**rec, "has_conv2d": False})

@@ -166,3 +166,8 @@ def apply_ddp(model: torch.nn.Module, config: dict, device: torch.device,
 
         ddp.register_comm_hook(None, getattr(default_hooks, f"{hook}_hook"))
     return ddp
+
+
+def has_conv2d(model: torch.nn.Module) -> bool:
+    """Whether the model has Conv2d layers: where channels_last can matter."""
+    return any(isinstance(m, torch.nn.Conv2d) for m in model.modules())

@@ -111,7 +111,7 @@ def diagnose(record: dict, max_memory_mb: float | None = None) -> Diagnosis:
             recs.append(f"compile=default (measure: on small CPU models it can be slower; {evidence})")
         if not c["fused_optimizer"]:
             recs.append("fused_optimizer=true")
-        if not c["channels_last"]:
+        if not c["channels_last"] and record.get("has_conv2d") is not False:  # unknown in older records
             recs.append("channels_last=true for conv nets")
         if on_gpu and not c["cudnn_benchmark"]:
             recs.append("cudnn_benchmark=true (fixed input shapes)")

@@ -126,6 +126,7 @@ class Outcome(TypedDict, total=False):
     has_groups: bool
     has_augment: bool  # the workload has a per-batch augment (augment_on)
     map_style: bool  # the dataset reads items by index (dataset_cache can apply)
+    has_conv2d: bool  # the model has Conv2d layers (channels_last can matter)
     baseline: bool  # the plain PyTorch loop
     device: str
     hardware: dict
@@ -392,7 +393,7 @@ def aggregate(records: list[Record], metric: str) -> list[dict]:
         row["memory_mb"] = memory_mb(row) if ok else None
         row["hardware"] = rs[0].get("hardware")
         row["notes"] = rs[0].get("notes") or []
-        for fact in ("has_groups", "has_augment", "map_style"):
+        for fact in ("has_groups", "has_augment", "map_style", "has_conv2d"):
             row[fact] = rs[0].get(fact)
         rows.append(row)
     scaling_efficiency(rows)

@@ -128,12 +128,6 @@ def batch_values(largest: int) -> list[int]:
     return sorted(values)
 
 
-def has_conv2d(model) -> bool:
-    import torch
-
-    return any(isinstance(m, torch.nn.Conv2d) for m in model.modules())
-
-
 def knob_lines(device: str, cores: int, bf16: bool, conv: bool, compiler: bool) -> list[tuple[str, object, str]]:
     """(knob, values, why) for this hardware, micro_batch_size excluded. GPU knobs only on
     a GPU; bf16 on a GPU only where it is supported."""
@@ -220,6 +214,7 @@ def init_space(workload: str, workload_args: dict, out: Path, *, device: str = "
 
     import torch
 
+    from tuner import apply
     from tuner.hardware import cpu_has_bf16, describe, pick_device
     from tuner.trial import make_request, resolve_config, run_isolated
 
@@ -250,7 +245,7 @@ def init_space(workload: str, workload_args: dict, out: Path, *, device: str = "
         first = fit.probes[0] if fit.probes else None
         raise UserError(f"workload: micro_batch_size=1 does not fit here: {first.why if first else 'no probe'}")
     model = wl.model()
-    lines = knob_lines(device, cores, bf16, has_conv2d(model), shutil.which("cc") is not None
+    lines = knob_lines(device, cores, bf16, apply.has_conv2d(model), shutil.which("cc") is not None
                        or shutil.which("gcc") is not None)
     stem = name or Path(workload.split(":")[0]).stem.replace(".", "-") or "space"
     return write_space(out, name=stem, workload=seen_from(workload, out), workload_args=workload_args, device=device,

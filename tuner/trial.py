@@ -185,6 +185,7 @@ def execute(request: TrialRequest, progress: Callable[[str], None] | None = None
     (Each rank of a multi-rank trial calls it too: ``tuner.distributed``.)"""
     import torch
 
+    from tuner import apply
     from tuner.hardware import describe
     from tuner.hostload import TreeProbe
     from tuner.loop import Trainer
@@ -233,7 +234,7 @@ def execute(request: TrialRequest, progress: Callable[[str], None] | None = None
     return {"status": status, "reason": reason, **metrics, "config": config, "notes": notes,
             "nice": os.getpriority(os.PRIO_PROCESS, 0),
             "has_groups": workload.groups is not None, "has_augment": workload.augment is not None,
-            "map_style": trainer.sampler is not None,
+            "map_style": trainer.sampler is not None, "has_conv2d": apply.has_conv2d(trainer.model),
             "baseline": request.baseline, "device": str(device), "hardware": describe()}
 
 
