@@ -34,6 +34,7 @@ import re
 import sys
 import sysconfig
 import time
+import weakref
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -76,6 +77,9 @@ SYNCS = {"item": ("sync", ".item()"), "tolist": ("sync", ".tolist()"), "cpu": ("
 # Built from constants: the same tensor every step when its arguments are.
 FACTORIES = frozenset({"arange", "ones", "zeros", "full", "eye", "linspace", "logspace", "tensor",
                        "as_tensor", "tril_indices", "triu_indices"})
+# Calls that return a view of their first argument: a write into the view fills it.
+_VIEWS = frozenset({"__getitem__", "view", "narrow", "select", "reshape", "as_strided", "unsqueeze",
+                    "squeeze", "transpose", "permute", "flatten", "unflatten", "expand", "t"})
 # A small tensor built each step (positions for an embedding, a zero state) costs less
 # than keeping it would save; a mask of T x T does not.
 INVARIANT_NUMEL = 4096
@@ -203,6 +207,7 @@ class _Site:
     calls: int = 0
     seconds: float = 0.0
     signatures: set = field(default_factory=set)
+    filled: bool = False  # an invariant's tensor written in place after: a buffer, not a constant
 
 
 def _signature(args: tuple, kwargs: dict) -> tuple | None:
@@ -250,14 +255,41 @@ class _Calls(TorchFunctionMode):
         super().__init__()
         self.sites, self.on_gpu = sites, on_gpu
         self.found: dict[tuple[str, str, str], _Site] = {}
+        # the tensors the user's factory calls built, by id (a weak reference tells that the
+        # id is still that tensor's), and their views: one written in place is a buffer
+        # filled each step (a padded batch in a collate), not a constant rebuilt
+        self.built: dict[int, tuple[weakref.ref, _Site]] = {}
+
+    def _track(self, out: Any, site: _Site) -> None:
+        if isinstance(out, torch.Tensor):
+            if len(self.built) > 4096:  # the dead ones go
+                self.built = {k: v for k, v in self.built.items() if v[0]() is not None}
+            self.built[id(out)] = (weakref.ref(out), site)
+
+    def _site_of(self, value: Any) -> _Site | None:
+        entry = self.built.get(id(value)) if isinstance(value, torch.Tensor) else None
+        return entry[1] if entry and entry[0]() is value else None
 
     def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         name = getattr(func, "__name__", "")
+        viewed = None
+        if self.built and args:
+            if (site := self._site_of(args[0])) is not None:
+                if name == "__setitem__" or (name.endswith("_") and not name.endswith("__")):
+                    site.filled = True
+                elif name in _VIEWS:
+                    viewed = site
+        out = self._dispatch(func, name, args, kwargs, sys._getframe(1))
+        if viewed is not None:
+            self._track(out, viewed)
+        return out
+
+    def _dispatch(self, func: Callable, name: str, args: tuple, kwargs: dict, caller: FrameType) -> Any:
         kind = self._kind(name, args, kwargs)
         if kind is None:
             return func(*args, **kwargs)
-        owner, frame, via = self.sites.caller(sys._getframe(1))
+        owner, frame, via = self.sites.caller(caller)
         if owner != "user":
             if owner != "tuner":
                 self.sites.library[(owner, kind[1])] += 1
@@ -274,6 +306,7 @@ class _Calls(TorchFunctionMode):
         site.seconds += seconds
         if kind[0] == "invariant":
             site.signatures.add(_signature(args, kwargs))
+            self._track(out, site)
         return out
 
     def _kind(self, name: str, args: tuple, kwargs: dict) -> tuple[str, str] | None:
@@ -308,8 +341,8 @@ def _call_findings(calls: _Calls, steps: int, device: torch.device) -> list[Find
     on_gpu = device.type == "cuda"
     out = []
     for (loc, kind, what), s in calls.found.items():
-        if kind == "invariant" and (len(s.signatures) != 1 or s.calls < steps):
-            continue  # its arguments changed, or it is not built every step
+        if kind == "invariant" and (len(s.signatures) != 1 or s.calls < steps or s.filled):
+            continue  # its arguments changed, it is not built every step, or it is a buffer filled
         ms = s.seconds * 1e3 / steps
         if kind in ("sync", "branch", "dynamic_size"):
             cost = (f"the host waited {ms:.3f} ms per step in it, measured on the device" if on_gpu else
