@@ -96,3 +96,25 @@ def test_channels_last_is_advised_for_a_model_with_conv_layers_only():
     advised = lambda r: any(x.startswith("channels_last=true") for x in diagnose(r).recommendations)  # noqa: E731
     assert advised({**rec, "has_conv2d": True}) and advised(rec)
     assert not advised({**rec, "has_conv2d": False})
+
+
+def test_a_recommendation_the_search_measured_says_what_it_read():
+    """Against a search's rows, the best config's advice to try a value the search already
+    measured becomes what that value read: in the best config's twin where there is one,
+    else in the fastest config that had it; advice nothing measured stays a "try"."""
+    from tuner import knobs
+
+    base = {**knobs.defaults(), "micro_batch_size": 64, "num_workers": 1}
+    best = {"feasible": True, "samples_per_sec": 200.0, "config": base, "data_wait_fraction": 0.01,
+            "hardware": {"cpu_count": 2}, "status": "ok", "has_conv2d": False}
+    bf16 = {**best, "samples_per_sec": 150.0, "config": {**base, "precision": "bf16"}}
+    compiled = {**best, "samples_per_sec": 20.0, "config": {**base, "compile": "default", "num_workers": 0,
+                                                            "micro_batch_size": 32}}
+    d = diagnose(best)
+    assert any(r.startswith("precision=bf16") for r in d.recommendations)
+    d = d.against(best, [best, bf16, compiled], "samples_per_sec")
+    assert not any(r.startswith(("precision=", "compile=")) for r in d.recommendations)
+    assert "fused_optimizer=true" in d.recommendations
+    assert d.measured == [
+        "precision=bf16: 150.0 samples_per_sec (0.75x the best) with the best config's other knobs",
+        "compile=default: 20.0 samples_per_sec (0.10x the best) at most, in a config 2 other knobs from the best"]

@@ -12,7 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import yaml
+
 from tuner import knobs
+from tuner.records import OBJECTIVE_METRICS
 from tuner.settings import MeasureSettings
 
 # Where the recipes come from (../shared/guides), cited in recommendations.
@@ -40,10 +43,55 @@ class Diagnosis:
     evidence: str
     recommendations: list[str] = field(default_factory=list)
     flags: list[str] = field(default_factory=list)
+    measured: list[str] = field(default_factory=list)  # recommendations the search already measured
 
     def as_dict(self) -> dict:
         return {"verdict": self.verdict, "evidence": self.evidence,
-                "recommendations": self.recommendations, "flags": self.flags}
+                "recommendations": self.recommendations, "flags": self.flags, "measured": self.measured}
+
+    def against(self, best: dict, rows: list[dict], metric: str) -> Diagnosis:
+        """This diagnosis of a search's best config, with each recommendation the search
+        already measured turned into what it read: a value tried in the best's own config
+        (one knob apart), else in the best config that had it. A "try" for a value the
+        search measured slower sends the user to measure it again."""
+        recs, measured = [], []
+        for rec in self.recommendations:
+            knob, value = _knob_value(rec)
+            having = [r for r in rows if knob is not None and r.get("feasible") and r.get(metric)
+                      and r["config"].get(knob) == value]
+            if not having or not best.get(metric):
+                recs.append(rec)
+                continue
+            twin = next((r for r in having if all(v == best["config"].get(k) for k, v in r["config"].items()
+                                                  if k != knob)), None)
+            seen = twin or max(having, key=lambda r: r[metric] if OBJECTIVE_METRICS.get(metric) != "min" else -r[metric])
+            apart = sum(v != best["config"].get(k) for k, v in seen["config"].items() if k != knob)
+            where = ("with the best config's other knobs" if twin is not None else
+                     f"at most, in a config {apart} other knob{'s' if apart > 1 else ''} from the best")
+            measured.append(f"{knob}={_word(value)}: {_fmt(seen[metric])} {metric} "
+                            f"({seen[metric] / best[metric]:.2f}x the best) {where}")
+        return Diagnosis(self.verdict, self.evidence, recs, self.flags, measured)
+
+
+def _knob_value(rec: str) -> tuple[str | None, object]:
+    """The knob and value a recommendation starts with (``precision=bf16 (...)``)."""
+    head = rec.split(" ", 1)[0]
+    name, _, raw = head.partition("=")
+    knob = knobs.KNOBS.get(name)
+    if knob is None or not raw:
+        return None, None
+    try:
+        return name, knobs.check_value(name, yaml.safe_load(raw))
+    except Exception:  # noqa: BLE001 -- a recommendation of no single value ("a larger ...")
+        return None, None
+
+
+def _word(value: object) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _fmt(v: float) -> str:
+    return f"{v:,.1f}" if abs(v) >= 1 else f"{v:.3g}"
 
 
 def diagnose(record: dict, max_memory_mb: float | None = None) -> Diagnosis:

@@ -164,9 +164,10 @@ def write_report(res: Results) -> Path:
         lines.append("")
     cap = res.space.constraints.max_memory_mb
     if best:
-        d = diagnose(best, cap)
+        d = diagnose(best, cap).against(best, table_rows(res), metric)
         lines += [f"**Bottleneck of the best config**: {d.verdict} ({d.evidence}).", ""]
-        lines += [f"- try: {r}" for r in d.recommendations] + [f"- note: {f}" for f in d.flags] + [""]
+        lines += [f"- try: {r}" for r in d.recommendations] + [f"- measured: {m}" for m in d.measured]
+        lines += [f"- note: {f}" for f in d.flags] + [""]
     checked = search_hot_path_lines((res.summary or {}).get("hot_path"))
     if checked:
         lines += ["## Hot path", "", "Defects in the workload's own step, checked once for the baseline and "
@@ -183,8 +184,8 @@ def write_report(res: Results) -> Path:
                      f"{verdict} | {detail} |")
     base = res.baseline
     if base:
-        lines.append(f"| b | {base.get('status')} | {fmt(base.get(metric))} | - | 1 | 1.00x | "
-                     f"{fmt(base.get('peak_device_memory_mb') or base.get('peak_host_memory_mb'), 0)} | "
+        lines.append(f"| b | {base.get('status')} | {fmt(base.get(metric))} | - | {base.get('measurements') or 1} | "
+                     f"1.00x | {fmt(base.get('peak_device_memory_mb') or base.get('peak_host_memory_mb'), digits=0)} | "
                      f"{diagnose(base, cap).verdict} | baseline (plain loop) |")
     lines += ["", "## Plots", "", "Best so far over trials:", "", "![best so far](best_so_far.png)", "",
               "Throughput against peak memory, Pareto front in red:", "", "![speed vs memory](speed_vs_memory.png)", ""]

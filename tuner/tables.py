@@ -92,7 +92,7 @@ def print_show(res: Results, out: Any = None, limit: int | None = None) -> None:
         print(f"  lost: {diff_from_default(r['config'])}: {r.get('reason')}", file=out)
     best = res.best()
     if best is not None:
-        print_diagnosis("best config", diagnose(best, cap), out)
+        print_diagnosis("best config", diagnose(best, cap).against(best, rows, metric), out)
     else:
         print(f"no winner: {res.no_winner()}", file=out)
     for line in search_hot_path_lines((res.summary or {}).get("hot_path")):
@@ -105,6 +105,8 @@ def print_diagnosis(what: str, d: Diagnosis, out: Any = None) -> None:
     print(f"{what}: {d.verdict} ({d.evidence})", file=out)
     for r in d.recommendations:
         print(f"  try: {r}", file=out)
+    for m in d.measured:
+        print(f"  measured: {m}", file=out)
     for f in d.flags:
         print(f"  note: {f}", file=out)
 
