@@ -527,3 +527,25 @@ def decoded(size: int = 256, decode_s: float = 0.002, random: bool = False, augm
     return Workload(model=model, dataset=lambda: Decoded(size, decode_s, random),
                     loss=lambda model, batch: nn.functional.cross_entropy(model(batch[0]), batch[1]),
                     augment=_flip if augment else None)
+
+
+def recompiles_at(step: int = 40, step_s: float = 0.005, trace_s: float = 0.3) -> Workload:
+    """``sleepy`` whose loss passes through a compiled helper (dynamo, eager backend) that
+    sees a new input shape once, at micro-batch ``step`` (inside the timed windows), and
+    takes ``trace_s`` more there: a one-time recompile, as a padded batch of a new length
+    causes in a compiled model."""
+    calls = [0]
+
+    @torch.compile(backend="eager", dynamic=False)
+    def helper(t: torch.Tensor) -> torch.Tensor:
+        return t.sum() * 0.0
+
+    def loss(model, batch):
+        calls[0] += 1
+        n = 5 if calls[0] == step else 4
+        if n == 5:
+            time.sleep(trace_s)  # the recompile's cost, beyond dynamo's own trace
+        time.sleep(step_s)
+        return _mse(model, batch) + helper(torch.ones(n))
+
+    return Workload(model=lambda: nn.Linear(8, 1), dataset=lambda: Numbers(256), loss=loss)

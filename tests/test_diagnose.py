@@ -118,3 +118,10 @@ def test_a_recommendation_the_search_measured_says_what_it_read():
     assert d.measured == [
         "precision=bf16: 150.0 samples_per_sec (0.75x the best) with the best config's other knobs",
         "compile=default: 20.0 samples_per_sec (0.10x the best) at most, in a config 2 other knobs from the best"]
+
+
+def test_a_compiled_config_that_recompiled_in_its_windows_says_so():
+    rec = {"status": "ok", "samples_per_sec": 100.0, "data_wait_fraction": 0.01, "hardware": {"cpu_count": 2},
+           "config": {"compile": "default"}, "recompiles_in_windows": 3}
+    assert any("traced 3 new graph(s) inside the timed windows" in f for f in diagnose(rec).flags)
+    assert not any("traced" in f for f in diagnose({**rec, "recompiles_in_windows": 0}).flags)

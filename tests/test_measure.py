@@ -512,3 +512,16 @@ def test_a_process_of_the_trial_that_starts_while_it_runs_is_its_own_not_load():
         assert own.other_cores < outside.other_cores - 0.5
     finally:
         kill_tree(pid)
+
+
+@pytest.mark.slow
+def test_a_window_that_held_a_recompile_is_measured_again_and_its_time_is_compile():
+    """A compiled graph traced again inside a window (a new shape, once) is a one-time cost,
+    as the warm-up's compile is: that window is measured again, its time beyond its steady
+    steps goes to compile_s and the one-time costs, and the figure is the steady rate."""
+    r = _run("recompiles_at", {"step": 40, "step_s": 0.005, "trace_s": 0.3},
+             {"micro_batch_size": 4}, measure={**FAST_MEASURE, "max_timed_s": 10.0})
+    assert r["status"] == "ok", r.get("reason")
+    assert r["recompile_windows_redone"] == 1 and r["recompiles_in_windows"] == 0
+    assert min(r["samples_per_sec_windows"]) > 0.5 * max(r["samples_per_sec_windows"])  # no 0.3 s stall kept
+    assert r["one_time_s"] >= 0.3

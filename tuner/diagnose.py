@@ -68,8 +68,10 @@ class Diagnosis:
             apart = sum(v != best["config"].get(k) for k, v in seen["config"].items() if k != knob)
             where = ("with the best config's other knobs" if twin is not None else
                      f"at most, in a config {apart} other knob{'s' if apart > 1 else ''} from the best")
+            traced = f"; it recompiled {seen['recompiles_in_windows']:g}x in its windows" \
+                if seen.get("recompiles_in_windows") else ""
             measured.append(f"{knob}={_word(value)}: {_fmt(seen[metric])} {metric} "
-                            f"({seen[metric] / best[metric]:.2f}x the best) {where}")
+                            f"({seen[metric] / best[metric]:.2f}x the best) {where}{traced}")
         return Diagnosis(self.verdict, self.evidence, recs, self.flags, measured)
 
 
@@ -176,6 +178,10 @@ def _flags(record: dict, c: dict, on_gpu: bool) -> list[str]:
     if run_s and compile_s / run_s >= COMPILE_HEAVY:
         flags.append(f"compile takes {compile_s:.0f} s, {compile_s / run_s:.0%} of the planned run: "
                      f"compile=off or a longer run")
+    if (traced := record.get("recompiles_in_windows")) and c["compile"] != "off":
+        flags.append(f"torch.compile traced {traced:g} new graph(s) inside the timed windows: a shape or a Python "
+                     "value its guards check changed between steps, and each recompile is in the figure; pad to "
+                     "a few fixed sizes (`tuner profile --set compile=...` names the guard)")
     faults = record.get("page_faults_per_step")
     if not on_gpu and knobs.GLIBC and not c["malloc_retain"] and faults and faults >= CHURN_FAULTS:
         # Workers started anew: a process's first epoch draws more faults than its later

@@ -101,6 +101,16 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
     return _energy(_across_ranks(record, trainer, agree, timed, rank_info))
 
 
+def _frames_compiled() -> int:
+    """Frames dynamo has compiled in this process so far: one more inside the timed windows
+    is a recompile there (a shape or a Python value its guards check changed between
+    steps), whose compile time is in the figure."""
+    import sys
+
+    dynamo = sys.modules.get("torch._dynamo.utils")
+    return int(dynamo.counters["frames"]["total"]) if dynamo is not None else 0
+
+
 def _stage_rates(trainer: Trainer, steady: float, wait_fraction: float) -> dict:
     """The pipeline's two stages apart (``records.stage_rates``), at the steady rate, on
     this machine's cores as the search's model reads them (``knobs.Context.cpu_count``):
@@ -270,6 +280,8 @@ class Timed:
     gap_s: float = 0.0  # untimed, between windows
     clock: list[float] = field(default_factory=list)  # the first window's start, the last one's end
     starts_before: int = 0  # epoch starts before the timed phase
+    recompiled: list[tuple[float, int]] = field(default_factory=list)  # (seconds, steps) of windows dropped
+    traced: int = 0  # frames torch.compile traced inside the windows kept: recompiles the redos did not outlast
     own_s: float = 0.0  # this rank's own clock
     own_wait_s: float = 0.0
     own_steps: int = 0
@@ -296,6 +308,7 @@ class Measured(NamedTuple):
     busy: bool  # disturbed by other load, as the ranks agreed
     faults: int  # minor page faults of this process
     nonfinite: bool
+    traced: int  # frames torch.compile traced in the window (on any rank, where one did)
 
 
 def _one_window(trainer: Trainer, plan: WindowPlan, agree: Agree, meter: LoadMeter, probe: TreeProbe, t: Timed,
@@ -311,7 +324,7 @@ def _one_window(trainer: Trainer, plan: WindowPlan, agree: Agree, meter: LoadMet
         # and fill their queues, so the window after such a pause would read fast.
         probe.sample_memory()
     meter.start()
-    faults0 = _minor_faults()
+    faults0, frames0 = _minor_faults(), _frames_compiled()
     w0, dw0, e0 = perf_counter(), trainer.data_wait_s, len(trainer.epoch_start_s)
     t.clock = t.clock or [w0]
     t.gap_s += w0 - g0
@@ -325,23 +338,25 @@ def _one_window(trainer: Trainer, plan: WindowPlan, agree: Agree, meter: LoadMet
     wall = perf_counter() - w0
     paused = sum(trainer.epoch_start_s[e0:])
     wait = trainer.data_wait_s - dw0 - paused
-    faults = _minor_faults() - faults0
+    faults, traced = _minor_faults() - faults0, _frames_compiled() - frames0
     load = meter.stop(wall)
     busy = load is not None and load.disturbed(plan.settings.max_interference, meter.cpus, plan.settings.max_steal)
     t.own_s, t.own_wait_s, t.own_steps = t.own_s + wall - paused, t.own_wait_s + wait, t.own_steps + steps
     # One all-reduce per window edge: the slowest rank's figures, on every rank.
-    wall, paused, wait, busy, nonfinite = agree.max(wall, paused, wait, float(busy),
-                                                    float(not trainer.loss_finite()))
+    wall, paused, wait, busy, nonfinite, traced = agree.max(wall, paused, wait, float(busy),
+                                                            float(not trainer.loss_finite()), float(traced))
     window = Window(steps * trainer.samples_per_step * trainer.world, wall, paused,
                     len(trainer.epoch_start_s) - e0, steps * trainer.accum, wait, before)
-    return Measured(window, steps, load, bool(busy), faults, bool(nonfinite))
+    return Measured(window, steps, load, bool(busy), faults, bool(nonfinite), int(traced))
 
 
 def _timed_windows(trainer: Trainer, settings: MeasureSettings, plan: WindowPlan, agree: Agree, meter: LoadMeter,
                    probe: TreeProbe, screen: dict | None, say: Callable[[str], None]) -> Timed:
     """Windows until the figure is precise enough, capped, screened out, or clearly below
     the incumbent; a window disturbed by other load is measured again (up to
-    ``max_windows`` redos)."""
+    ``max_windows`` redos), as is one in which torch.compile traced a new graph (a shape or
+    a Python value its guards check changed: a one-time cost like the warm-up's compile,
+    counted with it; recompiles that outlast ``max_windows`` redos are the steady rate's)."""
     t = Timed(starts_before=len(trainer.epoch_start_s))
     before = 1  # the warm-up ended on an epoch boundary
 
@@ -358,6 +373,11 @@ def _timed_windows(trainer: Trainer, settings: MeasureSettings, plan: WindowPlan
         m = _one_window(trainer, plan, agree, meter, probe, t, before)
         window, before = m.window, m.window.boundaries
         redo = m.busy and len(t.disturbed) < settings.max_windows
+        retrace = m.traced > 0 and len(t.recompiled) < settings.max_windows
+        if retrace:
+            t.recompiled.append((window.wall - window.paused, m.steps))
+            say("window held a recompile (torch.compile traced a new graph): measuring it again")
+            continue
         if not plan.sized and not redo:
             # Epochs shorter than a window put their boundaries in every window: then
             # window_s is the wall time, pauses included (sized on the steady time alone,
@@ -371,6 +391,7 @@ def _timed_windows(trainer: Trainer, settings: MeasureSettings, plan: WindowPlan
                 f"{m.load.steal_cores:.2f} stolen by the hypervisor): measuring it again")
             continue
         t.kept.append(window)
+        t.traced += m.traced
         t.faults.append(m.faults)
         t.busy.append(m.busy)
         t.loads.append(m.load)
@@ -459,14 +480,18 @@ def _figures(trainer: Trainer, plan: RunPlan, t: Timed, warm: WarmUp, startup_s:
     else:
         epoch_s, scale = None, 1.0
     surplus = max(0.0, warm.seconds - settings.warmup_steps * step_s)  # warm-up beyond steady steps
+    # a recompile inside a window was measured again: its time beyond the window's steady
+    # steps is one-time compile, as the warm-up's is
+    recompile_s = sum(max(0.0, wall - steps * step_s) for wall, steps in t.recompiled)
     # The first batch's wait beyond an ordinary fetch is worker start-up, not compile.
     worker_start_s = min(surplus, warm.start_s + max(0.0, warm.first_wait - micro_fetch_s * trainer.accum))
     return {"rates": rates, "steady": steady, "scale": scale, "step_s": step_s, "wait_fraction": wait_fraction,
             "epoch_overhead_s": epoch_overhead_s, "overhead_from": overhead_from, "starts": len(starts),
-            "epoch_size": epoch_size, "epoch_s": epoch_s, "one_time_s": startup_s + surplus,
+            "epoch_size": epoch_size, "epoch_s": epoch_s, "one_time_s": startup_s + surplus + recompile_s,
             "worker_start_s": worker_start_s,
-            "compile_s": max(0.0, surplus - worker_start_s) if trainer.config["compile"] != "off" else 0.0,
-            "projected": plan.epochs * epoch_s + startup_s + surplus if epoch_s is not None else None}
+            "compile_s": max(0.0, surplus - worker_start_s) + recompile_s if trainer.config["compile"] != "off"
+            else 0.0,
+            "projected": plan.epochs * epoch_s + startup_s + surplus + recompile_s if epoch_s is not None else None}
 
 
 def _record(trainer: Trainer, t: Timed, f: dict, probe: TreeProbe, windows: WindowPlan, warm: WarmUp,
@@ -492,6 +517,8 @@ def _record(trainer: Trainer, t: Timed, f: dict, probe: TreeProbe, windows: Wind
         "warmup_s": warm.seconds,
         "startup_s": startup_s,
         "compile_s": f["compile_s"],
+        "recompiles_in_windows": t.traced,
+        "recompile_windows_redone": len(t.recompiled),
         "worker_start_s": f["worker_start_s"],
         "one_time_s": f["one_time_s"],
         "epoch_overhead_s": f["epoch_overhead_s"],

@@ -70,6 +70,8 @@ class Figures(TypedDict, total=False):
     cache_fill_s: float  # dataset_cache: reading every item once, up front (part of startup_s)
     cache_mb: float  # dataset_cache: what the cache holds (in peak_host_memory_mb)
     compile_s: float  # the warm-up beyond steady steps that is not worker start-up
+    recompiles_in_windows: int  # frames torch.compile traced in the windows kept: recompiles every window
+    recompile_windows_redone: int  # windows measured again for a recompile in them (its time is in compile_s)
     worker_start_s: float
     one_time_s: float
     epoch_overhead_s: float | None  # what one epoch boundary costs beyond an ordinary fetch
@@ -383,7 +385,7 @@ def aggregate(records: list[Record], metric: str) -> list[dict]:
                   "compile_s", "data_wait_fraction", "samples_per_sec_spread", "step_time_ms",
                   "gpu_util_pct", "samples_per_sec_per_rank", "joules_per_sample", "samples_per_joule",
                   "load_samples_per_sec_per_process", "cache_fill_s", "cache_mb", "trial_cpu_cores",
-                  "loader_cpu_cores", "interference_cores"):
+                  "loader_cpu_cores", "interference_cores", "recompiles_in_windows"):
             # the row's other figures from the same measurements as its objective's: a
             # samples/s shown beside a samples/J pick is not the lucky search figure that
             # made the config a contender

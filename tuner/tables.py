@@ -33,6 +33,12 @@ def diff_from_default(config: dict) -> str:
     return ", ".join(parts) or "PyTorch defaults"
 
 
+def recompiled(row: dict) -> str:
+    """A compiled row whose figure holds recompiles, said beside its config."""
+    n = row.get("recompiles_in_windows")
+    return f"  (recompiled {n:g}x in its timed windows)" if n else ""
+
+
 def table_rows(res: Results) -> list[dict]:
     """Every config: feasible ones sorted by the objective, then the infeasible ones."""
     from tuner.records import winner_first
@@ -64,6 +70,7 @@ def print_show(res: Results, out: Any = None, limit: int | None = None) -> None:
             detail += f"  (scaling: {r['scaling_efficiency']:.0%} of {r['config']['world_size']}x one rank)"
         if r.get("joules_per_sample"):
             detail += f"  ({r['joules_per_sample']:.3g} J/sample)"
+        detail += recompiled(r)
         if not r["feasible"]:
             detail += f"  -- {r['reason']}"
         elif r.get("screened"):
