@@ -510,3 +510,32 @@ def test_a_trial_lost_again_after_its_retry_is_left_to_resume(tmp_path):
     # what resume counts as measured (the search records)
     assert [r["config"]["micro_batch_size"] for r in records if r["phase"] == "search"] == \
         [second["knobs"]["micro_batch_size"]]
+
+
+def test_the_progress_line_s_baseline_is_the_summary_s(tmp_path):
+    """The baseline is measured again in the confirm rounds: the progress line's "x baseline"
+    follows it as the summary pools it, so that the last line agrees with the table."""
+    from tuner import spec
+    from tuner.knobs import Context
+    from tuner.policy import SearchPolicy
+    from tuner.records import baseline_of
+    from tuner.study import Recorder
+    from tuner.tables import Progress
+    from tuner.tune_run import PolicySearcher
+
+    space = spec.parse({"name": "t", "workload": "conv", "knobs": {"micro_batch_size": [8, 16]},
+                        "sampler": "grid", "budget": {"trials": 2}, "confirm": {"top": 1, "repeats": 1}})
+    policy = SearchPolicy(space, Context(device="cpu", cpu_count=2), sink=Recorder(tmp_path / "t.jsonl").add)
+    searcher = PolicySearcher(policy, Recorder(tmp_path / "t.jsonl"), Progress(2, "samples_per_sec", quiet=True),
+                              started=0.0)
+    figures = iter([100.0, 150.0, 160.0, 155.0, 140.0])  # baseline, two configs, the leader again, baseline again
+    seen = []
+    for n in range(5):
+        config = searcher.suggest(str(n))
+        task = searcher.tasks[str(n)]
+        searcher.land(str(n), {"status": "ok", "config": task.config, "samples_per_sec": next(figures)})
+        seen.append((task.phase, searcher.progress.baseline))
+    assert seen[0] == ("baseline", 100.0) and seen[-1][0] == "baseline", seen
+    pooled = baseline_of(policy.records, "samples_per_sec")["samples_per_sec"]
+    assert pooled != 100.0 and searcher.progress.baseline == pooled
+    assert config is not None

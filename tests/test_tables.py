@@ -61,3 +61,19 @@ def test_progress_in_a_log_prints_a_line_only_where_there_is_news(capsys):
     assert len(lines) == 4, lines
     assert "baseline 100.0 samples_per_sec" in lines[0] and "[1/2]" in lines[1] and "confirm round 1" in lines[2]
     assert "trial infeasible: out of memory" in lines[3]
+
+
+def test_a_row_at_pytorch_s_defaults_says_so():
+    """A config that differs from the baseline's in no knob (PyTorch's defaults, measured in
+    the tuner's loop) is named, not left blank."""
+    import io
+
+    base = {"config": {"micro_batch_size": 32}, "samples_per_sec": 100.0, "status": "ok", "measurements": 3}
+    top = [{"config": {"micro_batch_size": 32}, "samples_per_sec": 90.0, "spread": None, "measurements": 1,
+            "memory_mb": None}]
+    out = io.StringIO()
+    print_summary({"name": "s", "trials": 1, "measurements": 4, "search_wall_s": 10.0,
+                   "objective": {"metric": "samples_per_sec"}, "baseline": base, "top": top,
+                   "infeasible": [], "verdict": None, "overhead_ratio": None}, out)
+    row = next(line for line in out.getvalue().splitlines() if line.strip().startswith("1 "))
+    assert row.rstrip().endswith("PyTorch defaults"), row

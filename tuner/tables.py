@@ -239,12 +239,13 @@ def print_summary(summary: dict, out: Any = None) -> None:
         mem = r.get("memory_mb")
         diff = ", ".join(f"{k}={v}" for k, v in r["config"].items() if base["config"] is None or
                          base["config"].get(k, knobs.KNOBS[k].default if k in knobs.KNOBS else None) != v)
+        diff = diff or "PyTorch defaults"
         if r.get("screened"):
             diff += "  (screened: never picked)"
         elif r.get("disturbed"):
             diff += "  (disturbed: never picked)"
         print(f"{i:>2}  {r[metric]:>16,.1f}  {spread:>7}  {r['measurements']:>2}  {speed(r[metric]):>7}  "
-              f"{mem if mem is None else f'{mem:,.0f}':>9}  {diff}", file=out)
+              f"{'-' if mem is None else f'{mem:,.0f}':>9}  {diff}", file=out)
     bv = "-" if base_v is None else f"{base_v:,.1f}"
     print(f"{'b':>2}  {bv:>16}  {'':>7}  {base.get('measurements') or 1:>2}  {'1.00x':>7}  {'':>9}  baseline (plain PyTorch loop)"
           + (f" {base['status']}: {base['reason']}" if base.get("status") != "ok" else ""), file=out)

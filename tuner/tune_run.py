@@ -21,7 +21,7 @@ from tuner.capacity import Watch
 from tuner.errors import ResultsUnwritable, UserError
 from tuner.localray import ray_internal_replaced
 from tuner.policy import Done, SearchPolicy, Task, Wait
-from tuner.records import Phase
+from tuner.records import Phase, baseline_of
 from tuner.remote import TrialJob, driver_bundle, task_config, trainable
 from tuner.study import JOURNAL, Recorder, cannot_write
 from tuner.tables import Progress
@@ -60,11 +60,12 @@ class PolicySearcher(Searcher):
             return
         rec = self._guarded(self.policy.on_result, task, record)
         if rec is not None:
-            if rec["phase"] == Phase.BASELINE and self.progress.baseline is None \
-                    and rec.get("status") == "ok" and not rec.get("disturbed"):
-                # (a baseline measured on a disturbed machine would inflate every "x baseline";
-                # the summary's comes from all of its rounds)
-                self.progress.baseline = rec.get(self.progress.metric)
+            if rec["phase"] == Phase.BASELINE:
+                # the baseline as the summary pools it, over all of its rounds so far, so that
+                # the last "x baseline" is the table's (a disturbed one would inflate every ratio)
+                base = baseline_of(self.policy.records, self.progress.metric)
+                if base and base.get("status") == "ok" and not base.get("disturbed"):
+                    self.progress.baseline = base.get(self.progress.metric)
             self.progress.update(rec)
 
     def lost(self, trial_id: str, reason: str, retried: bool) -> None:
