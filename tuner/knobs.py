@@ -10,7 +10,7 @@ This module imports no torch: reading a space or a results folder stays fast.
 from __future__ import annotations
 
 import platform
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -262,13 +262,14 @@ def check_value(name: str, value: Any) -> Any:
     raise AssertionError(f"knob {name} has unsupported type {knob.type}")
 
 
-def resolve(config: dict, ctx: Context, *, strict: bool) -> tuple[dict, list[str]]:
+def resolve(config: dict, ctx: Context, *, strict: bool | Collection[str]) -> tuple[dict, list[str]]:
     """Fill in defaults and hold inapplicable knobs at their default.
 
-    ``strict`` (an explicit user setting, e.g. ``bench --set``): a knob set to a
-    non-default value where it cannot apply is an error. Otherwise (a search
-    sampling a combination) it is normalized and a note says so, so that no
-    config silently runs as something else.
+    ``strict`` (an explicit user setting, e.g. ``bench --set``: True for every knob, or
+    the names the user set): a knob set to a non-default value where it cannot apply is an
+    error. Otherwise (a search sampling a combination, or the advice around what the user
+    set) it is normalized and a note says so, so that no config silently runs as
+    something else.
     Returns the full config and the notes.
     """
     full = defaults()
@@ -284,7 +285,7 @@ def resolve(config: dict, ctx: Context, *, strict: bool) -> tuple[dict, list[str
             reason = knob.inactive(full, ctx)
         if reason is None or value == knob.default:
             continue
-        if strict:
+        if strict is True or (strict and knob.name in strict):
             raise UserError(f"knob '{knob.name}={value}' {reason}")
         notes.append(f"{knob.name}={value} ignored: {reason}")
         full[knob.name] = knob.default

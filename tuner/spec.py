@@ -176,14 +176,16 @@ class Space:
             config = dict(config, grad_accum_steps=eff // config["micro_batch_size"])
         return config
 
-    def recommended_config(self, ctx: knobs.Context) -> dict:
+    def recommended_config(self, ctx: knobs.Context, given: dict | None = None) -> dict:
         """The guides' pick for each searched or fixed knob, where the space allows it;
         else the default point's value (the guides have no advice there that the space
-        holds: the first listed value would be advice nobody gave)."""
+        holds: the first listed value would be advice nobody gave); with the values
+        ``given`` (``bench --set``) in its place, the advice fitted around them."""
         rec, default = knobs.recommended(ctx), self.default_point(ctx)
         config = {k: (rec[k] if rec[k] in values else default[k]) for k, values in self.domain.items()}
+        config.update(given or {})
         threads = self.domain.get("torch_threads")
-        if ctx.device == "cpu" and threads and len(threads) > 1:
+        if ctx.device == "cpu" and threads and len(threads) > 1 and "torch_threads" not in (given or {}):
             # Threads and DataLoader workers share the cores: the threads the workers leave.
             workers = int(config.get("num_workers", self.fixed.get("num_workers", 0)) or 0)
             config["torch_threads"] = threads_left(threads, workers, ctx.cpu_count)

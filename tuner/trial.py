@@ -56,8 +56,9 @@ class TrialRequest:
     """Knob values; the rest are resolved to their defaults on the trial's device."""
     baseline: bool = False
     """Measure the plain PyTorch loop instead of the optimized one."""
-    strict: bool = False
-    """A knob that cannot apply here is an error (``bench --set``), not a note."""
+    strict: bool | list[str] = False
+    """A knob that cannot apply here is an error (``bench --set``: True for all, or the
+    knobs the user set), not a note."""
     device: str = "auto"
     measure: dict = field(default_factory=dict)
     """``MeasureSettings`` fields (the space's ``measure:`` section)."""
@@ -86,7 +87,7 @@ class TrialRequest:
 
 
 def make_request(*, workload: str, workload_args: dict | None = None, base_dir: str | None = None,
-                 config: dict | None = None, baseline: bool = False, strict: bool = False,
+                 config: dict | None = None, baseline: bool = False, strict: bool | list[str] = False,
                  device: str = "auto", measure: dict | None = None, run: dict | None = None,
                  seed: int = 0, env: dict | None = None, isolate_compile_cache: bool = True,
                  observers: list[int] | None = None, screen: dict | None = None,
@@ -132,8 +133,8 @@ def resolve_config(request: TrialRequest) -> Resolved:
 def bench_request(space: Any, overrides: dict | None = None, baseline: bool = False) -> TrialRequest:
     """What ``tuner bench`` measures: the space's recommended config for this machine's
     device (the guides' advice within the space; ``baseline``: the plain PyTorch loop),
-    with ``overrides`` applied, every knob checked strictly (a knob that cannot apply here
-    is an error before anything runs)."""
+    with ``overrides`` applied (the advice fitted around them), each one checked strictly (a
+    knob set that cannot apply here is an error before anything runs)."""
     from tuner import apply
 
     m = space.model
@@ -145,38 +146,15 @@ def bench_request(space: Any, overrides: dict | None = None, baseline: bool = Fa
     else:
         ctx = apply.context_for(resolved.device, has_groups=resolved.workload.groups is not None,
                                 has_augment=resolved.workload.augment is not None)
-        config = _advice_around(space, ctx, overrides)
+        config = space.recommended_config(ctx, given=overrides)
     config = space.derive(config)
+    # only what the user set is checked strictly: advice it leaves without effect
+    # (persistent workers under num_workers=0) is held at its default, with a note
     request = make_request(workload=m.workload, workload_args=m.workload_args, base_dir=str(space.base_dir),
-                           config=config, baseline=baseline, strict=True, device=m.device,
+                           config=config, baseline=baseline, strict=sorted(overrides), device=m.device,
                            measure=m.measure.model_dump(), run=m.run.model_dump(), seed=m.seed)
-    resolve_config(request)
+    request.config = resolve_config(request).config
     return request
-
-
-def _advice_around(space: Any, ctx: Any, overrides: dict) -> dict:
-    """The space's recommended config with ``overrides``, the advice fitted around them:
-    the threads the overridden workers leave (threads and workers share the cores), and
-    advice that the overrides leave without effect (persistent workers under
-    ``num_workers=0``) back at its default. Only what the user set is checked strictly."""
-    from tuner import knobs
-    from tuner.spec import threads_left
-
-    config = {**space.recommended_config(ctx), **overrides}
-    threads = space.domain.get("torch_threads")
-    if ctx.device == "cpu" and threads and len(threads) > 1 and "torch_threads" not in overrides \
-            and "num_workers" in overrides:
-        config["torch_threads"] = threads_left(threads, int(config.get("num_workers") or 0), ctx.cpu_count)
-    changed = True
-    while changed:  # a knob put back can leave another without effect
-        changed = False
-        for name, value in list(config.items()):
-            knob = knobs.KNOBS.get(name)
-            if name in overrides or knob is None or knob.inactive is None or value == knob.default:
-                continue
-            if knob.inactive({**knobs.defaults(), **config}, ctx):
-                config[name], changed = knob.default, True
-    return config
 
 
 def execute(request: TrialRequest, progress: Callable[[str], None] | None = None,
