@@ -11,8 +11,7 @@ quotes the figure that triggered it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-
-import yaml
+from typing import Any
 
 from tuner import knobs
 from tuner.records import OBJECTIVE_METRICS
@@ -44,6 +43,7 @@ class Diagnosis:
     recommendations: list[str] = field(default_factory=list)
     flags: list[str] = field(default_factory=list)
     measured: list[str] = field(default_factory=list)  # recommendations the search already measured
+    moves: dict[str, dict] = field(default_factory=dict)  # a recommendation -> the knob values it sets
 
     def as_dict(self) -> dict:
         return {"verdict": self.verdict, "evidence": self.evidence,
@@ -51,41 +51,31 @@ class Diagnosis:
 
     def against(self, best: dict, rows: list[dict], metric: str) -> Diagnosis:
         """This diagnosis of a search's best config, with each recommendation the search
-        already measured turned into what it read: a value tried in the best's own config
-        (one knob apart), else in the best config that had it. A "try" for a value the
-        search measured slower sends the user to measure it again."""
+        already measured turned into what it read: its values tried in the best's own config
+        (the other knobs alike), else in the best config that had them. A "try" for values
+        the search measured slower sends the user to measure them again."""
         recs, measured = [], []
         for rec in self.recommendations:
-            knob, value = _knob_value(rec)
-            having = [r for r in rows if knob is not None and r.get("feasible") and r.get(metric)
-                      and r["config"].get(knob) == value]
+            move = self.moves.get(rec)
+            having = [r for r in rows if move and r.get("feasible") and r.get(metric)
+                      and all(r["config"].get(k) == v for k, v in move.items())]
             if not having or not best.get(metric):
                 recs.append(rec)
                 continue
-            twin = next((r for r in having if all(v == best["config"].get(k) for k, v in r["config"].items()
-                                                  if k != knob)), None)
-            seen = twin or max(having, key=lambda r: r[metric] if OBJECTIVE_METRICS.get(metric) != "min" else -r[metric])
-            apart = sum(v != best["config"].get(k) for k, v in seen["config"].items() if k != knob)
+            others = [[k for k, v in r["config"].items() if k not in move and v != best["config"].get(k)]
+                      for r in having]
+            twin = next((r for r, apart in zip(having, others, strict=True) if not apart), None)
+            sign = -1 if OBJECTIVE_METRICS.get(metric) == "min" else 1
+            seen = twin or max(having, key=lambda r: sign * r[metric])
+            apart = len(others[having.index(seen)])
             where = ("with the best config's other knobs" if twin is not None else
                      f"at most, in a config {apart} other knob{'s' if apart > 1 else ''} from the best")
             traced = f"; it recompiled {seen['recompiles_in_windows']:g}x in its windows" \
                 if seen.get("recompiles_in_windows") else ""
-            measured.append(f"{knob}={_word(value)}: {_fmt(seen[metric])} {metric} "
+            values = ", ".join(f"{k}={_word(v)}" for k, v in move.items())
+            measured.append(f"{values}: {_fmt(seen[metric])} {metric} "
                             f"({seen[metric] / best[metric]:.2f}x the best) {where}{traced}")
-        return Diagnosis(self.verdict, self.evidence, recs, self.flags, measured)
-
-
-def _knob_value(rec: str) -> tuple[str | None, object]:
-    """The knob and value a recommendation starts with (``precision=bf16 (...)``)."""
-    head = rec.split(" ", 1)[0]
-    name, _, raw = head.partition("=")
-    knob = knobs.KNOBS.get(name)
-    if knob is None or not raw:
-        return None, None
-    try:
-        return name, knobs.check_value(name, yaml.safe_load(raw))
-    except Exception:  # noqa: BLE001 -- a recommendation of no single value ("a larger ...")
-        return None, None
+        return Diagnosis(self.verdict, self.evidence, recs, self.flags, measured, self.moves)
 
 
 def _word(value: object) -> str:
@@ -108,66 +98,74 @@ def diagnose(record: dict, max_memory_mb: float | None = None) -> Diagnosis:
     util = record.get("gpu_util_pct")
     recs: list[str] = []
     flags: list[str] = []
+    moves: dict[str, dict] = {}
+
+    def advise(text: str, **move: Any) -> None:
+        recs.append(text)
+        moves[text] = move
 
     mem, cap = _memory(record, max_memory_mb)
     if mem is not None and cap and mem / cap >= MEMORY_NEAR:
         verdict, evidence = "memory-bound", f"peak memory {mem:,.0f} MB is {mem / cap:.0%} of {cap:,.0f} MB"
         if not c["activation_checkpointing"]:
-            recs.append(f"activation_checkpointing=true ({evidence}; {GUIDES['memory']})")
+            advise(f"activation_checkpointing=true ({evidence}; {GUIDES['memory']})", activation_checkpointing=True)
         if c["micro_batch_size"] > 1:
-            recs.append(f"micro_batch_size={max(1, c['micro_batch_size'] // 2)} with "
-                        f"grad_accum_steps={c['grad_accum_steps'] * 2} (same effective batch; {evidence})")
+            half, accum = max(1, c["micro_batch_size"] // 2), c["grad_accum_steps"] * 2
+            advise(f"micro_batch_size={half} with grad_accum_steps={accum} (same effective batch; {evidence})",
+                   micro_batch_size=half, grad_accum_steps=accum)
         if c["precision"] == "fp32":
-            recs.append(f"precision=bf16 halves activation memory ({evidence})")
+            advise(f"precision=bf16 halves activation memory ({evidence})", precision="bf16")
     elif wait >= INPUT_BOUND:
         verdict, evidence = "input-bound", f"data wait is {wait:.0%} of the step"
         if c["num_workers"] < max(1, cpus - 1):
             more = min(max(1, cpus - 1), max(c["num_workers"] * 2, c["num_workers"] + 1))
-            recs.append(f"num_workers={more} (now {c['num_workers']}; {evidence}; {GUIDES['loader']})")
+            advise(f"num_workers={more} (now {c['num_workers']}; {evidence}; {GUIDES['loader']})", num_workers=more)
         if c["num_workers"] > 0 and not c["persistent_workers"]:
-            recs.append(f"persistent_workers=true (workers are respawned every epoch; {evidence})")
+            advise(f"persistent_workers=true (workers are respawned every epoch; {evidence})", persistent_workers=True)
         if c["num_workers"] > 0 and (c["prefetch_factor"] or 2) < 4:
-            recs.append(f"prefetch_factor=4 ({evidence})")
+            advise(f"prefetch_factor=4 ({evidence})", prefetch_factor=4)
         if on_gpu and not c["pin_memory"]:
-            recs.append(f"pin_memory=true and non_blocking=true ({evidence})")
+            advise(f"pin_memory=true and non_blocking=true ({evidence})", pin_memory=True, non_blocking=True)
         if c["batch_grouping"] == "mixed" and record.get("has_groups"):
-            recs.append(f"batch_grouping=by_source ({GUIDES['group']})")
+            advise(f"batch_grouping=by_source ({GUIDES['group']})", batch_grouping="by_source")
         rate = record.get("load_samples_per_sec_per_process")
         if not c.get("dataset_cache") and record.get("map_style"):
             cost = f"an item costs {1e3 / rate:.2f} ms to produce in a loading process; " if rate else ""
-            recs.append(f"dataset_cache=true ({cost}read once, it is paid once, not every epoch; {evidence}; "
-                        f"refused where items differ between reads)")
+            advise(f"dataset_cache=true ({cost}read once, it is paid once, not every epoch; {evidence}; "
+                   f"refused where items differ between reads)", dataset_cache=True)
         if record.get("has_augment") and on_gpu and c.get("augment_on") != "device":
-            recs.append(f"augment_on=device (the per-batch augmentation runs in the loader's workers; {evidence})")
+            advise(f"augment_on=device (the per-batch augmentation runs in the loader's workers; {evidence})",
+                   augment_on="device")
         if c["num_workers"] >= max(1, cpus - 1):
             recs.append(f"the loader already has {c['num_workers']} workers on {cpus} CPUs: make the dataset's "
                         f"per-sample work cheaper (precompute invariant work, move augmentation to the GPU; guide 002)")
         if not on_gpu and c["torch_threads"] is None and c["num_workers"] > 0:
-            recs.append(f"torch_threads={max(1, cpus - c['num_workers'])} (training threads compete with "
-                        f"{c['num_workers']} worker(s) for {cpus} CPUs)")
+            threads = max(1, cpus - c["num_workers"])
+            advise(f"torch_threads={threads} (training threads compete with {c['num_workers']} worker(s) for "
+                   f"{cpus} CPUs)", torch_threads=threads)
     elif on_gpu and util is not None and util < GPU_IDLE:
         verdict, evidence = "host-sync-bound", f"GPU busy {util:.0f}% of the time while data wait is only {wait:.0%}"
         recs.append(f"remove per-step host syncs from the loss (.item(), .cpu(), printing tensors; {evidence}; "
                     f"{GUIDES['sync']})")
         if c["compile"] in ("off", "default"):
-            recs.append(f"compile=reduce-overhead (CUDA graphs cut launch overhead; {evidence})")
+            advise(f"compile=reduce-overhead (CUDA graphs cut launch overhead; {evidence})", compile="reduce-overhead")
         recs.append(f"a larger micro_batch_size gives the GPU more work per launch ({evidence})")
     else:
         verdict = "compute-bound"
         evidence = f"data wait only {wait:.0%}" + (f", GPU busy {util:.0f}%" if util is not None else "")
         if c["precision"] == "fp32":
-            recs.append(f"precision=bf16 ({evidence}; {GUIDES['compute']})")
+            advise(f"precision=bf16 ({evidence}; {GUIDES['compute']})", precision="bf16")
         if c["compile"] == "off":
-            recs.append(f"compile=default (measure: on small CPU models it can be slower; {evidence})")
+            advise(f"compile=default (measure: on small CPU models it can be slower; {evidence})", compile="default")
         if not c["fused_optimizer"]:
-            recs.append("fused_optimizer=true")
+            advise("fused_optimizer=true", fused_optimizer=True)
         if not c["channels_last"] and record.get("has_conv2d") is not False:  # unknown in older records
-            recs.append("channels_last=true for conv nets")
+            advise("channels_last=true for conv nets", channels_last=True)
         if on_gpu and not c["cudnn_benchmark"]:
-            recs.append("cudnn_benchmark=true (fixed input shapes)")
+            advise("cudnn_benchmark=true (fixed input shapes)", cudnn_benchmark=True)
 
     flags += _flags(record, c, on_gpu)
-    return Diagnosis(verdict, evidence, recs, flags)
+    return Diagnosis(verdict, evidence, recs, flags, moves=moves)
 
 
 def _flags(record: dict, c: dict, on_gpu: bool) -> list[str]:
