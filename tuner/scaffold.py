@@ -17,6 +17,7 @@ from pathlib import Path
 import yaml
 
 from tuner.errors import UserError
+from tuner.windows import EPOCH_WINDOWS
 
 # A probe: a short warm-up and one short window. Enough to allocate what a step
 # allocates (the peaks) and to time a step; no epoch boundaries, no screening.
@@ -25,10 +26,10 @@ PROBE_MEASURE = {"warmup_steps": 2, "window_s": 0.05, "min_windows": 1, "max_win
                  "max_steal": 1.0}
 
 
-# A micro-batch leaves at least this many steps per epoch: the measurement times five
-# windows per epoch (``windows.EPOCH_WINDOWS``), and a batch of the whole dataset is one
-# step per epoch, which is no training anyone runs.
-STEPS_PER_EPOCH = 10
+# A micro-batch leaves at least this many steps per epoch: two per timed window of an
+# epoch (``EPOCH_WINDOWS``); a batch of the whole dataset is one step per epoch, which is
+# no training anyone runs.
+STEPS_PER_EPOCH = 2 * EPOCH_WINDOWS
 
 
 @dataclass
