@@ -48,6 +48,25 @@ def test_batch_values_and_knobs_follow_the_hardware():
     assert gpu["num_workers"] == [0, 1, 2, 4, 8] and "compile" not in gpu and "channels_last" in gpu
     old_gpu = dict((k, v) for k, v, _ in knob_lines("cuda", 8, bf16=False, conv=False, compiler=True))
     assert old_gpu["precision"] == ["fp32", "fp16"]  # a V100 or T4: no bf16
+    # the fused optimizer on either device, where the workload's optimizer has a fused step
+    assert cpu["fused_optimizer"] == gpu["fused_optimizer"] == [False, True]
+    for device in ("cpu", "cuda"):
+        assert "fused_optimizer" not in dict((k, v) for k, v, _ in knob_lines(device, 2, bf16=True, conv=False,
+                                                                              compiler=True, fused=False))
+
+
+def test_the_fused_optimizer_is_searched_only_where_the_optimizer_has_a_fused_step():
+    """PyTorch's default CPU step of Adam, AdamW, SGD and Adagrad is a loop over the
+    parameters; each has a fused CPU kernel, which the knob builds. RMSprop has none:
+    ``init`` leaves the knob out, saying why, rather than write a knob whose trials fail."""
+    import torch
+
+    from tuner.apply import fused_optimizer_of
+
+    params = [torch.nn.Parameter(torch.zeros(4))]
+    for cls in (torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD, torch.optim.Adagrad):
+        assert fused_optimizer_of(cls(params, lr=0.1)) is None, cls
+    assert fused_optimizer_of(torch.optim.RMSprop(params, lr=0.1)) == "RMSprop has no fused implementation"
 
 
 @pytest.mark.slow
@@ -79,6 +98,8 @@ def test_init_on_cpu_with_a_memory_cap(tmp_path):
     assert peak(largest) <= cap < peak(too_big)
     # a CPU without GPU knobs; a 2-core machine gets 0 or 1 worker
     assert "pin_memory" not in space.model.knobs and "torch_threads" in space.model.knobs
+    # its optimizer is the default AdamW, which has a fused CPU step
+    assert space.model.knobs["fused_optimizer"] == [False, True]
 
 
 def test_init_refuses_to_overwrite(tmp_path):

@@ -113,6 +113,19 @@ def apply_activation_checkpointing(model: torch.nn.Module, enabled: bool) -> int
     return wrapped
 
 
+def fused_optimizer_of(optimizer: torch.optim.Optimizer) -> str | None:
+    """Why ``fused_optimizer`` cannot apply to ``optimizer`` on its parameters' device
+    (``init`` leaves the knob out then), or None: it can. The fused step is built as the
+    knob builds it, so a class or device without a fused kernel says so here, not in a
+    trial."""
+    try:
+        apply_fused_optimizer(optimizer, True)
+    except (UserError, RuntimeError, ValueError, TypeError) as exc:
+        text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return text.removeprefix("knob 'fused_optimizer': ")
+    return None
+
+
 def apply_fused_optimizer(optimizer: torch.optim.Optimizer, fused: bool) -> torch.optim.Optimizer:
     """Rebuild the user's optimizer with ``fused=True``, same class and hyperparameters."""
     if not fused:

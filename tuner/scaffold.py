@@ -129,9 +129,11 @@ def batch_values(largest: int) -> list[int]:
     return sorted(values)
 
 
-def knob_lines(device: str, cores: int, bf16: bool, conv: bool, compiler: bool) -> list[tuple[str, object, str]]:
+def knob_lines(device: str, cores: int, bf16: bool, conv: bool, compiler: bool,
+               fused: bool = True) -> list[tuple[str, object, str]]:
     """(knob, values, why) for this hardware, micro_batch_size excluded. GPU knobs only on
-    a GPU; bf16 on a GPU only where it is supported."""
+    a GPU; bf16 on a GPU only where it is supported; the fused optimizer where the
+    workload's optimizer has a fused step (``fused``)."""
     lines: list[tuple[str, object, str]] = []
     if device == "cuda":
         precisions = ["fp32"] + (["bf16"] if bf16 else []) + ["fp16"]
@@ -147,9 +149,13 @@ def knob_lines(device: str, cores: int, bf16: bool, conv: bool, compiler: bool) 
         lines += [("pin_memory", [False, True], "a GPU: page-locked buffers for the copies"),
                   ("non_blocking", [False, True], "a GPU: copies overlap the step"),
                   ("cudnn_benchmark", [False, True], "a GPU: cudnn picks kernels for fixed shapes"),
-                  ("tf32", [False, True], "a GPU: TF32 matmuls on Ampere and newer"),
-                  ("fused_optimizer", [False, True], "a GPU: one fused optimizer kernel")]
+                  ("tf32", [False, True], "a GPU: TF32 matmuls on Ampere and newer")]
+        if fused:
+            lines.append(("fused_optimizer", [False, True], "a GPU: one fused optimizer kernel"))
     else:
+        if fused:  # PyTorch's CPU default steps the parameters one by one in Python (no foreach)
+            lines.append(("fused_optimizer", [False, True], "the optimizer has a fused CPU step; "
+                                                             "PyTorch's default steps each parameter in turn"))
         lines.append(("torch_threads", sorted({1, max(1, cores // 2), cores}),
                       f"intra-op threads share the {cores} cores with the DataLoader workers"))
     from tuner.knobs import GLIBC
@@ -246,8 +252,11 @@ def init_space(workload: str, workload_args: dict, out: Path, *, device: str = "
         first = fit.probes[0] if fit.probes else None
         raise UserError(f"workload: micro_batch_size=1 does not fit here: {first.why if first else 'no probe'}")
     model = wl.model()
+    unfused = apply.fused_optimizer_of(wl.make_optimizer(model.to(device).parameters()))
+    if unfused:
+        say(f"fused_optimizer left out: {unfused}")
     lines = knob_lines(device, cores, bf16, apply.has_conv2d(model), shutil.which("cc") is not None
-                       or shutil.which("gcc") is not None)
+                       or shutil.which("gcc") is not None, fused=unfused is None)
     stem = name or Path(workload.split(":")[0]).stem.replace(".", "-") or "space"
     return write_space(out, name=stem, workload=seen_from(workload, out), workload_args=workload_args, device=device,
                        fit=fit, lines=lines, trials=trials, cap_note=cap_note)
