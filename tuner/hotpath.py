@@ -83,6 +83,7 @@ _VIEWS = frozenset({"__getitem__", "view", "narrow", "select", "reshape", "as_st
 # A small tensor built each step (positions for an embedding, a zero state) costs less
 # than keeping it would save; a mask of T x T does not.
 INVARIANT_NUMEL = 4096
+_MODULE_CALL = ("_call_impl", "_wrapped_call_impl")  # nn.Module.__call__
 BUILTINS = {id(hasattr): "hasattr", id(isinstance): "isinstance", id(getattr): "getattr"}
 
 
@@ -158,25 +159,28 @@ class Sites:
         self.user = user
         self.library: dict[tuple[str, str], int] = defaultdict(int)
 
-    def caller(self, frame: FrameType | None) -> tuple[str, FrameType | None, str | None]:
-        """``("user", frame, via)``, ``("tuner", None, None)``, ``(package, None, None)``;
-        ``via``: the innermost torch function between the user's line and the call."""
-        via = None
+    def caller(self, frame: FrameType | None) -> tuple[str, FrameType | None, str | None, bool]:
+        """``("user", frame, via, in_module)``, ``("tuner", None, None, False)``,
+        ``(package, None, None, False)``; ``via``: the innermost torch function between the
+        user's line and the call; ``in_module``: the call is inside one of torch's own
+        modules that the user's line called (``nn.GRU`` building its zero initial state)."""
+        via, in_module = None, False
         while frame is not None:
             name = frame.f_code.co_filename
             if self.user.owns(name):
-                return "user", frame, via
+                return "user", frame, via, in_module
             owner = _owner(name)
             if owner == "tuner" and frame.f_code.co_filename == __file__:
                 frame = frame.f_back  # this check's own handlers
                 continue
             if owner != "torch":
-                return owner, None, None
+                return owner, None, None, False
             module = frame.f_globals.get("__name__", "torch")
             if via is None and not module.startswith(("torch.overrides", "torch._tensor")):
                 via = f"{module}.{frame.f_code.co_name}"
+            in_module = in_module or (module == "torch.nn.modules.module" and frame.f_code.co_name in _MODULE_CALL)
             frame = frame.f_back
-        return "?", None, None
+        return "?", None, None, False
 
 
 def where(frame: FrameType) -> tuple[str, str]:
@@ -289,11 +293,13 @@ class _Calls(TorchFunctionMode):
         kind = self._kind(name, args, kwargs)
         if kind is None:
             return func(*args, **kwargs)
-        owner, frame, via = self.sites.caller(caller)
+        owner, frame, via, in_module = self.sites.caller(caller)
         if owner != "user":
             if owner != "tuner":
                 self.sites.library[(owner, kind[1])] += 1
             return func(*args, **kwargs)
+        if kind[0] == "invariant" and in_module:
+            return func(*args, **kwargs)  # torch's module builds it: no line of the user's to move
         t0 = time.perf_counter()
         out = func(*args, **kwargs)
         seconds = time.perf_counter() - t0
@@ -409,16 +415,24 @@ class _Builtins:
 _RECOMPILE = re.compile(r"Recompiling function (\S+) in (.+):(\d+)\n(.*)", re.S)
 
 
-class _CompileWatch(logging.Handler):
-    """Dynamo's recompile messages (its ``recompiles`` log) and its recompile-limit
-    warnings, kept here and not printed."""
+_BREAK = re.compile(r"in user code at (.+):(\d+)\nGraph Break Reason: (.*)", re.S)
 
-    LOGGERS = ("torch._dynamo.guards.__recompiles", "torch._dynamo.convert_frame")
+
+class _CompileWatch(logging.Handler):
+    """Dynamo's recompile messages (its ``recompiles`` log), its recompile-limit warnings
+    and its graph breaks' full reasons (its ``graph_breaks`` log: where a break it cannot
+    resume from leaves its list of reasons a bare code such as ``step_unsupported``),
+    kept here and not printed."""
+
+    LOGGERS = ("torch._dynamo.guards.__recompiles", "torch._dynamo.symbolic_convert.__graph_breaks",
+               "torch._dynamo.convert_frame")
+    QUIET = 2  # the first LOGGERS print nothing of their own while watched
 
     def __init__(self) -> None:
         super().__init__(logging.DEBUG)
         self.recompiles: list[str] = []
         self.limit: list[str] = []
+        self.breaks: dict[tuple[str, int], str] = {}  # (file, line): the break's reason in words
 
     def emit(self, record: logging.LogRecord) -> None:
         msg = record.getMessage()
@@ -426,15 +440,18 @@ class _CompileWatch(logging.Handler):
             self.recompiles.append(msg)
         elif "recompile_limit" in msg or "cache_size_limit" in msg:
             self.limit.append(msg)
+        elif m := _BREAK.search(msg):
+            self.breaks.setdefault((os.path.realpath(m.group(1)), int(m.group(2))), _break_words(m.group(3)))
 
     @contextlib.contextmanager
     def watching(self) -> Iterator[_CompileWatch]:
         loggers = [logging.getLogger(n) for n in self.LOGGERS]
         saved = [(lg.propagate, lg.level) for lg in loggers]
-        torch._logging.set_logs(recompiles=True)
+        torch._logging.set_logs(recompiles=True, graph_breaks=True)
         for lg in loggers:
             lg.addHandler(self)
-        loggers[0].propagate = False
+        for lg in loggers[: self.QUIET]:
+            lg.propagate = False
         try:
             yield self
         finally:
@@ -444,11 +461,26 @@ class _CompileWatch(logging.Handler):
             torch._logging.set_logs()
 
 
-def _break_findings(sites: Sites, reasons: list) -> list[Finding]:
+def _break_words(reason: str) -> str:
+    """A logged break's reason in one line: what dynamo met and its explanation (the
+    headline after "Graph break encountered:", where the break could not be resumed)."""
+    lines = [x.strip() for x in reason.split("Graph break encountered:")[-1].strip().splitlines() if x.strip()]
+    head = lines[0] if lines else reason.strip()
+    why = next((x.removeprefix("Explanation:").strip() for x in lines if x.startswith("Explanation:")), "")
+    hint = next((x.removeprefix("Hint:").strip() for x in lines if x.startswith("Hint:")), "")
+    return head + "".join(f" ({x})" for x in (why, hint) if x and x not in head)
+
+
+def _break_findings(sites: Sites, reasons: list, logged: dict[tuple[str, int], str] | None = None) -> list[Finding]:
+    """Graph breaks at the user's lines; ``logged``: the reasons in words by (file, line),
+    for a break whose own reason is a bare code."""
     out: dict[tuple[str, str], Finding] = {}
     for r in reasons:
         frame = next((f for f in reversed(r.user_stack) if sites.user.owns(f.filename)), None)
-        reason = _plain_break(r.reason.strip().splitlines()[0])
+        reason = r.reason.strip().splitlines()[0]
+        if frame is not None and " " not in reason:
+            reason = (logged or {}).get((os.path.realpath(frame.filename), frame.lineno), reason)
+        reason = _plain_break(reason)
         if frame is None:
             owner = next((_owner(f.filename) for f in reversed(r.user_stack)), "?")
             if owner not in ("tuner", "torch"):
@@ -596,7 +628,7 @@ def check(trainer: Any, user: UserCode, steps: int = 5, warm: int = 3) -> dict:
             run(warm)
             settled = len(watch.recompiles)
             run(steps)
-        findings += _break_findings(sites, list(dynamo_utils.graph_break_reasons))
+        findings += _break_findings(sites, list(dynamo_utils.graph_break_reasons), watch.breaks)
         findings += _recompile_findings(sites, watch, settled, steps)
     trainer.model = _eager(compiled)
     try:
