@@ -512,9 +512,10 @@ def test_a_trial_lost_again_after_its_retry_is_left_to_resume(tmp_path):
         [second["knobs"]["micro_batch_size"]]
 
 
-def test_the_progress_line_s_baseline_is_the_summary_s(tmp_path):
-    """The baseline is measured again in the confirm rounds: the progress line's "x baseline"
-    follows it as the summary pools it, so that the last line agrees with the table."""
+def test_the_progress_line_s_baseline_and_best_are_the_summary_s(tmp_path):
+    """The baseline and the leader are measured again in the confirm rounds: the progress
+    line's best and its "x baseline" follow them as the summary takes them, so that the
+    last line agrees with the table."""
     from tuner import spec
     from tuner.knobs import Context
     from tuner.policy import SearchPolicy
@@ -534,8 +535,11 @@ def test_the_progress_line_s_baseline_is_the_summary_s(tmp_path):
         config = searcher.suggest(str(n))
         task = searcher.tasks[str(n)]
         searcher.land(str(n), {"status": "ok", "config": task.config, "samples_per_sec": next(figures)})
-        seen.append((task.phase, searcher.progress.baseline))
-    assert seen[0] == ("baseline", 100.0) and seen[-1][0] == "baseline", seen
+        seen.append((task.phase, searcher.progress.baseline, searcher.progress.best))
+    assert seen[0][:2] == ("baseline", 100.0) and seen[-1][0] == "baseline", seen
     pooled = baseline_of(policy.records, "samples_per_sec")["samples_per_sec"]
     assert pooled != 100.0 and searcher.progress.baseline == pooled
+    # the leader read 160 in the search and 155 in its confirm round: the pick's figure
+    assert [b for _, _, b in seen] == [None, 150.0, 160.0, 155.0, 155.0], seen
+    assert searcher.progress.best == policy.pick().row["samples_per_sec"]
     assert config is not None

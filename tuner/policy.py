@@ -637,6 +637,12 @@ class SearchPolicy:
 
     # ---- the pick ---------------------------------------------------------------------------
 
+    def leader(self) -> dict | None:
+        """The best so far, as the pick will take it (an aggregated row): once the confirm
+        rounds run, the best of the re-measured configs on their figures."""
+        return best_of(rank(aggregate(self.records, self.metric), self.metric),
+                       finished=self.stage in (Stage.CONFIRM, Stage.DONE))
+
     def pick(self) -> Pick:
         """The winner: the best of the re-measured configs (``records.best_of``)."""
         best = best_of(rank(aggregate(self.records, self.metric), self.metric))

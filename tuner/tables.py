@@ -183,12 +183,10 @@ class Progress:
         self.baseline: float | None = None
 
     def update(self, record: dict | None = None, msg: str | None = None) -> None:
+        """A line for ``record`` (a trial's, landed) or ``msg``; ``best`` and ``baseline``
+        are the driver's to set, as the summary takes them."""
         if record is not None and record.get("phase") == "search":
             self.done += 1
-            v = record.get(self.metric)
-            if record.get("status") == "ok" and v is not None:
-                if self.best is None or (v > self.best if spec.OBJECTIVE_METRICS[self.metric] == "max" else v < self.best):
-                    self.best = v
         if self.quiet:
             return
         if record is not None and record.get("phase") == "baseline" and record.get("status") == "ok" \

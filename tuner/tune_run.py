@@ -60,12 +60,16 @@ class PolicySearcher(Searcher):
             return
         rec = self._guarded(self.policy.on_result, task, record)
         if rec is not None:
+            metric = self.progress.metric
             if rec["phase"] == Phase.BASELINE:
                 # the baseline as the summary pools it, over all of its rounds so far, so that
                 # the last "x baseline" is the table's (a disturbed one would inflate every ratio)
-                base = baseline_of(self.policy.records, self.progress.metric)
+                base = baseline_of(self.policy.records, metric)
                 if base and base.get("status") == "ok" and not base.get("disturbed"):
-                    self.progress.baseline = base.get(self.progress.metric)
+                    self.progress.baseline = base.get(metric)
+            # the best as the summary picks it: on the confirm rounds' figures once they run
+            leader = self.policy.leader()
+            self.progress.best = leader.get(metric) if leader else None
             self.progress.update(rec)
 
     def lost(self, trial_id: str, reason: str, retried: bool) -> None:
