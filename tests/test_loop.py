@@ -167,3 +167,35 @@ def test_worker_shutdown_is_charged_to_the_epoch_boundary():
     assert all(s >= 0.4 for s in t.epoch_start_s)
     steady_wait = t.data_wait_s - sum(t.epoch_start_s)
     assert steady_wait < 0.4  # the shutdowns are not in the steady steps' data wait
+
+
+def test_a_loss_that_returns_more_than_the_loss_trains_on_the_loss():
+    """Training code often returns ``loss, stats`` (or a Hugging Face-style mapping): the
+    loop takes the loss out of it and trains exactly as on the tensor alone; a return with
+    no loss in it, or per-sample losses, is one line saying what came back."""
+    import dataclasses
+
+    from tuner.errors import WorkloadError
+
+    wl = load_workload(ref("linear"), {"lr": 1.0})
+    plain = wl.loss
+    shapes = {"tensor": plain, "tuple": lambda m, b: (plain(m, b), {"n": 1}),
+              "dict": lambda m, b: {"loss": plain(m, b), "logits": None}}
+    after = {}
+    for name, loss in shapes.items():
+        t = Trainer(dataclasses.replace(wl, loss=loss), _config(micro_batch_size=8), CPU, seed=0)
+        t.start()
+        t.step()
+        after[name] = [p.detach().clone() for p in t.model.parameters()]
+    for name in ("tuple", "dict"):
+        for a, b in zip(after[name], after["tensor"], strict=True):
+            torch.testing.assert_close(a, b)
+    wrong = {"per-sample": (lambda m, b: torch.ones(8, requires_grad=True), "shape (8,): reduce it"),
+             "no key": (lambda m, b: {"logits": torch.ones(1)}, "without a 'loss' key (keys: logits)"),
+             "a float": (lambda m, b: (0.5, None), "a tuple whose first item is a float")}
+    for name, (loss, says) in wrong.items():
+        t = Trainer(dataclasses.replace(wl, loss=loss), _config(micro_batch_size=8), CPU, seed=0)
+        t.start()
+        with pytest.raises(WorkloadError, match=r"^workload loss returned") as err:
+            t.step()
+        assert says in str(err.value) and "\n" not in str(err.value), name

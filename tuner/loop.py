@@ -360,7 +360,8 @@ def _ranks(world_size: int) -> tuple[int, int]:
 def _as_workload_error(exc: Exception) -> Exception:
     """The user's loss raised: say so, unless it is an OOM or a compile failure."""
     module = type(exc).__module__ or ""
-    if isinstance(exc, (torch.OutOfMemoryError, UserError)) or module.startswith(("torch._dynamo", "torch._inductor")):
+    if isinstance(exc, (torch.OutOfMemoryError, UserError, WorkloadError)) or \
+            module.startswith(("torch._dynamo", "torch._inductor")):
         return exc
     return WorkloadError(f"workload loss raised {type(exc).__name__}: {exc}")
 

@@ -43,6 +43,8 @@ class Workload:
         model: builds the model (a fresh one each call); the loop moves it to the device.
         dataset: builds the dataset, map-style (``__getitem__`` + ``__len__``) or iterable.
         loss: ``loss(model, batch) -> scalar tensor``; ``batch`` is already on the device.
+            As training code often returns more: a tuple or list (``loss, stats``, as a Hugging
+            Face model's output) gives its first item, a mapping its ``"loss"`` (``the_loss``).
         collate: optional ``collate_fn`` for the DataLoader.
         optimizer: optional ``optimizer(params) -> Optimizer``; default AdamW(lr=1e-3).
         flops_per_sample: optional training FLOPs per sample (forward + backward), for MFU.
@@ -66,12 +68,53 @@ class Workload:
     epoch_size: int | None = None
     augment: Callable[[Any], Any] | None = None
 
+    def __post_init__(self) -> None:
+        if not getattr(self.loss, "the_loss", False):
+            self.loss = _scalar(self.loss)
+
     def make_optimizer(self, params: Any) -> torch.optim.Optimizer:
         if self.optimizer is None:
             import torch
 
             return torch.optim.AdamW(params, lr=1e-3)
         return self.optimizer(params)
+
+
+def _scalar(loss: Callable[[Any, Any], Any]) -> Callable[[Any, Any], torch.Tensor]:
+    """``loss`` returning the tensor to call ``backward()`` on (``the_loss``)."""
+    def scalar_loss(model: Any, batch: Any) -> torch.Tensor:
+        return the_loss(loss(model, batch))
+
+    scalar_loss.the_loss = True  # type: ignore[attr-defined]
+    scalar_loss.__wrapped__ = loss  # type: ignore[attr-defined]
+    return scalar_loss
+
+
+def the_loss(out: Any) -> torch.Tensor:
+    """The loss in what a workload's ``loss`` returned: the tensor itself, a tuple's or a
+    list's first item, a mapping's ``"loss"``; one value (a tensor of per-sample losses has
+    no gradient to start from). Anything else is a ``WorkloadError`` that says what came
+    back. Host metadata only: no device sync."""
+    import torch
+
+    got = out
+    if isinstance(out, tuple | list) and out:
+        got = out[0]
+    elif isinstance(out, dict) or (hasattr(out, "keys") and hasattr(out, "__getitem__")):
+        got = out["loss"] if "loss" in out else None
+    if isinstance(got, torch.Tensor) and got.numel() == 1:
+        return got
+    if isinstance(got, torch.Tensor):
+        raise WorkloadError(f"workload loss returned a tensor of shape {tuple(got.shape)}: reduce it to one "
+                            f"value (.mean() or .sum())")
+    if got is None and out is not None and not isinstance(out, tuple | list):
+        raise WorkloadError(f"workload loss returned a mapping without a 'loss' key (keys: "
+                            f"{', '.join(map(str, list(out.keys())[:6]))}): return the loss tensor")
+    what = f"a {type(got).__name__}"
+    if isinstance(out, tuple | list) and out:
+        what = f"a {type(out).__name__} whose first item is {what}"
+    raise WorkloadError(f"workload loss returned {what}: return the loss tensor (or a tuple with it first, "
+                        f"or a dict with it under 'loss')")
 
 
 def copies_of(model: Any) -> Callable[[], Any] | None:
