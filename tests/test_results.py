@@ -543,3 +543,31 @@ def test_the_progress_line_s_baseline_and_best_are_the_summary_s(tmp_path):
     assert [b for _, _, b in seen] == [None, 150.0, 160.0, 155.0, 155.0], seen
     assert searcher.progress.best == policy.pick().row["samples_per_sec"]
     assert config is not None
+
+
+def test_the_progress_line_shows_a_best_that_other_load_disturbed_and_says_so(tmp_path, capsys):
+    """Measured only beside other load, no config may win yet: the progress line still
+    shows the best figure, marked, rather than none."""
+    from tuner import spec
+    from tuner.knobs import Context
+    from tuner.policy import SearchPolicy
+    from tuner.study import Recorder
+    from tuner.tables import Progress
+    from tuner.tune_run import PolicySearcher
+
+    space = spec.parse({"name": "t", "workload": "conv", "knobs": {"micro_batch_size": [8, 16]},
+                        "sampler": "grid", "budget": {"trials": 2}})
+    policy = SearchPolicy(space, Context(device="cpu", cpu_count=2), sink=Recorder(tmp_path / "t.jsonl").add)
+    searcher = PolicySearcher(policy, Recorder(tmp_path / "t.jsonl"), Progress(2, "samples_per_sec", quiet=False),
+                              started=0.0)
+    for n, (figure, disturbed) in enumerate([(100.0, False), (150.0, True), (120.0, False)]):
+        searcher.suggest(str(n))
+        task = searcher.tasks[str(n)]
+        searcher.land(str(n), {"status": "ok", "config": task.config, "samples_per_sec": figure,
+                               "disturbed": disturbed})
+        if n == 1:
+            assert searcher.progress.best == 150.0 and searcher.progress.best_disturbed
+            last = capsys.readouterr().err.splitlines()[-1]
+            assert "best 150.0" in last and "disturbed by other load" in last, last
+    # a quiet measurement may win: it is the best shown, unmarked
+    assert searcher.progress.best == 120.0 and not searcher.progress.best_disturbed

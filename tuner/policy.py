@@ -639,9 +639,11 @@ class SearchPolicy:
 
     def leader(self) -> dict | None:
         """The best so far, as the pick will take it (an aggregated row): once the confirm
-        rounds run, the best of the re-measured configs on their figures."""
-        return best_of(rank(aggregate(self.records, self.metric), self.metric),
-                       finished=self.stage in (Stage.CONFIRM, Stage.DONE))
+        rounds run, the best of the re-measured configs on their figures. Where every
+        measurement was disturbed (none may win yet), the best of those, its row marked."""
+        ranked = rank(aggregate(self.records, self.metric), self.metric)
+        return best_of(ranked, finished=self.stage in (Stage.CONFIRM, Stage.DONE)) or \
+            next((r for r in ranked if r.get("disturbed")), None)
 
     def pick(self) -> Pick:
         """The winner: the best of the re-measured configs (``records.best_of``)."""

@@ -180,6 +180,7 @@ class Progress:
         self.t0 = time.time()
         self.done = 0
         self.best: float | None = None
+        self.best_disturbed = False  # every measurement so far had other load beside it
         self.baseline: float | None = None
 
     def update(self, record: dict | None = None, msg: str | None = None) -> None:
@@ -202,6 +203,8 @@ class Progress:
             ratio = speedup(self.best, self.baseline, self.metric)
             if ratio is not None:
                 parts.append(f"({ratio:.2f}x baseline)")
+            if self.best_disturbed:
+                parts.append("(disturbed by other load: it cannot win; `tuner doctor` names the load)")
         parts.append(f"elapsed {int(elapsed // 60)}:{int(elapsed % 60):02d}")
         if msg:
             parts.append(msg)

@@ -70,6 +70,7 @@ class PolicySearcher(Searcher):
             # the best as the summary picks it: on the confirm rounds' figures once they run
             leader = self.policy.leader()
             self.progress.best = leader.get(metric) if leader else None
+            self.progress.best_disturbed = bool(leader and leader.get("disturbed"))
             self.progress.update(rec)
 
     def lost(self, trial_id: str, reason: str, retried: bool) -> None:
