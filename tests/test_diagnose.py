@@ -118,6 +118,11 @@ def test_a_recommendation_the_search_measured_says_what_it_read():
     assert d.measured == [
         "precision=bf16: 150.0 samples_per_sec (0.75x the best) with the best config's other knobs",
         "compile=default: 20.0 samples_per_sec (0.10x the best) at most, in a config 2 other knobs from the best"]
+    # a figure the search could not trust as a full, quiet measurement says so
+    d = diagnose(best).against(best, [best, {**bf16, "disturbed": True}, {**compiled, "screened": True}],
+                               "samples_per_sec")
+    assert d.measured[0].endswith("other knobs; measured only beside other load")
+    assert d.measured[1].endswith("from the best; screened after its first windows")
 
 
 def test_a_compiled_config_that_recompiled_in_its_windows_says_so():

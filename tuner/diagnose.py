@@ -72,6 +72,8 @@ class Diagnosis:
                      f"at most, in a config {apart} other knob{'s' if apart > 1 else ''} from the best")
             traced = f"; it recompiled {seen['recompiles_in_windows']:g}x in its windows" \
                 if seen.get("recompiles_in_windows") else ""
+            traced += "; measured only beside other load" if seen.get("disturbed") else \
+                "; screened after its first windows" if seen.get("screened") else ""
             values = ", ".join(f"{k}={_word(v)}" for k, v in move.items())
             measured.append(f"{values}: {_fmt(seen[metric])} {metric} "
                             f"({seen[metric] / best[metric]:.2f}x the best) {where}{traced}")
