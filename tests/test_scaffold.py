@@ -143,3 +143,42 @@ def test_probe_stops_where_an_epoch_would_hold_too_few_steps(tmp_path):
                        fit=fit, lines=[], trials=4, cap_note="")
     assert f"fewer than {STEPS_PER_EPOCH} steps in an epoch of 2048 samples" in text
     assert max(spec.load(tmp_path / "s.yaml").model.knobs["micro_batch_size"]) == bound
+
+
+def test_a_batch_too_small_for_the_model_is_passed_over_and_an_oom_is_not(tmp_path):
+    """BatchNorm raises at a batch of 1 ("expected more than 1 value per channel"): the
+    probe goes on doubling to a size that runs, and the values written start there. An OOM
+    at 1 stops it at once (nothing larger fits); so does a workload that raises at every
+    size up to SMALLEST, named with the sizes tried."""
+    from tuner.scaffold import SMALLEST, write_space
+
+    def bn(b):
+        if b < 2:
+            return {"status": "infeasible", "error_kind": "workload",
+                    "reason": "workload loss raised ValueError: Expected more than 1 value per channel"}
+        if b > 20:
+            return {"status": "infeasible", "error_kind": "oom", "reason": "out of memory"}
+        return {"status": "ok", "peak_host_memory_mb": 1.0, "step_time_ms": 1.0}
+
+    fit = probe_batch(bn, device="cpu", max_memory_mb=None, max_step_s=1.0)
+    assert fit.smallest == 2 and 16 <= fit.largest <= 20 and fit.first_too_big.batch > fit.largest
+    assert batch_values(16, smallest=4) == [4, 8, 16] and batch_values(16) == [2, 4, 8, 16]
+    text = write_space(tmp_path / "s.yaml", name="s", workload="conv", workload_args={}, device="cpu",
+                       fit=fit, lines=[], trials=4, cap_note="")
+    assert min(spec.load(tmp_path / "s.yaml").model.knobs["micro_batch_size"]) >= 2 and "below 2" in text
+
+    seen = []
+
+    def oom(b):
+        seen.append(b)
+        return {"status": "infeasible", "error_kind": "oom", "reason": "out of memory"}
+
+    assert probe_batch(oom, device="cpu", max_memory_mb=None, max_step_s=1.0).largest is None and seen == [1]
+    seen.clear()
+
+    def broken(b):
+        seen.append(b)
+        return {"status": "infeasible", "error_kind": "workload", "reason": "workload loss raised KeyError: 'x'"}
+
+    assert probe_batch(broken, device="cpu", max_memory_mb=None, max_step_s=1.0).largest is None
+    assert seen == [1, 2, 4, SMALLEST]

@@ -2,7 +2,8 @@
 
 The micro-batch values come from a probe on the real device: batch sizes double from 1
 until one fails to fit (an OOM, a peak above the memory cap, or a step slower than
-``max_step_s``), then bisect between the last that fit and the first that did not.
+``max_step_s``; a size too small for the model is passed over up to ``SMALLEST``), then
+bisect between the last that fit and the first that did not.
 Each probe is a fresh process (``run_isolated``), so an OOM cannot poison the next.
 The knobs are those worth searching on this hardware, each line with its reason.
 """
@@ -26,6 +27,10 @@ PROBE_MEASURE = {"warmup_steps": 2, "window_s": 0.05, "min_windows": 1, "max_win
                  "max_steal": 1.0}
 
 
+# Where a tiny batch raises (BatchNorm's "expected more than 1 value per channel" at 1), the
+# doubling goes on up to this size for one that runs; an OOM or a hang stops it at once.
+SMALLEST = 8
+
 # A micro-batch leaves at least this many steps per epoch: two per timed window of an
 # epoch (``EPOCH_WINDOWS``); a batch of the whole dataset is one step per epoch, which is
 # no training anyone runs.
@@ -41,6 +46,7 @@ class Probe:
     why: str
     peak_mb: float | None = None
     step_ms: float | None = None
+    kind: str | None = None  # a failed trial's error kind ("oom", "workload", "timeout", ...)
 
 
 @dataclass
@@ -51,6 +57,11 @@ class Fit:
     probes: list[Probe] = field(default_factory=list)
     epoch_size: int | None = None  # the samples an epoch holds, where a probe reported them
     bound: int | None = None  # the largest batch that leaves STEPS_PER_EPOCH steps per epoch
+
+    @property
+    def smallest(self) -> int | None:
+        """The smallest size that ran: below it, the workload raised (``SMALLEST``)."""
+        return min((p.batch for p in self.probes if p.fits), default=None)
 
     @property
     def first_too_big(self) -> Probe | None:
@@ -76,7 +87,7 @@ def probe_batch(measure_one: Callable[[int], dict], *, device: str, max_memory_m
         peak = r.get("peak_device_memory_mb") if device == "cuda" else r.get("peak_host_memory_mb")
         step_ms = r.get("step_time_ms")
         if r.get("status") != "ok":
-            p = Probe(b, False, r.get("reason") or r.get("status") or "failed")
+            p = Probe(b, False, r.get("reason") or r.get("status") or "failed", kind=r.get("error_kind"))
         elif max_memory_mb is not None and peak is not None and peak > max_memory_mb:
             p = Probe(b, False, f"peak {peak:.0f} MB > cap {max_memory_mb:.0f} MB", peak, step_ms)
         elif step_ms is not None and step_ms / 1e3 > max_step_s:
@@ -99,6 +110,8 @@ def probe_batch(measure_one: Callable[[int], dict], *, device: str, max_memory_m
             lo, b = b, b * 2
             if lo >= upper:
                 break
+        elif lo == 0 and b < SMALLEST and fit.probes[-1].kind in ("workload", "error"):
+            b *= 2  # a size this small may be what raised: a larger one may run
         else:
             hi = b
             break
@@ -116,14 +129,14 @@ def probe_batch(measure_one: Callable[[int], dict], *, device: str, max_memory_m
     return fit
 
 
-def batch_values(largest: int) -> list[int]:
+def batch_values(largest: int, smallest: int = 1) -> list[int]:
     """Up to four sizes: the largest that fits, and the powers of two below it down to
-    an eighth of it."""
+    an eighth of it, none below ``smallest`` (the smallest that ran)."""
     values = {largest}
     p = 1 << (largest.bit_length() - 1)  # the highest power of two <= largest
     if p == largest:
         p //= 2
-    while p >= max(1, largest // 8) and len(values) < 4:
+    while p >= max(smallest, largest // 8) and len(values) < 4:
         values.add(p)
         p //= 2
     return sorted(values)
@@ -182,8 +195,10 @@ def write_space(path: Path, *, name: str, workload: str, workload_args: dict, de
         stop = f"; a larger one leaves fewer than {STEPS_PER_EPOCH} steps in an epoch of {fit.epoch_size} samples"
     else:
         stop = "; the probe stopped at its upper bound"
-    mb_why = f"largest that fits: {fit.largest}{stop}{cap_note}"
-    rows = [("micro_batch_size", batch_values(fit.largest), mb_why), *lines]
+    smallest = fit.smallest or 1
+    below = f"; below {smallest} the workload raised (see init's output)" if smallest > 1 else ""
+    mb_why = f"largest that fits: {fit.largest}{stop}{cap_note}{below}"
+    rows = [("micro_batch_size", batch_values(fit.largest, smallest), mb_why), *lines]
     width = max(len(f"  {k}: {_flow(v)}") for k, v, _ in rows) + 2
     text = [f"# Written by `tuner init` for this machine ({device}). Edit freely.",
             f"name: {name}",
@@ -249,8 +264,9 @@ def init_space(workload: str, workload_args: dict, out: Path, *, device: str = "
     fit = probe_batch(measure_one, device=device, max_memory_mb=max_memory_mb, max_step_s=max_step_s,
                       upper=upper, say=say)
     if fit.largest is None:
-        first = fit.probes[0] if fit.probes else None
-        raise UserError(f"workload: micro_batch_size=1 does not fit here: {first.why if first else 'no probe'}")
+        last = fit.probes[-1] if fit.probes else None
+        sizes = "micro_batch_size=1" if not last or last.batch == 1 else f"no micro_batch_size from 1 to {last.batch}"
+        raise UserError(f"workload: {sizes} does not fit here: {last.why if last else 'no probe'}")
     model = wl.model()
     unfused = apply.fused_optimizer_of(wl.make_optimizer(model.to(device).parameters()))
     if unfused:
