@@ -77,3 +77,20 @@ def test_a_row_at_pytorch_s_defaults_says_so():
                    "infeasible": [], "verdict": None, "overhead_ratio": None}, out)
     row = next(line for line in out.getvalue().splitlines() if line.strip().startswith("1 "))
     assert row.rstrip().endswith("PyTorch defaults"), row
+
+
+def test_a_screened_config_measured_again_is_one_trial_of_the_budget(capsys):
+    """``budget.trials`` counts configs: a screened config that the model sends to be
+    measured again in full is one of them, in the progress line as in the policy (the
+    line read 14/12 on a search of 12 configs)."""
+    from tuner.records import configs_tried
+
+    p = Progress(total=2, metric="samples_per_sec", quiet=False)
+    records = [{"phase": "search", "key": "a", "status": "ok", "samples_per_sec": 90.0, "screened": True},
+               {"phase": "search", "key": "b", "status": "ok", "samples_per_sec": 150.0},
+               {"phase": "search", "key": "a", "status": "ok", "samples_per_sec": 140.0}]
+    for r in records:
+        p.update(r)
+    assert capsys.readouterr().err.splitlines()[-1].startswith("[2/2]")
+    skipped = {"phase": "search", "key": "c", "status": "infeasible", "skipped": True}
+    assert configs_tried([*records, skipped, {"phase": "confirm", "key": "d"}]) == {"a", "b"}

@@ -349,6 +349,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_resume(args: argparse.Namespace) -> int:
     from tuner import spec
+    from tuner.records import configs_tried
     from tuner.results import open_results
     from tuner.search import run_search
     from tuner.tables import print_summary
@@ -360,7 +361,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     if args.trials:
         space.model.budget.trials = args.trials
     spec.check_workload(space)
-    done = len([r for r in res.records if r.get("phase") == "search"])
+    done = len(configs_tried(res.records))
     print(f"resuming {space.model.name}: {done}/{space.model.search_trials()} trials done", file=sys.stderr)
     summary = run_search(space, results_root=res.path.resolve().parent, address=args.address,
                          resume=True, quiet=args.quiet)

@@ -439,6 +439,12 @@ def contender(row: dict) -> bool:
     return not row.get("disturbed") and not row.get("screened")
 
 
+def configs_tried(records: list[Record]) -> set[str]:
+    """The distinct configs a search measured, which ``budget.trials`` counts: a screened
+    config measured again in full is one config, one not run (``skipped``) none."""
+    return {r["key"] for r in records if r.get("phase") == "search" and not r.get("skipped") and "key" in r}
+
+
 def best_of(ranked: list[dict], finished: bool = True) -> dict | None:
     """The winner: once the search has finished, the best of the re-measured configs
     (chosen on repeated figures); before that, the best so far. A config measured

@@ -42,6 +42,7 @@ from tuner.records import (
     aggregate,
     baseline_of,
     best_of,
+    configs_tried,
     no_winner_reason,
     pareto_front,
     rank,
@@ -175,6 +176,7 @@ def _search(space: spec.Space, out: Path, progress: Progress, ray_start_s: float
     base = baseline_of(recorder.previous, m.objective.metric)
     if base and base.get("status") == "ok" and not base.get("disturbed"):
         progress.baseline = base.get(m.objective.metric)
+    progress.tried = configs_tried(policy.records)  # a resumed search's, so far
     started = time.time()
     try:
         drive(policy, job, recorder=recorder, progress=progress, concurrent=concurrent, started=started,
@@ -283,7 +285,6 @@ def summarize(space: spec.Space, records: list[dict], baseline: dict, *, describ
     base_value = baseline.get(metric) if baseline.get("status") == "ok" else None
     best_speedup = speedup(best[metric], base_value, metric) if best is not None else None
     in_trial = sum(r.get("trial_wall_s") or 0.0 for r in records)
-    search = [r for r in records if r.get("phase") == "search"]
     verdict = None
     if best_speedup is not None and best_speedup < 1.0:
         verdict = (f"the chosen config measured {best_speedup:.2f}x the baseline (the plain PyTorch loop): "
@@ -306,7 +307,7 @@ def summarize(space: spec.Space, records: list[dict], baseline: dict, *, describ
         "infeasible": [{"config": r["config"], "reason": r["reason"]} for r in rows
                        if not r["feasible"] and not r.get("held")],
         "held": [{"config": r["config"], "reason": r["reason"]} for r in rows if r.get("held")],
-        "trials": len(search),
+        "trials": len(configs_tried(records)),
         "measurements": len(records),
         "device": device,
         "cluster": describe_cluster,

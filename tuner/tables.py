@@ -13,7 +13,7 @@ from typing import Any
 
 from tuner import knobs, spec
 from tuner.diagnose import Diagnosis, diagnose
-from tuner.records import speedup
+from tuner.records import configs_tried, speedup
 from tuner.results import Results
 
 
@@ -52,9 +52,8 @@ def table_rows(res: Results) -> list[dict]:
 def print_show(res: Results, out: Any = None, limit: int | None = None) -> None:
     out = sys.stdout if out is None else out  # at call time: a replaced sys.stdout is honoured
     metric = res.metric
-    searched = [r for r in res.records if r.get("phase") == "search"]
     state = "finished" if res.summary else "running or interrupted"
-    print(f"{res.space.name}: {len(searched)}/{res.space.search_trials()} trials ({state}), "
+    print(f"{res.space.name}: {len(configs_tried(res.records))}/{res.space.search_trials()} trials ({state}), "
           f"objective {metric} ({spec.OBJECTIVE_METRICS[metric]})", file=out)
     print(f"{'#':>3}  {'status':<10} {metric:>16} {'spread':>7} {'n':>2} {'speedup':>7} {'memory MB':>9}  "
           f"{'bottleneck':<15}  config / reason", file=out)
@@ -178,7 +177,8 @@ class Progress:
         self.total, self.metric, self.quiet = total, metric, quiet
         self.tty = sys.stderr.isatty()
         self.t0 = time.time()
-        self.done = 0
+        self.tried: set[str] = set()  # the configs measured (a screened one measured again is one)
+        self.done = 0  # those without a key (a record not from a search)
         self.best: float | None = None
         self.best_disturbed = False  # every measurement so far had other load beside it
         self.baseline: float | None = None
@@ -187,7 +187,10 @@ class Progress:
         """A line for ``record`` (a trial's, landed) or ``msg``; ``best`` and ``baseline``
         are the driver's to set, as the summary takes them."""
         if record is not None and record.get("phase") == "search":
-            self.done += 1
+            if "key" in record:
+                self.tried.add(record["key"])
+            else:
+                self.done += 1
         if self.quiet:
             return
         if record is not None and record.get("phase") == "baseline" and record.get("status") == "ok" \
@@ -197,7 +200,7 @@ class Progress:
                 and record.get("status") in (None, "ok"):
             return  # a log gets a line where there is news: the next task's line follows this one
         elapsed = time.time() - self.t0
-        parts = [f"[{self.done}/{self.total}]"]
+        parts = [f"[{self.done + len(self.tried)}/{self.total}]"]
         if self.best is not None:
             parts.append(f"best {self.best:,.1f} {self.metric}")
             ratio = speedup(self.best, self.baseline, self.metric)

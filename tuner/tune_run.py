@@ -48,6 +48,9 @@ class PolicySearcher(Searcher):
         self.tasks[trial_id] = decision
         if decision.phase != Phase.SEARCH:
             self.progress.update(msg=_saying(decision))
+        elif decision.screen is None and self.policy.record_key({"config": decision.config}) in self.policy.screened:
+            self.progress.update(msg="measuring a screened config again, in full: the model of the full "
+                                     "measurements puts it within reach of the leader")
         return task_config(decision)
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
