@@ -94,3 +94,22 @@ def test_a_screened_config_measured_again_is_one_trial_of_the_budget(capsys):
     assert capsys.readouterr().err.splitlines()[-1].startswith("[2/2]")
     skipped = {"phase": "search", "key": "c", "status": "infeasible", "skipped": True}
     assert configs_tried([*records, skipped, {"phase": "confirm", "key": "d"}]) == {"a", "b"}
+
+
+def test_a_row_above_the_pick_on_one_measurement_says_why_it_is_not_the_pick():
+    """Under a time budget the confirm round may hold the leader alone: a config that read
+    higher once sits below the pick, and says why (the line was bare, and read as a bug)."""
+    import io
+
+    base = {"config": {"micro_batch_size": 32}, "samples_per_sec": 100.0, "status": "ok", "measurements": 2}
+    pick = {"config": {"micro_batch_size": 64}, "samples_per_sec": 150.0, "spread": 0.1, "measurements": 2,
+            "memory_mb": 1.0}
+    once = {"config": {"micro_batch_size": 64, "compile": "default"}, "samples_per_sec": 166.0, "spread": None,
+            "measurements": 1, "memory_mb": 1.0}
+    below = {**once, "config": {"micro_batch_size": 16}, "samples_per_sec": 90.0}
+    out = io.StringIO()
+    print_summary({"name": "s", "trials": 3, "measurements": 6, "search_wall_s": 10.0,
+                   "objective": {"metric": "samples_per_sec"}, "baseline": base, "top": [pick, once, below],
+                   "infeasible": [], "verdict": None, "overhead_ratio": None}, out)
+    rows = [line for line in out.getvalue().splitlines() if line.strip()[:1] in "123"]
+    assert "not confirmed" in rows[1] and "not confirmed" not in rows[0] + rows[2], rows

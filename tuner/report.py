@@ -9,7 +9,14 @@ from tuner import spec
 from tuner.diagnose import diagnose
 from tuner.errors import UserError
 from tuner.results import Results
-from tuner.tables import diff_from_default, fmt, recompiled, search_hot_path_lines, table_rows
+from tuner.tables import (
+    diff_from_default,
+    fmt,
+    recompiled,
+    search_hot_path_lines,
+    table_rows,
+    unconfirmed,
+)
 
 # ---- report.md and plots ------------------------------------------------------------------
 
@@ -176,10 +183,13 @@ def write_report(res: Results) -> Path:
               "|---|---|---|---|---|---|---|---|---|"]
     for i, r in enumerate(table_rows(res), 1):
         sp = res.speedup(r)
-        detail = diff_from_default(r["config"]) + recompiled(r) + ("" if r["feasible"] else f" — {r['reason']}")
+        detail = diff_from_default(r["config"]) + recompiled(r) + unconfirmed(r, best, metric) \
+            + ("" if r["feasible"] else f" — {r['reason']}")
+        status = ("screened" if r.get("screened") else "disturbed" if r.get("disturbed") else "ok") \
+            if r["feasible"] else "infeasible"
         spread = f"{r['spread'] * 100:.1f}%" if r.get("spread") is not None else "-"
         verdict = diagnose(r, cap).verdict if r["feasible"] else "-"
-        lines.append(f"| {i} | {'ok' if r['feasible'] else 'infeasible'} | {fmt(r.get(metric))} | {spread} | "
+        lines.append(f"| {i} | {status} | {fmt(r.get(metric))} | {spread} | "
                      f"{r['measurements']} | {f'{sp:.2f}x' if sp else '-'} | {fmt(r.get('memory_mb'), digits=0)} | "
                      f"{verdict} | {detail} |")
     base = res.baseline

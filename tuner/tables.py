@@ -39,6 +39,19 @@ def recompiled(row: dict) -> str:
     return f"  (recompiled {n:g}x in its timed windows)" if n else ""
 
 
+def unconfirmed(row: dict, best: dict | None, metric: str) -> str:
+    """A row that reads better than the pick on a single measurement, said beside it: the
+    pick is the best of the configs measured again (a lone figure is the likeliest to be a
+    lucky draw), and the confirm rounds had no place for this one."""
+    if best is None or row.get("config") == best.get("config") or row.get("screened") or row.get("disturbed") \
+            or row.get(metric) is None or best.get(metric) is None:
+        return ""
+    better = row[metric] > best[metric] if spec.OBJECTIVE_METRICS[metric] == "max" else row[metric] < best[metric]
+    if not (better and row.get("measurements", 1) <= 1 < best.get("measurements", 1)):
+        return ""
+    return "  (one measurement, not confirmed: the pick is the best of the configs measured again)"
+
+
 def table_rows(res: Results) -> list[dict]:
     """Every config: feasible ones sorted by the objective, then the infeasible ones."""
     from tuner.records import winner_first
@@ -59,6 +72,7 @@ def print_show(res: Results, out: Any = None, limit: int | None = None) -> None:
           f"{'bottleneck':<15}  config / reason", file=out)
     rows = table_rows(res)
     cap = res.space.constraints.max_memory_mb
+    pick = res.best()
     for i, r in enumerate(rows[:limit] if limit else rows, 1):
         status = ("screened" if r.get("screened") else "disturbed" if r.get("disturbed") else "ok") \
             if r["feasible"] else "not run" if r.get("held") else "infeasible"
@@ -69,7 +83,7 @@ def print_show(res: Results, out: Any = None, limit: int | None = None) -> None:
             detail += f"  (scaling: {r['scaling_efficiency']:.0%} of {r['config']['world_size']}x one rank)"
         if r.get("joules_per_sample"):
             detail += f"  ({r['joules_per_sample']:.3g} J/sample)"
-        detail += recompiled(r)
+        detail += recompiled(r) + unconfirmed(r, pick, metric)
         if not r["feasible"]:
             detail += f"  -- {r['reason']}"
         elif r.get("screened"):
@@ -248,6 +262,7 @@ def print_summary(summary: dict, out: Any = None) -> None:
             diff += "  (screened: never picked)"
         elif r.get("disturbed"):
             diff += "  (disturbed: never picked)"
+        diff += unconfirmed(r, summary["top"][0], metric)
         print(f"{i:>2}  {r[metric]:>16,.1f}  {spread:>7}  {r['measurements']:>2}  {speed(r[metric]):>7}  "
               f"{'-' if mem is None else f'{mem:,.0f}':>9}  {diff}", file=out)
     bv = "-" if base_v is None else f"{base_v:,.1f}"
