@@ -111,5 +111,5 @@ def test_a_row_above_the_pick_on_one_measurement_says_why_it_is_not_the_pick():
     print_summary({"name": "s", "trials": 3, "measurements": 6, "search_wall_s": 10.0,
                    "objective": {"metric": "samples_per_sec"}, "baseline": base, "top": [pick, once, below],
                    "infeasible": [], "verdict": None, "overhead_ratio": None}, out)
-    rows = [line for line in out.getvalue().splitlines() if line.strip()[:1] in "123"]
+    rows = [line for line in out.getvalue().splitlines() if line.strip()[:1] in ("1", "2", "3")]
     assert "not confirmed" in rows[1] and "not confirmed" not in rows[0] + rows[2], rows
