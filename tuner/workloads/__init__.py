@@ -24,7 +24,7 @@ import importlib
 import importlib.util
 import inspect
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -100,7 +100,7 @@ def the_loss(out: Any) -> torch.Tensor:
     got = out
     if isinstance(out, tuple | list) and out:
         got = out[0]
-    elif isinstance(out, dict) or (hasattr(out, "keys") and hasattr(out, "__getitem__")):
+    elif isinstance(out, Mapping):  # a dict, a Hugging Face ModelOutput or BatchEncoding
         got = out["loss"] if "loss" in out else None
     if isinstance(got, torch.Tensor) and got.numel() == 1:
         return got
