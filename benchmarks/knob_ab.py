@@ -49,7 +49,7 @@ def main() -> None:
     a = ap.parse_args()
     off, on = json.loads(a.off), json.loads(a.on)
     overrides = {k: json.loads(v) for k, v in (s.split("=", 1) for s in a.set)}
-    out = Path(a.out or Path(__file__).parent / "out" / "knob_ab.json")
+    out = Path(a.out or Path(__file__).parent / "out" / f"knob_ab_{a.knob}.json")
     rng = random.Random(a.seed)
     rows = json.loads(out.read_text())["rows"] if a.resume and out.exists() else []
     with tempfile.TemporaryDirectory() as tmp:

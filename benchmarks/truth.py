@@ -214,6 +214,10 @@ def plain_loop(workload: str, args: dict, config: dict, epochs: int, device: str
     if config.get("channels_last"):
         model = model.to(memory_format=torch.channels_last)
     opt = wl.make_optimizer(model.parameters())
+    if config.get("fused_optimizer"):
+        from user_loop import fused_like  # the same optimizer, fused=True, as a user asks for it
+
+        opt = fused_like(opt, model.parameters())
     ds = wl.dataset()
     bs, workers = config["micro_batch_size"], config.get("num_workers", 0)
     kw = {"num_workers": workers, "pin_memory": bool(config.get("pin_memory"))}

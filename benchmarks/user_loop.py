@@ -38,6 +38,16 @@ import statistics
 import time
 
 
+def fused_like(opt, params):
+    """The workload's optimizer as a user asks for the fused one: the same class and
+    hyperparameters, ``fused=True``."""
+    import inspect
+
+    allowed = inspect.signature(type(opt).__init__).parameters
+    kw = {k: v for k, v in opt.defaults.items() if k in allowed and k not in ("fused", "foreach", "params")}
+    return type(opt)(params, **kw, fused=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("workload")
@@ -70,10 +80,9 @@ def main() -> None:
     if cl:
         model = model.to(memory_format=torch.channels_last)
     model.train()
-    if config.get("fused_optimizer") and wl.optimizer is None:
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
-    else:
-        opt = wl.make_optimizer(model.parameters())
+    opt = wl.make_optimizer(model.parameters())
+    if config.get("fused_optimizer"):
+        opt = fused_like(opt, model.parameters())
     if config.get("compile", "off") != "off":
         model = torch.compile(model, mode=None if config["compile"] == "default" else config["compile"])
     workers = config.get("num_workers", 0)
