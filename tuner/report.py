@@ -13,6 +13,7 @@ from tuner.tables import (
     diff_from_default,
     fmt,
     recompiled,
+    row_status,
     search_hot_path_lines,
     table_rows,
     unconfirmed,
@@ -185,8 +186,7 @@ def write_report(res: Results) -> Path:
         sp = res.speedup(r)
         detail = diff_from_default(r["config"]) + recompiled(r) + unconfirmed(r, best, metric) \
             + ("" if r["feasible"] else f" — {r['reason']}")
-        status = ("screened" if r.get("screened") else "disturbed" if r.get("disturbed") else "ok") \
-            if r["feasible"] else "infeasible"
+        status = row_status(r)
         spread = f"{r['spread'] * 100:.1f}%" if r.get("spread") is not None else "-"
         verdict = diagnose(r, cap).verdict if r["feasible"] else "-"
         lines.append(f"| {i} | {status} | {fmt(r.get(metric))} | {spread} | "

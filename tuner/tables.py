@@ -52,6 +52,13 @@ def unconfirmed(row: dict, best: dict | None, metric: str) -> str:
     return "  (one measurement, not confirmed: the pick is the best of the configs measured again)"
 
 
+def row_status(row: dict) -> str:
+    """A row's status word in the tables: whether it may win, and if not, why."""
+    if not row["feasible"]:
+        return "not run" if row.get("held") else "infeasible"
+    return "screened" if row.get("screened") else "disturbed" if row.get("disturbed") else "ok"
+
+
 def table_rows(res: Results) -> list[dict]:
     """Every config: feasible ones sorted by the objective, then the infeasible ones."""
     from tuner.records import winner_first
@@ -74,8 +81,7 @@ def print_show(res: Results, out: Any = None, limit: int | None = None) -> None:
     cap = res.space.constraints.max_memory_mb
     pick = res.best()
     for i, r in enumerate(rows[:limit] if limit else rows, 1):
-        status = ("screened" if r.get("screened") else "disturbed" if r.get("disturbed") else "ok") \
-            if r["feasible"] else "not run" if r.get("held") else "infeasible"
+        status = row_status(r)
         spread = f"{r['spread'] * 100:.1f}%" if r.get("spread") is not None else "-"
         sp = res.speedup(r)
         detail = diff_from_default(r["config"])
@@ -202,7 +208,7 @@ class Progress:
         are the driver's to set, as the summary takes them."""
         if record is not None and record.get("phase") == "search":
             if "key" in record:
-                self.tried.add(record["key"])
+                self.tried |= configs_tried([record])
             else:
                 self.done += 1
         if self.quiet:
