@@ -210,7 +210,10 @@ def test_an_infeasible_bench_exits_3_and_keeps_the_users_message(tmp_path):
 
 @pytest.mark.slow
 def test_two_runs_on_one_name_one_runs_one_is_refused(tmp_path):
-    space = _space(tmp_path, f"{FIXTURES}:sleepy", "budget: {trials: 1}\nconfirm: {top: 0}\n")
+    # threads past the cores (never run here: the one config tried is PyTorch's default,
+    # the listed value nearest the cores) are named in a note
+    space = _space(tmp_path, f"{FIXTURES}:sleepy", "budget: {trials: 1}\nconfirm: {top: 0}\n"
+                   "knobs: {torch_threads: [1, 4096]}\n")
     first = subprocess.Popen([sys.executable, "-m", "tuner", "run", str(space), "--quiet"], cwd=tmp_path,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -226,6 +229,7 @@ def test_two_runs_on_one_name_one_runs_one_is_refused(tmp_path):
     records = [json.loads(x) for x in (tmp_path / "results" / "t" / "trials.jsonl").read_text().splitlines()]
     phases = [r["phase"] for r in records]
     assert phases.count("baseline") == 1 and phases.count("search") == 1  # one search's records
+    assert "note: knobs.torch_threads: 4096 intra-op threads (more than the" in first.stderr.read()
 
 
 @pytest.mark.parametrize("extra, workload, says", [
@@ -284,6 +288,20 @@ def test_the_same_run_again_searches_beside_the_earlier_one(tmp_path, capsys):
     assert _free_name(root, "quickstart") == "quickstart-3"
     said = capsys.readouterr().out
     assert "resume" in said and "quickstart-3" in said
+
+
+@pytest.mark.slow
+def test_bench_says_when_the_config_oversubscribes_the_cores(tmp_path, capsys, monkeypatch):
+    import os
+
+    space = _space(tmp_path, f"{FIXTURES}:sleepy", "device: cpu\n")
+    over = (os.cpu_count() or 1) + 1
+    r = in_process("bench", str(space), "--set", f"num_workers={over}", "--json", cwd=tmp_path, capsys=capsys,
+                   monkeypatch=monkeypatch)
+    assert r.returncode == 0, r.stderr
+    assert f"note: knobs.num_workers: {over} DataLoader workers (more than the" in r.stderr
+    assert "oversubscribes" not in in_process("bench", str(space), "--json", cwd=tmp_path, capsys=capsys,
+                                              monkeypatch=monkeypatch).stderr
 
 
 def test_bench_fits_the_advice_around_what_was_set(tmp_path):

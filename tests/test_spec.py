@@ -253,3 +253,28 @@ def test_on_a_cpu_the_guides_bf16_start_is_paired_with_the_same_in_fp32(tmp_path
     assert [p["precision"] for p in no_bf16] == ["fp32", "fp32"]  # the splits are the two before
     gpu = s.start_points(knobs.Context(device="cuda", cpu_count=2))
     assert [p["precision"] for p in gpu] == ["fp32", "bf16"]
+
+
+def test_threads_and_workers_beyond_the_cores_are_named(tmp_path):
+    """A space written for a larger machine: the values past the trial's cores are named,
+    per knob (the search measures them as written, and says so); values within the cores,
+    and a space without those knobs, say nothing."""
+    p = tmp_path / "space.yaml"
+    p.write_text("name: t\nworkload: conv\nknobs:\n  torch_threads: [1, 4, 8, 16]\n  num_workers: [0, 2, 9]\n")
+    said = spec.load(p).beyond_cores(8)
+    assert said == ["knobs.torch_threads: 16 intra-op threads (more than the 8 cores a trial has)",
+                    "knobs.num_workers: 9 DataLoader workers (more than the 8 cores a trial has)"]
+    assert spec.load(p).beyond_cores(2)[0].startswith("knobs.torch_threads: 4, 8, 16 intra-op threads")
+    assert spec.load(p).beyond_cores(16) == []
+    assert spec.beyond_cores({"torch_threads": [None, 2]}, 1) == [
+        "knobs.torch_threads: 2 intra-op threads (more than the 1 core a trial has)"]
+
+
+def test_workers_past_a_gpu_trial_s_share_of_the_node_are_named():
+    """A trial per GPU at once: a trial that reserves more than its share of the node's
+    cores (itself and its workers) keeps another GPU's trial waiting."""
+    domain = {"num_workers": [0, 4, 7, 8, 16]}
+    assert spec.beyond_share(domain, 64, 8) == [
+        "knobs.num_workers: 8, 16 DataLoader workers need more than a trial's share of the node's cores "
+        "(64 over 8 trials at once: 8 each, one for the step)"]
+    assert spec.beyond_share(domain, 64, 1) == [] and spec.beyond_share({"precision": ["fp32"]}, 2, 4) == []

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import threading
@@ -56,6 +57,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     spec.check_workload(space)
     request = _bench_request(space, args)
     _check_cache(space, request.config)
+    for over in spec.beyond_cores({k: [v] for k, v in request.config.items()}, os.cpu_count() or 1):
+        print(f"note: {over}: this config oversubscribes the cores", file=sys.stderr)
     progress = None if args.json or not sys.stderr.isatty() else _progress_line
     timeout_s = args.timeout or space.model.budget.trial_timeout_s
     if request.config.get("world_size", 1) > 1:

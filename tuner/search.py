@@ -154,6 +154,12 @@ def _search(space: spec.Space, out: Path, progress: Progress, ray_start_s: float
     shape = cluster_shape()
     device, cpus_per_trial, gpus_per_trial, concurrent = plan_resources(space, shape)
     ctx, cuda_there = trial_context(space, device, gpus_per_trial, shape)
+    for over in space.beyond_cores(ctx.cpu_count):
+        progress.note(f"{over}: configs with them oversubscribe the cores, and are measured as written")
+    if device == "cuda":
+        per_node = min(concurrent, max(1, shape["max_node_gpus"] // max(1, gpus_per_trial)))
+        for over in spec.beyond_share(space.domain, shape["max_node_cpus"], per_node):
+            progress.note(f"{over}: with them fewer trials run at once")
     recorder = Recorder(out / "trials.jsonl")
     local_ray = ray_start_s > 0 and not attached()  # a Ray started here, on this machine only
     job = TrialJob(

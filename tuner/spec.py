@@ -169,6 +169,10 @@ class Space:
     def size(self) -> int:
         return math.prod(len(v) for v in self.domain.values()) if self.domain else 1
 
+    def beyond_cores(self, cores: int) -> list[str]:
+        """What the space lists beyond the ``cores`` a trial has (``beyond_cores``)."""
+        return beyond_cores(self.domain, cores)
+
     def derive(self, config: dict) -> dict:
         """Apply derived knobs: accumulation from a fixed effective batch size."""
         eff = self.model.constraints.effective_batch_size
@@ -277,6 +281,33 @@ class Space:
             config = {"micro_batch_size": eff, "grad_accum_steps": 1}
         config.update(self.model.baseline)
         return config
+
+
+def beyond_cores(domain: dict[str, list], cores: int) -> list[str]:
+    """Intra-op threads or DataLoader workers in ``domain`` (knob -> values) more than the
+    ``cores`` a trial has, one phrase per knob: a space written for a larger machine, or a
+    trial node smaller than this one. Such configs are measured as written; they
+    oversubscribe the cores, which whoever reads their figures should know."""
+    out = []
+    for name, what in (("torch_threads", "intra-op threads"), ("num_workers", "DataLoader workers")):
+        over = [v for v in domain.get(name, []) if v is not None and v > cores]
+        if over:
+            out.append(f"knobs.{name}: {', '.join(map(str, over))} {what} (more than the {cores} "
+                       f"core{'s' if cores != 1 else ''} a trial has)")
+    return out
+
+
+def beyond_share(domain: dict[str, list], cores: int, trials: int) -> list[str]:
+    """DataLoader workers in ``domain`` that take a GPU trial past its share of a node's
+    ``cores`` when the node runs ``trials`` trials at once (one per GPU): a trial reserves
+    itself and its workers, so with these fewer trials run at once, and a data-parallel run
+    with a rank per GPU would not have the cores they were measured with."""
+    share = cores // max(1, trials)
+    over = [w for w in domain.get("num_workers", []) if trials > 1 and w is not None and 1 + w > share]
+    if not over:
+        return []
+    return [f"knobs.num_workers: {', '.join(map(str, over))} DataLoader workers need more than a trial's share of "
+            f"the node's cores ({cores} over {trials} trials at once: {share} each, one for the step)"]
 
 
 def threads_left(threads: list, workers: int, cores: int) -> int:

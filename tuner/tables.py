@@ -239,6 +239,11 @@ class Progress:
         else:
             print(line, file=sys.stderr, flush=True)
 
+    def note(self, text: str) -> None:
+        """A line that stays, on the search as a whole (printed under ``quiet`` too: it is
+        about what the search measures, not its progress)."""
+        print(("\r\033[K" if self.tty and not self.quiet else "") + f"note: {text}", file=sys.stderr, flush=True)
+
     def close(self) -> None:
         if self.tty and not self.quiet:
             print(file=sys.stderr)
