@@ -455,7 +455,7 @@ def test_what_the_driver_writes_as_ray_shuts_down_goes_to_a_log_not_the_terminal
 
 
 @pytest.mark.alone  # three nodes on two cores
-def test_placement_on_logical_gpus_across_two_nodes(tmp_path, logical_gpu_cluster):
+def test_placement_on_logical_gpus_across_two_nodes(tmp_path, logical_gpu_cluster, capsys):
     records = _sleepy_search(tmp_path, logical_gpu_cluster, "placement", """\
         knobs:
           num_workers: [0, 1]
@@ -474,6 +474,9 @@ def test_placement_on_logical_gpus_across_two_nodes(tmp_path, logical_gpu_cluste
         for (_, end), (start, _) in zip(intervals, intervals[1:], strict=False):
             assert start >= end - 0.05, "two trials shared a GPU"
     assert len({r["node"] for r in records}) == 2  # both nodes ran trials
+    # a worker takes a trial past its share of a node (3 cores over its 2 GPUs' trials), and is named
+    assert ("note: knobs.num_workers: 1 DataLoader workers need more than a trial's share of the node's cores "
+            "(3 over 2 trials at once: 1 each") in capsys.readouterr().err
 
 
 @pytest.mark.alone  # two ranks per trial, two trials at once

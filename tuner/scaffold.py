@@ -143,10 +143,12 @@ def batch_values(largest: int, smallest: int = 1) -> list[int]:
 
 
 def knob_lines(device: str, cores: int, bf16: bool, conv: bool, compiler: bool,
-               fused: bool = True) -> list[tuple[str, object, str]]:
+               fused: bool = True, gpus: int = 1) -> list[tuple[str, object, str]]:
     """(knob, values, why) for this hardware, micro_batch_size excluded. GPU knobs only on
     a GPU; bf16 on a GPU only where it is supported; the fused optimizer where the
-    workload's optimizer has a fused step (``fused``)."""
+    workload's optimizer has a fused step (``fused``). With several GPUs the DataLoader
+    workers go up to a GPU's share of the cores: a search runs a trial per GPU at once,
+    and a data-parallel run gives each rank that share."""
     lines: list[tuple[str, object, str]] = []
     if device == "cuda":
         precisions = ["fp32"] + (["bf16"] if bf16 else []) + ["fp16"]
@@ -155,8 +157,11 @@ def knob_lines(device: str, cores: int, bf16: bool, conv: bool, compiler: bool,
         precisions = ["fp32", "bf16"]
         why = "native bf16 here" if bf16 else "no native bf16 instructions here: the search measures whether it pays"
     lines.append(("precision", precisions, why + ("; fp16 with a GradScaler" if device == "cuda" else "")))
-    workers = [0] + [w for w in (1, 2, 4, 8, 16) if w <= max(1, cores - 1)]
-    lines.append(("num_workers", workers, f"up to the {cores} cores a trial can have, one left for the step"))
+    share = max(1, cores // gpus) if device == "cuda" and gpus > 1 else cores
+    workers = [0] + [w for w in (1, 2, 4, 8, 16) if w <= max(1, share - 1)]
+    lines.append(("num_workers", workers, f"up to the {cores} cores a trial can have, one left for the step"
+                  if share == cores else f"up to a GPU's share of the cores ({cores} over {gpus} GPUs: a trial "
+                  f"per GPU at once, as a data-parallel run's ranks), one left for the step"))
     lines.append(("persistent_workers", [False, True], "only with num_workers > 0: no respawn per epoch"))
     if device == "cuda":
         lines += [("pin_memory", [False, True], "a GPU: page-locked buffers for the copies"),
@@ -272,7 +277,8 @@ def init_space(workload: str, workload_args: dict, out: Path, *, device: str = "
     if unfused:
         say(f"fused_optimizer left out: {unfused}")
     lines = knob_lines(device, cores, bf16, apply.has_conv2d(model), shutil.which("cc") is not None
-                       or shutil.which("gcc") is not None, fused=unfused is None)
+                       or shutil.which("gcc") is not None, fused=unfused is None,
+                       gpus=torch.cuda.device_count() if device == "cuda" else 1)
     stem = name or Path(workload.split(":")[0]).stem.replace(".", "-") or "space"
     return write_space(out, name=stem, workload=seen_from(workload, out), workload_args=workload_args, device=device,
                        fit=fit, lines=lines, trials=trials, cap_note=cap_note)
