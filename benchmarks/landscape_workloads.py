@@ -443,3 +443,179 @@ def pointnet(size: int = 4096, raw: int = 1024, points: int = 256, width: int = 
 
     return Workload(model=model, dataset=lambda: Scans(size, raw, points),
                     loss=lambda model, batch: nn.functional.cross_entropy(model(batch[0]), batch[1]))
+
+
+class Scenes(Dataset):
+    """Images and their per-pixel class masks made on each read (a few random ellipses on a
+    noisy background), with the augmentation a segmentation pipeline applies to both: a
+    random crop, a flip, a 90-degree turn, and a colour jitter on the image alone."""
+
+    def __init__(self, size: int, image: int, classes: int, crop: int):
+        self.size, self.image, self.classes, self.crop = size, image, classes, crop
+        ys, xs = torch.meshgrid(torch.arange(image), torch.arange(image), indexing="ij")
+        self.ys, self.xs = ys.float(), xs.float()
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        g = torch.Generator().manual_seed(i)
+        mask = torch.zeros(self.image, self.image, dtype=torch.long)
+        for c in range(1, self.classes):
+            cy, cx, ry, rx = (torch.rand(4, generator=g) * torch.tensor([1.0, 1.0, 0.3, 0.3]) + torch.tensor(
+                [0.0, 0.0, 0.05, 0.05])) * self.image
+            mask[((self.ys - cy) / ry) ** 2 + ((self.xs - cx) / rx) ** 2 < 1] = c
+        colours = torch.rand(self.classes, 3, generator=g)
+        img = colours[mask].permute(2, 0, 1) + 0.2 * torch.randn(3, self.image, self.image, generator=g)
+        top, left = (int(v) for v in torch.randint(0, self.image - self.crop + 1, (2,), generator=g))
+        img, mask = img[:, top:top + self.crop, left:left + self.crop], mask[top:top + self.crop, left:left + self.crop]
+        if torch.rand((), generator=g) < 0.5:
+            img, mask = img.flip(-1), mask.flip(-1)
+        k = int(torch.randint(0, 4, (), generator=g))
+        img, mask = torch.rot90(img, k, (1, 2)), torch.rot90(mask, k, (0, 1))
+        img = (img - img.mean()) * (0.8 + 0.4 * torch.rand((), generator=g)) + img.mean()
+        return img.contiguous(), mask.contiguous()
+
+
+class UNet(nn.Module):
+    """A two-level U-Net: skip connections joined by concatenation, a transposed conv up."""
+
+    def __init__(self, classes: int, width: int):
+        super().__init__()
+
+        def double(cin: int, cout: int) -> nn.Module:
+            return nn.Sequential(nn.Conv2d(cin, cout, 3, padding=1), nn.BatchNorm2d(cout), nn.ReLU(),
+                                 nn.Conv2d(cout, cout, 3, padding=1), nn.BatchNorm2d(cout), nn.ReLU())
+
+        self.down1, self.down2 = double(3, width), double(width, 2 * width)
+        self.middle = double(2 * width, 4 * width)
+        self.up2, self.dec2 = nn.ConvTranspose2d(4 * width, 2 * width, 2, stride=2), double(4 * width, 2 * width)
+        self.up1, self.dec1 = nn.ConvTranspose2d(2 * width, width, 2, stride=2), double(2 * width, width)
+        self.head = nn.Conv2d(width, classes, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a = self.down1(x)
+        b = self.down2(nn.functional.max_pool2d(a, 2))
+        m = self.middle(nn.functional.max_pool2d(b, 2))
+        b = self.dec2(torch.cat([self.up2(m), b], 1))
+        return self.head(self.dec1(torch.cat([self.up1(b), a], 1)))
+
+
+def segment(size: int = 2048, image: int = 64, crop: int = 48, classes: int = 4, width: int = 8) -> Workload:
+    """Semantic segmentation: a small U-Net on images and masks augmented together per sample."""
+    return Workload(model=lambda: UNet(classes, width), dataset=lambda: Scenes(size, image, classes, crop),
+                    loss=lambda model, batch: nn.functional.cross_entropy(model(batch[0]), batch[1]))
+
+
+class Windows(Dataset):
+    """Forecasting windows cut from long multivariate series: each read slices a context and
+    a horizon from one series, scales them by the context's own statistics, and adds the
+    calendar and lag features a forecasting pipeline computes per window."""
+
+    def __init__(self, size: int, series: int, length: int, channels: int, context: int, horizon: int):
+        g = torch.Generator().manual_seed(0)
+        t = torch.arange(length, dtype=torch.float32)
+        phase = torch.rand(series, channels, 1, generator=g) * 6.28
+        trend = torch.randn(series, channels, 1, generator=g) * 1e-3
+        self.data = (torch.sin(t / 24 * 6.28 + phase) + torch.sin(t / 168 * 6.28 + 2 * phase) + trend * t
+                     + 0.3 * torch.randn(series, channels, length, generator=g))
+        self.size, self.context, self.horizon = size, context, horizon
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        g = torch.Generator().manual_seed(i)
+        s = int(torch.randint(0, self.data.shape[0], (), generator=g))
+        start = int(torch.randint(168, self.data.shape[2] - self.context - self.horizon, (), generator=g))
+        ctx = self.data[s, :, start:start + self.context]
+        target = self.data[s, :, start + self.context:start + self.context + self.horizon]
+        mean, std = ctx.mean(1, keepdim=True), ctx.std(1, keepdim=True) + 1e-5
+        steps = torch.arange(start, start + self.context, dtype=torch.float32)
+        calendar = torch.stack([torch.sin(steps / 24 * 6.28), torch.cos(steps / 24 * 6.28),
+                                torch.sin(steps / 168 * 6.28), torch.cos(steps / 168 * 6.28)])
+        lags = torch.stack([self.data[s, :, start - lag:start - lag + self.context] for lag in (24, 168)])
+        features = torch.cat([(ctx - mean) / std, ((lags - mean) / std).flatten(0, 1), calendar])
+        return features, (target - mean) / std
+
+
+class TemporalConv(nn.Module):
+    """Dilated causal convolutions over the context, a linear head onto the horizon."""
+
+    def __init__(self, inputs: int, channels: int, context: int, horizon: int, width: int, levels: int):
+        super().__init__()
+        layers, cin = [], inputs
+        for k in range(levels):
+            layers += [nn.ConstantPad1d((2 ** (k + 1), 0), 0.0), nn.Conv1d(cin, width, 3, dilation=2 ** k), nn.GELU()]
+            cin = width
+        self.body = nn.Sequential(*layers)
+        self.head = nn.Linear(width * context, channels * horizon)
+        self.channels, self.horizon = channels, horizon
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(x).flatten(1)).view(-1, self.channels, self.horizon)
+
+
+def forecast(size: int = 16384, series: int = 64, length: int = 4096, channels: int = 8, context: int = 96,
+             horizon: int = 24, width: int = 64, levels: int = 4) -> Workload:
+    """Multivariate forecasting: a temporal conv net on windows sliced and scaled per read."""
+    inputs = channels * 3 + 4
+    return Workload(model=lambda: TemporalConv(inputs, channels, context, horizon, width, levels),
+                    dataset=lambda: Windows(size, series, length, channels, context, horizon),
+                    loss=lambda model, batch: nn.functional.mse_loss(model(batch[0]), batch[1]),
+                    optimizer=lambda p: torch.optim.AdamW(p, lr=1e-3))
+
+
+class MixtureOfExperts(nn.Module):
+    """Top-1 routed experts: a gate picks one expert MLP per row, the rows are gathered per
+    expert, run, and scattered back, with an auxiliary load-balancing loss: many small ops
+    whose sizes change every step."""
+
+    def __init__(self, features: int, hidden: int, experts: int, classes: int):
+        super().__init__()
+        self.embed = nn.Linear(features, hidden)
+        self.gate = nn.Linear(hidden, experts)
+        self.experts = nn.ModuleList(nn.Sequential(nn.Linear(hidden, 2 * hidden), nn.GELU(),
+                                                   nn.Linear(2 * hidden, hidden)) for _ in range(experts))
+        self.head = nn.Linear(hidden, classes)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = torch.relu(self.embed(x))
+        probs = torch.softmax(self.gate(h), -1)
+        weight, choice = probs.max(-1)
+        out = torch.zeros_like(h)
+        for e, expert in enumerate(self.experts):
+            rows = (choice == e).nonzero(as_tuple=True)[0]
+            if rows.numel():
+                out.index_add_(0, rows, expert(h[rows]) * weight[rows, None])
+        share = torch.bincount(choice, minlength=len(self.experts)).float() / len(choice)
+        balance = len(self.experts) * (share * probs.mean(0)).sum()
+        return self.head(h + out), balance
+
+
+class Events(Dataset):
+    """Tabular event rows: numeric features with heavy tails, clipped and log-scaled per read."""
+
+    def __init__(self, size: int, features: int, classes: int):
+        self.size, self.features, self.classes = size, features, classes
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        g = torch.Generator().manual_seed(i)
+        raw = torch.randn(self.features, generator=g).exp() * 10
+        x = torch.log1p(raw.clamp(max=1e4)) - 2.0
+        return x, int((x[:4].sum() > 0) + 2 * (x[4:8].sum() > 0)) % self.classes
+
+
+def moe(size: int = 65536, features: int = 64, hidden: int = 128, experts: int = 8, classes: int = 4) -> Workload:
+    """A mixture-of-experts classifier on tabular rows: top-1 routing, gathers and scatters per expert."""
+
+    def loss(model, batch):
+        logits, balance = model(batch[0])
+        return nn.functional.cross_entropy(logits, batch[1]) + 0.01 * balance
+
+    return Workload(model=lambda: MixtureOfExperts(features, hidden, experts, classes),
+                    dataset=lambda: Events(size, features, classes), loss=loss,
+                    optimizer=lambda p: torch.optim.AdamW(p, lr=1e-3))
