@@ -16,10 +16,16 @@ measurement's stopping rules take (``tuner.windows.windows_verdict``).
 Strategies: ``tuner`` (the search as it ships); ``random``, ``tpe-mv`` and ``gp``
 (random sampling, Optuna's multivariate TPE and its GP sampler inside the same policy:
 starts, screening, confirm rounds); ``stock-tpe`` (stock Ray Tune + OptunaSearch: TPE
-at Optuna's defaults, the pick the best single figure reported). Each search of N
+at Optuna's defaults, the pick the best single figure reported); ``oracle`` (a sampler
+that knows the judge's rates and proposes the best configs first, inside the same policy:
+no sampler finds better configs, so what it loses is the pick's noise among the best
+configs, which the measurements' noise and the confirm rounds set). Each search of N
 configs is its own search (``--trials N`` does the same), for N in 6, 8, 12, 16, 24.
 Reported per landscape: the pick's judged rate over the landscape's best, median and
-10th percentile over the seeds, and the share of screened configs within 3% of the pick.
+10th percentile over the seeds; the best config the search measured in full over the
+landscape's best (``explored``: what a pick without noise would read, so that a shortfall
+is told apart as exploration's or the pick's); and the share of screened configs within
+3% of the pick.
 A landscape recorded after the search's rules were frozen carries ``"held_out": true``:
 no rule or constant is chosen on it, and the results page shows it apart.
 
@@ -67,7 +73,7 @@ HERE = Path(__file__).parent
 LANDSCAPES = HERE / "landscapes"
 BUDGETS = (6, 8, 12, 16, 24)
 REPEAT_BAND = 0.9  # configs within this of a landscape's best are measured three times
-STRATEGIES = ("tuner", "stock-tpe", "tpe-mv", "gp", "random")
+STRATEGIES = ("tuner", "stock-tpe", "tpe-mv", "gp", "random", "oracle")
 
 
 # ---- recording a landscape -------------------------------------------------------------
@@ -297,13 +303,14 @@ def replay(landscape: dict, space: spec.Space, ctx: knobs.Context, strategy: str
     canon, ss = Canonical(space, ctx), SearchSpace(space, ctx)
     if strategy == "stock-tpe":
         return stock_tpe(landscape, space, ctx, seed, trials)
-    names = {"tuner": None, "random": "random", "tpe-mv": "tpe", "gp": "tpe"}
+    names = {"tuner": None, "random": "random", "tpe-mv": "tpe", "gp": "tpe", "oracle": "tpe"}
     space = variant(space, trials, names[strategy])
     space.model.seed = seed
     space.model.budget.time_s = time_s
     machine = Machine(landscape, canon, ss, seed, measure_settings(space))
     sampler = {"tpe-mv": lambda: optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=4),
                "gp": lambda: optuna.samplers.GPSampler(seed=seed, n_startup_trials=4, warn_independent_sampling=False),
+               "oracle": lambda: Oracle(landscape, machine.rate, canon, ss),
                }.get(strategy, lambda: None)()
     policy = SearchPolicy(space, ctx, make_study(space, ctx, sampler=sampler))
     now = 0.0
@@ -321,8 +328,46 @@ def replay(landscape: dict, space: spec.Space, ctx: knobs.Context, strategy: str
     pick = machine.rate[best["key"]]
     screened = {r["key"] for r in policy.records if r.get("screened")}
     full = {r["key"] for r in policy.records if r.get("status") == "ok" and not r.get("screened")}
-    return {"pick": pick / machine.optimum, **spent,
+    return {"pick": pick / machine.optimum, **spent, "explored": explored(policy.records, machine),
             "false_negatives": [machine.rate[k] >= 0.97 * pick for k in screened - full]}
+
+
+def explored(records: list[dict], machine: Machine) -> float:
+    """The best config a search measured in full (not screened, not the baseline) over the
+    landscape's best: what its pick would read if the pick knew each measured config's
+    rate, so that the pick's shortfall below it is noise, and the shortfall of this one
+    exploration (the best configs never measured in full)."""
+    full = {r["key"] for r in records if r.get("phase") != "baseline" and r.get("status") == "ok"
+            and not r.get("screened") and r.get("key") in machine.rate}
+    return max((machine.rate[k] for k in full), default=0.0) / machine.optimum
+
+
+class Oracle(optuna.samplers.BaseSampler):
+    """A sampler that knows the judge's rates: each trial it is asked is the best config
+    not yet proposed (after the starts the policy queues for every sampler but the guided
+    one). The policy's screening, confirm rounds and pick are as for any sampler, so its
+    figures are the pick's noise among the best configs alone."""
+
+    def __init__(self, landscape: dict, rates: dict, canon: Canonical, ss: SearchSpace):
+        configs = {canon(ss.active(g["config"])): ss.active(g["config"]) for g in landscape["grid"]}
+        self.order = [configs[k] for k in sorted(configs, key=lambda k: -(rates.get(k) or 0.0))]
+        self.canon = canon
+        self.plans: dict[int, dict] = {}
+
+    def infer_relative_search_space(self, study: optuna.Study, trial: Any) -> dict:
+        return {}
+
+    def sample_relative(self, study: optuna.Study, trial: Any, search_space: dict) -> dict:
+        return {}
+
+    def sample_independent(self, study: optuna.Study, trial: Any, param_name: str, param_distribution: Any) -> Any:
+        if trial.number not in self.plans:
+            asked = {self.canon(p) for p in self.plans.values()}
+            asked |= {self.canon(t.params) for t in study.get_trials(deepcopy=False) if t.number != trial.number}
+            self.plans[trial.number] = next((c for c in self.order if self.canon(c) not in asked), self.order[0])
+        value = self.plans[trial.number].get(param_name)
+        choices = getattr(param_distribution, "choices", None)
+        return value if choices is None or value in choices else choices[0]
 
 
 def stock_tpe(landscape: dict, space: spec.Space, ctx: knobs.Context, seed: int, trials: int) -> dict:
@@ -640,7 +685,10 @@ def _table(name: str, results: dict, strategies: list[str]) -> dict:
             runs = results[strategy][b]
             picks = [r["pick"] for r in runs]
             fns = [x for r in runs for x in (r["false_negatives"] or [])]
+            reached = [r["explored"] for r in runs if r.get("explored") is not None]
             row[b] = {"median": statistics.median(picks), "p10": quantile(picks, 0.1), "seeds": len(runs),
+                      **({"explored_median": statistics.median(reached), "explored_p10": quantile(reached, 0.1)}
+                         if reached else {}),
                       "screened": len(fns), "false_negative_rate": (sum(fns) / len(fns)) if fns else None,
                       "measurements": statistics.median(r["measurements"] for r in runs)}
         table[strategy] = row
