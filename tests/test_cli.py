@@ -300,8 +300,7 @@ def test_bench_says_when_the_config_oversubscribes_the_cores(tmp_path, capsys, m
                    monkeypatch=monkeypatch)
     assert r.returncode == 0, r.stderr
     assert f"note: knobs.num_workers: {over} DataLoader workers (more than the" in r.stderr
-    assert "oversubscribes" not in in_process("bench", str(space), "--json", cwd=tmp_path, capsys=capsys,
-                                              monkeypatch=monkeypatch).stderr
+    assert json.loads(r.stdout)["config"]["num_workers"] == over  # measured as set
 
 
 def test_bench_fits_the_advice_around_what_was_set(tmp_path):
