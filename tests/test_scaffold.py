@@ -40,15 +40,15 @@ def test_batch_values_and_knobs_follow_the_hardware():
     assert batch_values(64) == [8, 16, 32, 64]
     assert batch_values(1) == [1]
     cpu = dict((k, v) for k, v, _ in knob_lines("cpu", 2, bf16=False, conv=False, compiler=True))
-    assert cpu["precision"] == ["fp32", "bf16"] and "pin_memory" not in cpu and cpu["num_workers"] == [0, 1]
+    assert cpu["precision"] == ["fp32", "bf16"] and "pin_memory" not in cpu and cpu["num_workers"] == [0, 1, 2]
     assert "channels_last" not in cpu and cpu["compile"] == ["off", "default"]
     assert cpu["malloc_retain"] == [False, True]  # this machine's libc is glibc
     gpu = dict((k, v) for k, v, _ in knob_lines("cuda", 16, bf16=True, conv=True, compiler=False))
     assert gpu["precision"] == ["fp32", "bf16", "fp16"] and gpu["pin_memory"] == [False, True]
-    assert gpu["num_workers"] == [0, 1, 2, 4, 8] and "compile" not in gpu and "channels_last" in gpu
+    assert gpu["num_workers"] == [0, 1, 2, 4, 8, 16] and "compile" not in gpu and "channels_last" in gpu
     # eight GPUs on 64 cores: a trial per GPU at once, each with its share of the cores
     shared = {k: (v, why) for k, v, why in knob_lines("cuda", 64, bf16=True, conv=False, compiler=True, gpus=8)}
-    assert shared["num_workers"][0] == [0, 1, 2, 4] and "64 over 8 GPUs" in shared["num_workers"][1]
+    assert shared["num_workers"][0] == [0, 1, 2, 4, 8] and "64 over 8 GPUs" in shared["num_workers"][1]
     assert dict((k, v) for k, v, _ in knob_lines("cpu", 64, bf16=True, conv=False, compiler=True,
                                                  gpus=8))["num_workers"] == [0, 1, 2, 4, 8, 16]  # no GPU trials
     old_gpu = dict((k, v) for k, v, _ in knob_lines("cuda", 8, bf16=False, conv=False, compiler=True))

@@ -158,10 +158,13 @@ def knob_lines(device: str, cores: int, bf16: bool, conv: bool, compiler: bool,
         why = "native bf16 here" if bf16 else "no native bf16 instructions here: the search measures whether it pays"
     lines.append(("precision", precisions, why + ("; fp16 with a GradScaler" if device == "cuda" else "")))
     share = max(1, cores // gpus) if device == "cuda" and gpus > 1 else cores
-    workers = [0] + [w for w in (1, 2, 4, 8, 16) if w <= max(1, share - 1)]
-    lines.append(("num_workers", workers, f"up to the {cores} cores a trial can have, one left for the step"
-                  if share == cores else f"up to a GPU's share of the cores ({cores} over {gpus} GPUs: a trial "
-                  f"per GPU at once, as a data-parallel run's ranks), one left for the step"))
+    # Up to the cores, not one fewer: workers that wait on a file or a queue share a core
+    # with the step, and on several recorded 2-core landscapes (benchmarks/landscapes/)
+    # as many workers as cores was the fastest split.
+    workers = [0] + [w for w in (1, 2, 4, 8, 16) if w <= share]
+    lines.append(("num_workers", workers, f"up to the {cores} cores a trial can have" if share == cores else
+                  f"up to a GPU's share of the cores ({cores} over {gpus} GPUs: a trial per GPU at once, as a "
+                  f"data-parallel run's ranks)"))
     lines.append(("persistent_workers", [False, True], "only with num_workers > 0: no respawn per epoch"))
     if device == "cuda":
         lines += [("pin_memory", [False, True], "a GPU: page-locked buffers for the copies"),
