@@ -255,19 +255,27 @@ class GuidedSampler(optuna.samplers.BaseSampler):
                             pipe: Pipeline | None) -> dict | None:
         """A screened config to measure again in full: of those screened once and not
         measured since (nor on their way to be), the one the model of full measurements
-        predicts best, if within ``RETRY_WITHIN`` of the best full figure."""
+        predicts best, if within ``RETRY_WITHIN`` of the best full figure. Each candidate's
+        prediction also hears its own screened figure, at the weight a screened figure has
+        in the search's model: the full measurements alone know nothing of a value only
+        screened configs hold (bf16 on a host without bf16 instructions, a compile), and
+        would rate a config that screened at a tenth of the incumbent as high as any."""
         feasible = [self.sign * math.log(v) for _, v, *_ in full if 0 < v < 1e17]
         if len(full) < 3 or not feasible:
             return None
         measured = Counter(self.canonical(c) for c, *_ in done)
         planned = Counter(self.canonical(p) for n, p in self._plans.items() if p is not None and n != number)
-        candidates = [c for c, _, screened, *_ in done
-                      if screened and measured[k := self.canonical(c)] == 1 and planned[k] <= 1]
+        candidates = [d for d in done if d[2] and measured[k := self.canonical(d[0])] == 1 and planned[k] <= 1]
         if not candidates:
             return None
-        model = InteractionModel(self.domain, full, self.sign, self.cores, fixed=self.fixed, use=use, pipeline=pipe)
-        best = max(candidates, key=model.predict)
-        return dict(best) if model.predict(best) >= max(feasible) - math.log(RETRY_WITHIN) else None
+
+        def predicted(d: tuple) -> float:
+            model = InteractionModel(self.domain, [*full, d], self.sign, self.cores, fixed=self.fixed, use=use,
+                                     pipeline=pipe)
+            return model.predict(d[0])
+
+        score, best = max(((predicted(d), i) for i, d in enumerate(candidates)), key=lambda t: (t[0], -t[1]))
+        return dict(candidates[best][0]) if score >= max(feasible) - math.log(RETRY_WITHIN) else None
 
     def _untried(self, seen: set, number: int) -> dict | None:
         """Any config not measured yet (a seeded random order), for when the neighbourhood
