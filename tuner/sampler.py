@@ -255,11 +255,12 @@ class GuidedSampler(optuna.samplers.BaseSampler):
                             pipe: Pipeline | None) -> dict | None:
         """A screened config to measure again in full: of those screened once and not
         measured since (nor on their way to be), the one the model of full measurements
-        predicts best, if within ``RETRY_WITHIN`` of the best full figure. Each candidate's
-        prediction also hears its own screened figure, at the weight a screened figure has
-        in the search's model: the full measurements alone know nothing of a value only
-        screened configs hold (bf16 on a host without bf16 instructions, a compile), and
-        would rate a config that screened at a tenth of the incumbent as high as any."""
+        predicts best, if within ``RETRY_WITHIN`` of the best full figure. A candidate that
+        holds a knob value no full measurement holds (bf16 on a host without bf16
+        instructions, a compile: every config with it screened) is predicted with its own
+        screened figure heard too, at the weight a screened figure has in the search's
+        model: the full measurements alone know nothing of that value, and would rate a
+        config that screened at a tenth of the incumbent as high as any."""
         feasible = [self.sign * math.log(v) for _, v, *_ in full if 0 < v < 1e17]
         if len(full) < 3 or not feasible:
             return None
@@ -268,11 +269,15 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         candidates = [d for d in done if d[2] and measured[k := self.canonical(d[0])] == 1 and planned[k] <= 1]
         if not candidates:
             return None
+        model = InteractionModel(self.domain, full, self.sign, self.cores, fixed=self.fixed, use=use, pipeline=pipe)
+        known = {(k, _hashable(c[k])) for c, *_ in full for k in self.domain}
 
         def predicted(d: tuple) -> float:
-            model = InteractionModel(self.domain, [*full, d], self.sign, self.cores, fixed=self.fixed, use=use,
-                                     pipeline=pipe)
-            return model.predict(d[0])
+            if all((k, _hashable(d[0][k])) in known for k in self.domain):
+                return model.predict(d[0])
+            told = InteractionModel(self.domain, [*full, d], self.sign, self.cores, fixed=self.fixed, use=use,
+                                    pipeline=pipe)
+            return told.predict(d[0])
 
         score, best = max(((predicted(d), i) for i, d in enumerate(candidates)), key=lambda t: (t[0], -t[1]))
         return dict(candidates[best][0]) if score >= max(feasible) - math.log(RETRY_WITHIN) else None
