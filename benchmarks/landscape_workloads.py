@@ -619,3 +619,99 @@ def moe(size: int = 65536, features: int = 64, hidden: int = 128, experts: int =
     return Workload(model=lambda: MixtureOfExperts(features, hidden, experts, classes),
                     dataset=lambda: Events(size, features, classes), loss=loss,
                     optimizer=lambda p: torch.optim.AdamW(p, lr=1e-3))
+
+
+class Views(Dataset):
+    """Self-supervised pairs: each read makes an image (random blobs and stripes) and two
+    views of it, each with its own random resized crop, flip, colour jitter and blur, as a
+    contrastive pipeline (SimCLR's) does: twice the augmentation per sample."""
+
+    def __init__(self, size: int, image: int, view: int):
+        self.size, self.image, self.view = size, image, view
+        self.ys, self.xs = torch.meshgrid(torch.linspace(-1, 1, image), torch.linspace(-1, 1, image), indexing="ij")
+
+    def __len__(self) -> int:
+        return self.size
+
+    def _view(self, img: torch.Tensor, g: torch.Generator) -> torch.Tensor:
+        side = int(torch.randint(self.view, self.image + 1, (), generator=g))
+        top, left = (int(v) for v in torch.randint(0, self.image - side + 1, (2,), generator=g))
+        crop = nn.functional.interpolate(img[None, :, top:top + side, left:left + side], size=self.view,
+                                         mode="bilinear", align_corners=False)[0]
+        if torch.rand((), generator=g) < 0.5:
+            crop = crop.flip(-1)
+        crop = crop * (0.6 + 0.8 * torch.rand(3, 1, 1, generator=g)) + 0.2 * torch.randn(3, 1, 1, generator=g)
+        if torch.rand((), generator=g) < 0.5:
+            crop = nn.functional.avg_pool2d(crop[None], 3, stride=1, padding=1, count_include_pad=False)[0]
+        return crop
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        g = torch.Generator().manual_seed(i)
+        freq, phase = torch.rand(3, 2, generator=g) * 8, torch.rand(3, 1, 1, generator=g) * 6.28
+        img = torch.sin(freq[:, :1, None] * self.xs + freq[:, 1:, None] * self.ys + phase)
+        img = img + 0.3 * torch.randn(3, self.image, self.image, generator=g)
+        return self._view(img, g), self._view(img, g)
+
+
+def contrastive(size: int = 4096, image: int = 40, view: int = 32, width: int = 32, temperature: float = 0.2
+                ) -> Workload:
+    """SimCLR-style self-supervision: a small conv encoder and projection head on two views per image, NT-Xent loss."""
+
+    def model():
+        return nn.Sequential(nn.Conv2d(3, width, 3, stride=2, padding=1), nn.BatchNorm2d(width), nn.ReLU(),
+                             nn.Conv2d(width, 2 * width, 3, stride=2, padding=1), nn.BatchNorm2d(2 * width), nn.ReLU(),
+                             nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(2 * width, 128), nn.ReLU(),
+                             nn.Linear(128, 64))
+
+    def loss(model, batch):
+        a, b = batch
+        z = nn.functional.normalize(model(torch.cat([a, b])), dim=1)
+        sim = z @ z.T / temperature
+        n = len(a)
+        sim = sim.masked_fill(torch.eye(2 * n, dtype=torch.bool, device=sim.device), float("-inf"))
+        target = torch.cat([torch.arange(n, 2 * n), torch.arange(n)]).to(sim.device)
+        return nn.functional.cross_entropy(sim, target)
+
+    return Workload(model=model, dataset=lambda: Views(size, image, view), loss=loss)
+
+
+class NoisyClips(Dataset):
+    """Speech enhancement pairs: a clean waveform (a few gliding tones under an envelope)
+    and the same mixed with noise at a random signal-to-noise ratio, cropped at random:
+    the raw samples, no spectrogram."""
+
+    def __init__(self, size: int, rate: int, seconds: float):
+        self.size, self.rate, self.length = size, rate, int(rate * seconds)
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        g = torch.Generator().manual_seed(i)
+        n = 2 * self.length
+        t = torch.arange(n) / self.rate
+        f0 = 100 + 400 * torch.rand(3, 1, generator=g)
+        glide = 1 + 0.3 * torch.rand(3, 1, generator=g) * t
+        clean = (torch.sin(2 * torch.pi * f0 * glide * t) * torch.rand(3, 1, generator=g)).sum(0)
+        clean = clean * torch.sigmoid(10 * torch.sin(2 * torch.pi * 2 * t + torch.rand((), generator=g) * 6.28))
+        start = int(torch.randint(0, n - self.length, (), generator=g))
+        clean = clean[start:start + self.length]
+        noise = torch.randn(self.length, generator=g)
+        snr = 10 ** (-(torch.rand((), generator=g) * 15) / 20)
+        noisy = clean + snr * noise * clean.std() / noise.std()
+        return noisy[None], clean[None]
+
+
+def denoise(size: int = 4096, rate: int = 8000, seconds: float = 0.25, width: int = 16) -> Workload:
+    """Speech enhancement on raw waveforms: a 1-D conv encoder-decoder, an L1 loss on the clean signal."""
+
+    def model():
+        return nn.Sequential(nn.Conv1d(1, width, 9, stride=2, padding=4), nn.GELU(),
+                             nn.Conv1d(width, 2 * width, 9, stride=2, padding=4), nn.GELU(),
+                             nn.Conv1d(2 * width, 2 * width, 9, padding=4), nn.GELU(),
+                             nn.ConvTranspose1d(2 * width, width, 4, stride=2, padding=1), nn.GELU(),
+                             nn.ConvTranspose1d(width, 1, 4, stride=2, padding=1))
+
+    return Workload(model=model, dataset=lambda: NoisyClips(size, rate, seconds),
+                    loss=lambda model, batch: nn.functional.l1_loss(model(batch[0]), batch[1]),
+                    optimizer=lambda p: torch.optim.Adam(p, lr=1e-3))
