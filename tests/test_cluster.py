@@ -23,19 +23,41 @@ def _free_port() -> int:
 
 
 def _start_head() -> tuple[subprocess.Popen, str, dict, str]:
-    """A real token-auth head, as a child of this test: (process, dashboard address, env, temp dir)."""
+    """A real token-auth head, as a child of this test: (process, dashboard address, env, temp dir).
+    Its output goes to ``head.log`` in the temp dir, for the message if it does not come up."""
     temp_dir = tempfile.mkdtemp(prefix="rh", dir="/tmp")  # short: Ray's socket paths have a length limit
     dash = _free_port()
     env = dict(os.environ, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(16))
-    head = subprocess.Popen(
-        [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block", f"--temp-dir={temp_dir}", f"--port={_free_port()}",
-         "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}", "--num-cpus=2", "--num-gpus=0",
-         "--include-dashboard=true", "--disable-usage-stats",
-         # the job agent's HTTP port is 52365 unless told: with another Ray on this
-         # machine (a developer's own), this head would have no job agent
-         f"--dashboard-agent-listen-port={_free_port()}"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    with open(Path(temp_dir) / "head.log", "wb") as log:
+        head = subprocess.Popen(
+            [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block", f"--temp-dir={temp_dir}",
+             f"--port={_free_port()}", "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}", "--num-cpus=2",
+             "--num-gpus=0", "--include-dashboard=true", "--disable-usage-stats",
+             # the job agent's HTTP port is 52365 unless told: with another Ray on this
+             # machine (a developer's own), this head would have no job agent
+             f"--dashboard-agent-listen-port={_free_port()}"],
+            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     return head, f"http://127.0.0.1:{dash}", env, temp_dir
+
+
+def _head_up(head: subprocess.Popen, address: str, env: dict, within_s: float) -> bool:
+    """Whether the head's jobs API answers, polled with the token (an HTTP header: this test
+    process's Ray has cached its own auth mode, so its client would not pick the token up).
+    False once ``within_s`` has passed or the head has exited."""
+    import urllib.error
+    import urllib.request
+
+    deadline = time.time() + within_s
+    while time.time() < deadline and head.poll() is None:
+        req = urllib.request.Request(f"{address}/api/jobs/", headers={"Authorization": f"Bearer {env['RAY_AUTH_TOKEN']}"})
+        try:
+            with urllib.request.urlopen(req, timeout=5) as resp:
+                if resp.status == 200:
+                    return True
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        time.sleep(1)
+    return False
 
 
 def _stop_head(head: subprocess.Popen, temp_dir: str) -> None:
@@ -47,26 +69,20 @@ def _stop_head(head: subprocess.Popen, temp_dir: str) -> None:
 
 @pytest.fixture
 def ray_head(tmp_path):
-    head, address, env, temp_dir = _start_head()
+    # A head that exits at once most likely lost a port picked free to another test's
+    # process in the moment between; a second head takes fresh ports. One slow to come
+    # up is given minutes: with the suite's other worker busy, a 2-core machine takes them.
+    for attempt in range(2):
+        head, address, env, temp_dir = _start_head()
+        if _head_up(head, address, env, within_s=240):
+            break
+        code = head.poll()
+        log = (Path(temp_dir) / "head.log").read_text(errors="replace").strip().splitlines()[-15:]
+        _stop_head(head, temp_dir)
+        if code is None or attempt == 1:
+            pytest.fail(f"the Ray head did not come up ({'exited ' + str(code) if code is not None else 'no answer in 240 s'}):\n"
+                        + "\n".join(log))
     try:
-        # Poll the jobs API with the token (an HTTP header: this test process's Ray has
-        # cached its own auth mode, so its client would not pick the token up).
-        import urllib.error
-        import urllib.request
-
-        deadline = time.time() + 120
-        while True:
-            req = urllib.request.Request(f"{address}/api/jobs/",
-                                         headers={"Authorization": f"Bearer {env['RAY_AUTH_TOKEN']}"})
-            try:
-                with urllib.request.urlopen(req, timeout=5) as resp:
-                    if resp.status == 200:
-                        break
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                pass
-            if time.time() > deadline or head.poll() is not None:
-                pytest.fail("the Ray head did not come up")
-            time.sleep(1)
         yield address, env
     finally:
         _stop_head(head, temp_dir)
@@ -174,14 +190,15 @@ def test_submit_the_moment_a_fresh_heads_dashboard_answers(tmp_path):
         head, address, env, temp_dir = _start_head()
         try:
             port = int(address.rsplit(":", 1)[1])
-            deadline = time.time() + 120
+            deadline = time.time() + 240
             while True:
                 try:
                     socket.create_connection(("127.0.0.1", port), timeout=1).close()
                     break
                 except OSError:
                     if time.time() > deadline or head.poll() is not None:
-                        pytest.fail("the Ray head's dashboard did not open its port")
+                        log = (Path(temp_dir) / "head.log").read_text(errors="replace").strip().splitlines()[-15:]
+                        pytest.fail("the Ray head's dashboard did not open its port:\n" + "\n".join(log))
                     time.sleep(0.1)
             r = subprocess.run([sys.executable, "-m", "tuner", "submit", str(tmp_path / "space.yaml"),
                                 "--address", address, "--results-dir", str(tmp_path / "res")],

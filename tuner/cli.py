@@ -13,6 +13,7 @@ import os
 import signal
 import sys
 import threading
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
@@ -644,6 +645,10 @@ def _stop_on_signals() -> Callable[[], None]:
 
     def stop(signum: int, frame: Any) -> None:
         Stopped.received = signum
+        # The stop unwinds through whatever the main thread was doing; an import it cuts
+        # short warns as it fails (Cython's modules do), and that is the stop's echo, not
+        # news: the command ends on its one line saying what is kept.
+        warnings.simplefilter("ignore")
         raise Stopped(signum)
 
     if threading.current_thread() is not threading.main_thread():
