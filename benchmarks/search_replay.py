@@ -47,6 +47,7 @@ from __future__ import annotations
 import argparse
 import collections
 import dataclasses
+import functools
 import itertools
 import json
 import math
@@ -137,8 +138,11 @@ def record(space_path: Path, repeats: int = 4, held_out: bool = False) -> Path:
     return out
 
 
+@functools.cache
 def _commit() -> str | None:
-    """The commit whose rules ran, marked ``+uncommitted`` where tuner/ differs from it."""
+    """The commit whose rules ran, marked ``+uncommitted`` where tuner/ differs from it.
+    Read once, when the run starts (``main``): the rules are the ones imported then, and an
+    edit made while a long replay runs is not in them."""
     import subprocess
 
     out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=HERE)
@@ -516,6 +520,7 @@ def quantile(values: list[float], q: float) -> float:
 
 
 def main() -> None:
+    _commit()
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd")
     rec = sub.add_parser("record", help="measure a landscape's full grid")
@@ -649,8 +654,11 @@ def _add(out: Path, names: list[str], table: dict, wall_s: float, strategies: li
     for n in names:
         data["landscapes"][n] = _landscape_facts(n)
         data["results"][n] = {**data["results"].get(n, {}), **table[n]}
-    data.setdefault("added", []).append({**stamp(), "landscapes": names, "strategies": sorted(strategies),
-                                         "wall_s": wall_s, "rules_at": _commit()})
+    # an earlier addition whose rows this one replaces, every one, no longer describes the page
+    data["added"] = [a for a in data.get("added") or []
+                     if not (set(a["landscapes"]) <= set(names) and set(a.get("strategies") or ["*"]) <= set(strategies))]
+    data["added"].append({**stamp(), "landscapes": names, "strategies": sorted(strategies),
+                          "wall_s": wall_s, "rules_at": _commit()})
     out.write_text(json.dumps(data, indent=1, default=str))
     print(f"\nadded {', '.join(names)} to {out}")
 
