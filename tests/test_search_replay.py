@@ -33,3 +33,24 @@ def test_the_oracle_measures_the_best_configs_first_and_the_pick_is_told_apart_f
     assert sr.explored([{"phase": "search", "status": "ok", "screened": True, "key": best_first[0]},
                         {"phase": "search", "status": "ok", "key": best_first[1]}], machine) == \
         rates[best_first[1]] / rates[best_first[0]]
+
+
+def test_an_addition_whose_rows_a_later_one_replaces_is_no_longer_listed(tmp_path, monkeypatch):
+    """The results page lists each addition to the replay's JSON; one whose every row a
+    later addition replaced (the tuner replayed again on the same landscapes) would say
+    the page's figures came from rules that no longer made them."""
+    import json
+
+    out = tmp_path / "search_replay.json"
+    out.write_text(json.dumps({"landscapes": {}, "results": {}, "added": [
+        {"landscapes": ["lstm"], "strategies": ["tuner"], "rules_at": "old"},
+        {"landscapes": ["lstm", "mlp"], "strategies": ["oracle", "tuner"], "rules_at": "old"},
+        {"landscapes": ["lstm"], "rules_at": "before strategies were listed: every one"}]}))
+    monkeypatch.setattr(sr, "_commit", lambda: "new")
+    sr._add(out, ["lstm"], {"lstm": {"tuner": {"12": {"median": 1.0}}}}, 1.0, ["tuner"])
+    data = json.loads(out.read_text())
+    assert [(a["landscapes"], a.get("strategies"), a["rules_at"]) for a in data["added"]] == [
+        (["lstm", "mlp"], ["oracle", "tuner"], "old"),  # its mlp rows and oracle rows stand
+        (["lstm"], None, "before strategies were listed: every one"),
+        (["lstm"], ["tuner"], "new")]
+    assert data["results"]["lstm"]["tuner"]["12"]["median"] == 1.0 and data["landscapes"]["lstm"]["configs"] > 0
