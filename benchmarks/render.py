@@ -114,10 +114,11 @@ def _search_replay(data: dict) -> list[str]:
            f"noise; below 1, the search never measured the best configs in full.", ""]
     held = {n for n, info in data["landscapes"].items() if info.get("held_out")}
     for title, names in (("Landscapes the search's rules were chosen on", [n for n in data["results"] if n not in held]),
-                         ("Held out: recorded after the rules were frozen, no rule chosen on them", [
-                             n for n in data["results"] if n in held])):
+                         ("Held out: recorded after the rules of their commit were frozen, no constant or rule "
+                          "chosen from them", [n for n in data["results"] if n in held])):
         if names:
             out += [f"**{title}**, at 12 configs:", "", *_at(data, names, 12), *_against_the_bar(data, names)]
+    out += _held_out_provenance(data, [n for n in data["results"] if n in held])
     for added in data.get("added") or []:
         only = f" ({', '.join(added['strategies'])}; the other strategies' rows stand)" if added.get("strategies") else ""
         out += [f"{', '.join(added['landscapes'])}: replayed {added['date']} with the rules of commit "
@@ -154,6 +155,23 @@ def _search_replay(data: dict) -> list[str]:
         out.append(f"The real quickstart search: {r['command_wall_s']:.0f} s to its recommendation "
                    f"({r['trials']} configs, {r['measurements']} measurements).")
     return out
+
+
+def _held_out_provenance(data: dict, names: list[str]) -> list[str]:
+    """Under which rules each held-out landscape was recorded, and any rule chosen later with
+    held-out figures in view (``held_out_seen``): the landscapes recorded after that rule are
+    the ones it has not seen."""
+    if not names:
+        return []
+    by_rules: dict[str, list[str]] = {}
+    for n in names:
+        by_rules.setdefault(data["landscapes"][n].get("rules_at") or "not recorded", []).append(n)
+    out = ["Recorded under the rules of commit " + "; ".join(f"{c} ({', '.join(ns)})" for c, ns in by_rules.items())
+           + "."]
+    for seen in data.get("held_out_seen") or []:
+        out.append(f"Commit {seen['commit']} chose a rule with the held-out figures of {', '.join(seen['seen'])} "
+                   f"in view: {seen['why']} The landscapes recorded after it have not been seen by it.")
+    return [" ".join(out), ""]
 
 
 def _against_the_bar(data: dict, names: list[str], budget: int = 12) -> list[str]:

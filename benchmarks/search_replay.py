@@ -597,11 +597,13 @@ def run_replays(a: argparse.Namespace) -> None:
               f"({real['trials']} configs, {real['measurements']} measurements, "
               f"{real['speedup_vs_baseline']:.2f}x the plain loop)")
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    # a rule once chosen with held-out figures in view stays said, whatever replays since
+    seen = json.loads(Path(a.out).read_text()).get("held_out_seen") if Path(a.out).exists() else None
     Path(a.out).write_text(json.dumps({
         "real_run": real, "benchmark": "search_replay", **stamp(), "previous": _previous(Path(a.out)),
         "seeds": a.seeds, "gp_seeds": a.gp_seeds, "budgets": BUDGETS, "wall_s": time.time() - t0,
         "landscapes": {n: _landscape_facts(n) for n in names},
-        "results": table}, indent=1, default=str))
+        "results": table, **({"held_out_seen": seen} if seen else {})}, indent=1, default=str))
     print(f"\nwrote {a.out} ({time.time() - t0:.0f} s)")
 
 
@@ -642,7 +644,7 @@ def _landscape_facts(name: str) -> dict:
     landscape = _load(name)[0]
     return {"measured": landscape.get("measured"), "hardware": landscape["hardware"],
             "configs": len(landscape["grid"]), "repeat_cv": repeat_cv(landscape), "judge": judge(name),
-            "held_out": bool(landscape.get("held_out"))}
+            "held_out": bool(landscape.get("held_out")), "rules_at": landscape.get("rules_at")}
 
 
 def _add(out: Path, names: list[str], table: dict, wall_s: float, strategies: list[str]) -> None:

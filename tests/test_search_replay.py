@@ -54,3 +54,17 @@ def test_an_addition_whose_rows_a_later_one_replaces_is_no_longer_listed(tmp_pat
         (["lstm"], None, "before strategies were listed: every one"),
         (["lstm"], ["tuner"], "new")]
     assert data["results"]["lstm"]["tuner"]["12"]["median"] == 1.0 and data["landscapes"]["lstm"]["configs"] > 0
+
+
+def test_the_results_page_says_under_which_rules_each_held_out_landscape_was_recorded():
+    """A held-out landscape is judged apart only as long as no rule was chosen from it: the
+    page names the rules each was recorded under, and a rule chosen later with held-out
+    figures in view, with the landscapes it saw."""
+    import render
+
+    data = {"landscapes": {"a": {"rules_at": "c1"}, "b": {"rules_at": "c1"}, "c": {"rules_at": "c3"}},
+            "held_out_seen": [{"commit": "c2", "seen": ["a", "b"], "why": "a retry rule read lower there."}]}
+    [text, _] = render._held_out_provenance(data, ["a", "b", "c"])
+    assert "commit c1 (a, b); c3 (c)." in text
+    assert "Commit c2 chose a rule with the held-out figures of a, b in view: a retry rule read lower there." in text
+    assert render._held_out_provenance(data, []) == []
