@@ -68,6 +68,32 @@ def test_disturbed_measurements_never_pick_the_winner():
     assert base["samples_per_sec"] == pytest.approx(105.0) and base["measurements"] == 3
 
 
+def test_a_config_screened_then_measured_again_in_full_does_not_beat_the_confirm_rounds():
+    """A screened config measured again in full holds two measurements but one full figure,
+    a search figure like the one that made the confirmed configs contenders. Once their
+    confirm figures fall back, it would read best on that one figure: the pick is the best
+    of the configs the confirm rounds measured. (A live search picked such a config.)"""
+    from tuner.records import best_of
+
+    recs = [
+        {"phase": "search", "key": "a", "config": {"x": 1}, "status": "ok", "samples_per_sec": 120.0},
+        {"phase": "confirm", "key": "a", "config": {"x": 1}, "status": "ok", "samples_per_sec": 90.0, "confirm_round": 1},
+        {"phase": "confirm", "key": "a", "config": {"x": 1}, "status": "ok", "samples_per_sec": 92.0, "confirm_round": 2},
+        {"phase": "search", "key": "b", "config": {"x": 2}, "status": "ok", "samples_per_sec": 80.0, "screened": True},
+        {"phase": "search", "key": "b", "config": {"x": 2}, "status": "ok", "samples_per_sec": 95.0},
+    ]
+    ranked = rank(aggregate(recs, "samples_per_sec"), "samples_per_sec")
+    assert [(r["key"], r["measurements"], r["samples_per_sec"]) for r in ranked] == [("b", 2, 95.0), ("a", 3, 91.0)]
+    assert best_of(ranked)["key"] == "a"
+    # with no confirm rounds, a config measured more than once is the pick, as before
+    assert best_of(rank(aggregate([r for r in recs if not r.get("confirm_round")], "samples_per_sec"),
+                        "samples_per_sec"))["key"] == "b"
+    # and the table says why the row above the pick is not it
+    from tuner.tables import unconfirmed
+
+    assert "not in the confirm rounds" in unconfirmed(ranked[0], ranked[1], "samples_per_sec")
+
+
 def test_screened_rows_never_win_and_confirm_takes_only_rows_within_noise():
     from tuner.records import best_of, with_cold_compile, within_noise
 

@@ -446,11 +446,16 @@ def configs_tried(records: list[Record]) -> set[str]:
 
 
 def best_of(ranked: list[dict], finished: bool = True) -> dict | None:
-    """The winner: once the search has finished, the best of the re-measured configs
-    (chosen on repeated figures); before that, the best so far. A config measured
+    """The winner: once the search has finished, the best of the configs its confirm rounds
+    measured (of those measured more than once, where none ran); before that, the best so
+    far. A config measured
     only on a disturbed machine never wins."""
     quiet = [r for r in ranked if contender(r)]
-    confirmed = [r for r in quiet if r["measurements"] > 1]
+    # Where confirm rounds ran, the configs they measured: their figures were taken side by
+    # side and chose no one. A config measured twice outside them (screened, then measured
+    # again in full) holds one full figure, the kind of figure the rounds are there to
+    # doubt; it would win on that alone once the contenders' confirm figures fell back.
+    confirmed = [r for r in quiet if r.get("confirm_measurements")] or [r for r in quiet if r["measurements"] > 1]
     if confirmed and finished:
         return confirmed[0]
     return quiet[0] if quiet else None

@@ -40,16 +40,21 @@ def recompiled(row: dict) -> str:
 
 
 def unconfirmed(row: dict, best: dict | None, metric: str) -> str:
-    """A row that reads better than the pick on a single measurement, said beside it: the
-    pick is the best of the configs measured again (a lone figure is the likeliest to be a
-    lucky draw), and the confirm rounds had no place for this one."""
+    """A row that reads better than the pick on figures the confirm rounds did not take,
+    said beside it: the pick is the best of the configs they measured side by side (a
+    lone search figure is the likeliest to be a lucky draw), and they had no place for
+    this one."""
     if best is None or row.get("config") == best.get("config") or row.get("screened") or row.get("disturbed") \
             or row.get(metric) is None or best.get(metric) is None:
         return ""
     better = row[metric] > best[metric] if spec.OBJECTIVE_METRICS[metric] == "max" else row[metric] < best[metric]
-    if not (better and row.get("measurements", 1) <= 1 < best.get("measurements", 1)):
+    if not better:
         return ""
-    return "  (one measurement, not confirmed: the pick is the best of the configs measured again)"
+    if best.get("confirm_measurements") and not row.get("confirm_measurements"):
+        return "  (not in the confirm rounds: the pick is the best of the configs they measured side by side)"
+    if row.get("measurements", 1) <= 1 < best.get("measurements", 1):
+        return "  (one measurement, not confirmed: the pick is the best of the configs measured again)"
+    return ""
 
 
 def row_status(row: dict) -> str:
