@@ -158,20 +158,21 @@ def _search_replay(data: dict) -> list[str]:
 
 
 def _held_out_provenance(data: dict, names: list[str]) -> list[str]:
-    """Under which rules each held-out landscape was recorded, and any rule chosen later with
-    held-out figures in view (``held_out_seen``): the landscapes recorded after that rule are
-    the ones it has not seen."""
-    if not names:
-        return []
-    by_rules: dict[str, list[str]] = {}
-    for n in names:
-        by_rules.setdefault(data["landscapes"][n].get("rules_at") or "not recorded", []).append(n)
-    out = ["Recorded under the rules of commit " + "; ".join(f"{c} ({', '.join(ns)})" for c, ns in by_rules.items())
-           + "."]
+    """Under which rules each held-out landscape was recorded, and each rule chosen later with
+    held-out figures in view (``held_out_seen``): the landscapes it saw count with the ones
+    the rules were chosen on from then on."""
+    out = []
+    if names:
+        by_rules: dict[str, list[str]] = {}
+        for n in names:
+            by_rules.setdefault(data["landscapes"][n].get("rules_at") or "not recorded", []).append(n)
+        out.append("Held out: recorded under the rules of commit "
+                   + "; ".join(f"{c} ({', '.join(ns)})" for c, ns in by_rules.items()) + ".")
     for seen in data.get("held_out_seen") or []:
-        out.append(f"Commit {seen['commit']} chose a rule with the held-out figures of {', '.join(seen['seen'])} "
-                   f"in view: {seen['why']} The landscapes recorded after it have not been seen by it.")
-    return [" ".join(out), ""]
+        out.append(f"Commit {seen['commit']} chose a rule with the figures of {', '.join(seen['seen'])} in view, "
+                   f"held out until then: {seen['why']} They are counted with the landscapes the rules were "
+                   f"chosen on since.")
+    return [" ".join(out), ""] if out else []
 
 
 def _against_the_bar(data: dict, names: list[str], budget: int = 12) -> list[str]:

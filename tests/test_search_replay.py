@@ -66,5 +66,6 @@ def test_the_results_page_says_under_which_rules_each_held_out_landscape_was_rec
             "held_out_seen": [{"commit": "c2", "seen": ["a", "b"], "why": "a retry rule read lower there."}]}
     [text, _] = render._held_out_provenance(data, ["a", "b", "c"])
     assert "commit c1 (a, b); c3 (c)." in text
-    assert "Commit c2 chose a rule with the held-out figures of a, b in view: a retry rule read lower there." in text
-    assert render._held_out_provenance(data, []) == []
+    assert "Commit c2 chose a rule with the figures of a, b in view, held out until then: a retry rule read " \
+        "lower there. They are counted with the landscapes the rules were chosen on since." in text
+    assert render._held_out_provenance({"landscapes": {}}, []) == []
