@@ -448,8 +448,7 @@ def configs_tried(records: list[Record]) -> set[str]:
 def best_of(ranked: list[dict], finished: bool = True) -> dict | None:
     """The winner: once the search has finished, the best of the configs its confirm rounds
     measured (of those measured more than once, where none ran); before that, the best so
-    far. A config measured
-    only on a disturbed machine never wins."""
+    far. A config measured only on a disturbed machine never wins."""
     quiet = [r for r in ranked if contender(r)]
     # Where confirm rounds ran, the configs they measured: their figures were taken side by
     # side and chose no one. A config measured twice outside them (screened, then measured

@@ -279,8 +279,9 @@ class GuidedSampler(optuna.samplers.BaseSampler):
                                     pipeline=pipe)
             return told.predict(d[0])
 
-        score, best = max(((predicted(d), i) for i, d in enumerate(candidates)), key=lambda t: (t[0], -t[1]))
-        return dict(candidates[best][0]) if score >= max(feasible) - math.log(RETRY_WITHIN) else None
+        scores = [predicted(d) for d in candidates]
+        best = scores.index(max(scores))  # the first of equals, as max() takes it
+        return dict(candidates[best][0]) if scores[best] >= max(feasible) - math.log(RETRY_WITHIN) else None
 
     def _untried(self, seen: set, number: int) -> dict | None:
         """Any config not measured yet (a seeded random order), for when the neighbourhood
