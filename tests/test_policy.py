@@ -95,6 +95,32 @@ def test_the_pick_reads_the_confirm_rounds_not_the_lucky_figure_that_made_a_cont
     assert best["samples_per_sec"] == pytest.approx(rate({"micro_batch_size": 64}))
 
 
+@pytest.mark.parametrize(("second", "noise", "rounds"), [
+    (99.0, 0.06, 4),  # 1% apart, figures 6% apart: measured again up to confirm.repeats
+    (80.0, 0.01, 1),  # 20% apart, figures 1% apart: the first round settles it
+    (90.0, 0.01, 1),  # 10% apart: within a fixed allowance of noise, beyond what the figures show
+])
+def test_the_confirm_rounds_race_the_contenders_until_the_noise_parts_them(second, noise, rounds):
+    rates = {16: 100.0, 32: second, 64: 50.0}
+    policy = _policy(_space(knobs={"micro_batch_size": [16, 32, 64]}, budget={"trials": 3},
+                            confirm={"top": 2, "repeats": 4}))
+    now, seen = 0.0, {}
+    while not isinstance(task := policy.next(now), Done):
+        batch = task.config["micro_batch_size"]
+        n = seen[batch] = seen.get(batch, -1) + 1  # the noise alternates: the two cross each time
+        sign = 1 if (n + (batch == 32)) % 2 == 0 else -1
+        value = rates.get(batch, 40.0) * (1 + sign * noise if task.phase != "baseline" else 1)
+        now += 5.0
+        policy.on_result(task, {"status": "ok", "config": dict(task.config), "samples_per_sec": value,
+                                "samples_per_sec_error": 0.01, "trial_wall_s": 5.0})
+    confirmed = [r for r in policy.records if r["phase"] == "confirm"]
+    assert max(r["confirm_round"] for r in confirmed) == rounds
+    if rounds > 1:  # both raced to the end, the baseline measured beside them in every round
+        assert len(confirmed) == 2 * rounds
+        assert sum(1 for r in policy.records if r["phase"] == "baseline") == rounds + 1
+    assert policy.pick().row["config"]["micro_batch_size"] == 16
+
+
 def test_optuna_is_told_each_configs_figure_and_status():
     policy = _policy(_space())
     _run(policy)

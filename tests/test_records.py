@@ -203,3 +203,35 @@ def test_a_row_and_the_baseline_keep_the_load_beside_their_windows_for_the_sprea
     assert "other processes used 1.5 of 2 cores" in note
     base = baseline_of([{**r, "phase": "baseline"} for r in quiet], "samples_per_sec")
     assert base["measurements"] == 2 and base["interference_cores"] == 0.02
+
+
+def test_the_noise_between_repeats_is_pooled_over_configs_and_parts_the_race():
+    import math
+
+    from tuner.records import aggregate, rank, repeat_noise, still_racing
+
+    def rec(batch, value, phase="search", **more):
+        return {"phase": phase, "status": "ok", "key": str(batch), "config": {"micro_batch_size": batch},
+                "samples_per_sec": value, "samples_per_sec_error": 0.01, **more}
+
+    records = [rec(8, 50.0, "baseline"), rec(8, 80.0, "baseline", confirm_round=1),  # never noise
+               rec(16, 100.0), rec(32, 96.0), rec(64, 90.0), rec(128, 300.0, screened=True),
+               rec(16, 100.0, "confirm", confirm_round=1), rec(32, 96.0, "confirm", confirm_round=1),
+               rec(64, 90.0, "confirm", confirm_round=1), rec(128, 10.0, "recheck", disturbed=True)]
+    assert repeat_noise(records[:6], "samples_per_sec") is None  # no config measured twice
+    assert repeat_noise(records, "samples_per_sec") == pytest.approx(0.0)
+    ranked = rank(aggregate(records, "samples_per_sec"), "samples_per_sec")
+    # figures that agree: held to the least noise (2%), 4% and 10% behind are out
+    assert [r["config"]["micro_batch_size"] for r in still_racing(ranked, records, "samples_per_sec")] == [16]
+    # where two figures of one config (an incumbent and its recheck) lie 25% apart, the
+    # same gaps are within the noise
+    noisy = records + [rec(256, 50.0), rec(256, 62.5, "recheck")]
+    assert repeat_noise(noisy, "samples_per_sec") == pytest.approx(math.log(1.25) / math.sqrt(2 * 4))
+    ranked = rank(aggregate(noisy, "samples_per_sec"), "samples_per_sec")
+    assert [r["config"]["micro_batch_size"] for r in still_racing(ranked, noisy, "samples_per_sec")] == [16, 32, 64]
+    # a minimized objective races the other way
+    times = [{**r, "projected_run_s": 1000.0 / r["samples_per_sec"]} for r in noisy]
+    ranked = rank(aggregate(times, "projected_run_s"), "projected_run_s")
+    assert ranked[0]["config"]["micro_batch_size"] == 16
+    assert len(still_racing(ranked, times, "projected_run_s")) == 3
+    assert math.isclose(repeat_noise(times, "projected_run_s"), repeat_noise(noisy, "samples_per_sec"))

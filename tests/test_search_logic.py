@@ -209,8 +209,11 @@ def test_the_time_budget_keeps_room_for_the_confirm_round_as_its_contenders_meas
     assert clock.reserve(recs, metric) == pytest.approx(9 + 3 + 5)  # the screened 400 is no contender
     assert median_wall(recs) == 4.0  # what the next trial costs, screened ones included
     assert clock.left(0.0, recs, metric) == pytest.approx(100 - 17)
-    # the search proper keeps time for one round; a second starts only if it fits
-    assert clock.round_fits(80.0, recs, metric) and not clock.round_fits(85.0, recs, metric)
+    # the search proper keeps time for one round; a second starts only if a round of the
+    # contenders still in the race fits
+    race = [{"config": {"micro_batch_size": 16}}, {"config": {"micro_batch_size": 32}}]
+    assert clock.round_fits(80.0, recs, race) and not clock.round_fits(85.0, recs, race)
+    assert clock.round_fits(85.0, recs, race[1:])  # 3 s and the baseline's 5 s
     assert median_wall([]) is None
     # the next trial: 100 - 17 of the reserve - 78 spent leaves 5 s, a typical trial's 4
     # fit; after screened trials in a row it first re-measures the leader (its own 9 s)

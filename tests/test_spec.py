@@ -94,9 +94,9 @@ def test_the_baseline_runs_at_the_spaces_first_world_size(tmp_path):
 
 
 @pytest.mark.parametrize(("extra", "search", "confirm"), [
-    ("", 12, 8),  # 12 configs tried, then up to 2 rounds of the top 3 and the baseline
-    ("budget: {trials: 5}\n", 5, 8),
-    ("budget: {trials: 1}\n", 1, 8),
+    ("", 12, 16),  # 12 configs tried, then up to 4 rounds of the top 3 and the baseline
+    ("budget: {trials: 5}\n", 5, 16),
+    ("budget: {trials: 1}\n", 1, 16),
     ("budget: {trials: 20}\nconfirm: {top: 2, repeats: 3}\n", 20, 9),
     ("confirm: {top: 0}\n", 12, 0),
     ("objective: {metric: samples_per_sec, memory: true}\n", 12, 0),  # a Pareto front: nothing to confirm

@@ -44,6 +44,7 @@ from tuner.records import (
     objective_values,
     rank,
     sampler_attrs,
+    still_racing,
     with_cold_compile,
     within_noise,
 )
@@ -135,7 +136,8 @@ class Clock:
             return None
         return max(1.0, self.time_s - now - self.reserve(records, metric, found_next=True))
 
-    def reserve(self, records: list[dict], metric: str, found_next: bool = False) -> float:
+    def reserve(self, records: list[dict], metric: str, found_next: bool = False,
+                rows: list[dict] | None = None) -> float:
         """The next confirm round's time if the search ended now (``found_next``: after
         one more trial): its contenders (the top ``confirm.top`` configs within noise of
         the leader, as ``_next_confirm`` takes them) re-measured in full and the baseline,
@@ -144,12 +146,14 @@ class Clock:
         long as a typical full trial. A config the search has not found, or one the
         leader has beaten beyond noise, is no contender: a budget with room for one config
         and its confirmation measures that one, and a search whose leader is clear goes on
-        where reserving a whole round ahead would have stopped it."""
+        where reserving a whole round ahead would have stopped it. ``rows``: a later
+        round's contenders, where they are known."""
         if not self.confirming:
             return 0.0
         typical, base = _round_walls(records)
-        walls = [own_wall(records, row["config"]) or typical
-                 for row in within_noise(rank(aggregate(records, metric), metric), metric)[: self.top]]
+        if rows is None:
+            rows = within_noise(rank(aggregate(records, metric), metric), metric)[: self.top]
+        walls = [own_wall(records, row["config"]) or typical for row in rows]
         walls += [typical] * min(int(found_next), self.top - len(walls))
         return sum(walls) + base
 
@@ -196,9 +200,10 @@ class Clock:
             out.append(row)
         return out
 
-    def round_fits(self, now: float, records: list[dict], metric: str) -> bool:
-        """Whether another confirm round ends within the budget (always, without one)."""
-        return self.time_s is None or now + self.reserve(records, metric) <= self.time_s
+    def round_fits(self, now: float, records: list[dict], contenders: list[dict]) -> bool:
+        """Whether another confirm round of ``contenders`` ends within the budget (always,
+        without one)."""
+        return self.time_s is None or now + self.reserve(records, "", rows=contenders) <= self.time_s
 
 
 def _round_walls(records: list[dict]) -> tuple[float, float]:
@@ -528,8 +533,9 @@ class SearchPolicy:
     def _next_confirm(self, now: float) -> Task | None:
         """The next measurement of a confirm round (A B C base, A B C base: a drift of the
         machine hits every contender and the baseline alike); a round is chosen once the
-        one before it has landed. The contenders are the top ``confirm.top`` configs
-        still within noise of the leader; the rounds stop once a single contender is
+        one before it has landed. The first round's contenders are the top ``confirm.top``
+        configs still within noise of the leader, a later round's those the rounds have
+        not left behind (``_contenders``); the rounds stop once a single contender is
         left (the order is clear), after ``confirm.repeats`` rounds, once the rounds'
         share is spent (a round that does not fit whole keeps its best contenders and
         the baseline), or, under a time budget, at a round after the first that does not
@@ -544,11 +550,11 @@ class SearchPolicy:
         m = self.space.model
         if c.round >= m.confirm.repeats:
             return None
+        contenders = self._contenders(c.round)
         if m.budget.time_s is not None and (now >= m.budget.time_s or c.round > c.first
-                                            and not self.clock.round_fits(now, self.records, self.metric)):
+                                            and not self.clock.round_fits(now, self.records, contenders)):
             self.ended = "time budget spent: no more confirm rounds"
             return None
-        contenders = within_noise(rank(aggregate(self.records, self.metric), self.metric), self.metric)[: m.confirm.top]
         if c.left < 1 or not contenders or (c.round > 0 and len(contenders) < 2):
             self.ended = "the order of the contenders is clear" if contenders else "no contender"
             return None
@@ -566,6 +572,15 @@ class SearchPolicy:
         c.round += 1
         phase, config = c.queue.pop(0)
         return self._issue(phase, config, now, confirm_round=c.round)
+
+    def _contenders(self, round_: int) -> list[dict]:
+        """A confirm round's contenders: in the first, the top ``confirm.top`` configs within
+        noise of the leader; in a later one, those the rounds have not left behind
+        (``records.still_racing``)."""
+        ranked = rank(aggregate(self.records, self.metric), self.metric)
+        if round_ == 0:
+            return within_noise(ranked, self.metric)[: self.space.model.confirm.top]
+        return still_racing(ranked, self.records, self.metric)
 
     def _issue(self, phase: Phase, config: dict, now: float, *, screen: dict | None = None,
                confirm_round: int | None = None) -> Task:

@@ -11,6 +11,7 @@ warning, every complete record kept.
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import statistics
@@ -568,6 +569,64 @@ def within_noise(rows: list[dict], metric: str, floor: float = 0.03) -> list[dic
         if (r[metric] >= lead[metric] * (1 - allowance)) if better else (r[metric] <= lead[metric] * (1 + allowance)):
             out.append(r)
     return out
+
+
+# A contender leaves the confirm rounds once the leader's figure is ahead of its own by
+# this many standard errors of their difference (a one-sided test at about 84%). Chosen by
+# replay (``benchmarks/search_replay.py``) on the landscapes the rules were tuned on: a
+# stricter test measured more for picks no better, a looser one dropped the best config
+# on noisy hosts.
+ELIMINATE_AT = 1.0
+
+# The least noise one figure is held to: a trial a minute later meets a machine that
+# drifted, however well a few repeats agreed.
+MIN_REPEAT_NOISE = 0.02
+
+
+def repeat_noise(records: list[Record], metric: str) -> float | None:
+    """How far one full measurement of a config lies from another of the same config:
+    the standard deviation of the log of their figures, pooled over every config measured
+    in full more than once (search, recheck, retry and confirm figures; quiet ones only).
+    None before any config was measured twice. The figures that made a contender are high
+    draws, so the pooled figure leans high: the rounds then run longer, never shorter."""
+    groups: dict[str, list[float]] = {}
+    for r in records:
+        value = r.get(metric)
+        if (r.get("phase") in ("baseline", "lost") or r.get("status") != "ok" or r.get("screened")
+                or r.get("disturbed") or not value or value <= 0):
+            continue
+        groups.setdefault(r.get("key") or json.dumps(r.get("config"), sort_keys=True, default=str),
+                          []).append(math.log(value))
+    squares, df = 0.0, 0
+    for logs in groups.values():
+        if len(logs) > 1:
+            mean = sum(logs) / len(logs)
+            squares += sum((x - mean) ** 2 for x in logs)
+            df += len(logs) - 1
+    return math.sqrt(squares / df) if df else None
+
+
+def still_racing(ranked: list[dict], records: list[Record], metric: str) -> list[dict]:
+    """The configs a confirm round measured that the leader of the rounds has not left
+    behind: the race of F-Race and successive elimination. A config stays while the
+    leader's figure (the median of its confirm rounds') is ahead of its own by less than
+    ``ELIMINATE_AT`` standard errors of the difference, each figure's error the noise
+    between two measurements of one config (``repeat_noise``) over the root of its confirm
+    measurements. Every round narrows the error of those left, so a close pair is measured
+    again where a clear one is not: on a quiet machine the rounds end early, on a noisy one
+    they go on up to ``confirm.repeats``."""
+    raced = [r for r in ranked if contender(r) and r.get("confirm_measurements")]
+    if len(raced) < 2:
+        return raced
+    noise = max(MIN_REPEAT_NOISE, repeat_noise(records, metric) or MIN_REPEAT_NOISE)
+    lead = raced[0]
+    sign = 1.0 if OBJECTIVE_METRICS[metric] == "max" else -1.0
+
+    def behind(row: dict) -> float:
+        return sign * math.log(lead[metric] / row[metric])
+
+    return [lead] + [r for r in raced[1:] if behind(r) < ELIMINATE_AT * noise * math.sqrt(
+        1 / lead["confirm_measurements"] + 1 / r["confirm_measurements"])]
 
 
 def winner_first(ranked: list[dict], best: dict | None) -> list[dict]:

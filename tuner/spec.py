@@ -81,12 +81,13 @@ class Confirm(_Strict):
     top: int = Field(3, ge=0)
     """How many of the best configs (those within noise of the leader) are re-measured
     at the end, interleaved with the baseline."""
-    repeats: int = Field(2, ge=0)
+    repeats: int = Field(4, ge=0)
     """Rounds of re-measurement at most; the winner is chosen on the median of a config's
     confirm-round measurements (its search figure, which made it a contender, left out).
-    The rounds come after the budget.trials configs; a round after the first runs only
-    while 2+ contenders are still within noise (and, under a time budget, only if it
-    fits)."""
+    The rounds come after the budget.trials configs; a round after the first measures
+    the contenders the leader has not left behind by the noise of their figures, and runs
+    only while 2+ of them are left (and, under a time budget, only if it fits): a close
+    race is measured again, a clear one is not."""
 
 
 class SpaceModel(_Strict):
