@@ -715,3 +715,194 @@ def denoise(size: int = 4096, rate: int = 8000, seconds: float = 0.25, width: in
     return Workload(model=model, dataset=lambda: NoisyClips(size, rate, seconds),
                     loss=lambda model, batch: nn.functional.l1_loss(model(batch[0]), batch[1]),
                     optimizer=lambda p: torch.optim.Adam(p, lr=1e-3))
+
+
+class Textures(Dataset):
+    """Super-resolution pairs: a procedural image (oriented sine textures and a few sharp
+    rectangles), cropped, flipped and turned at random, and the crop downsampled with an
+    antialiased bicubic filter in the loading process: the low-resolution input and its
+    high-resolution target."""
+
+    def __init__(self, size: int, image: int, crop: int, scale: int):
+        self.size, self.image, self.crop, self.scale = size, image, crop, scale
+        self.ys, self.xs = torch.meshgrid(torch.linspace(-1, 1, image), torch.linspace(-1, 1, image), indexing="ij")
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        g = torch.Generator().manual_seed(i)
+        angle, freq = torch.rand(3, generator=g) * 3.14, 4 + 20 * torch.rand(3, generator=g)
+        img = torch.stack([torch.sin(f * (self.xs * a.cos() + self.ys * a.sin())) for a, f in zip(angle, freq, strict=True)])
+        for _ in range(3):
+            y0, x0 = (int(v) for v in torch.randint(0, self.image - 8, (2,), generator=g))
+            h, w = (int(v) for v in torch.randint(4, self.image // 3, (2,), generator=g))
+            img[:, y0:y0 + h, x0:x0 + w] = torch.rand(3, 1, 1, generator=g) * 2 - 1
+        top, left = (int(v) for v in torch.randint(0, self.image - self.crop + 1, (2,), generator=g))
+        hr = img[:, top:top + self.crop, left:left + self.crop]
+        hr = torch.rot90(hr, int(torch.randint(0, 4, (), generator=g)), (1, 2))
+        if torch.rand((), generator=g) < 0.5:
+            hr = hr.flip(-1)
+        lr = nn.functional.interpolate(hr[None], scale_factor=1 / self.scale, mode="bicubic", antialias=True,
+                                       align_corners=False)[0]
+        return lr.contiguous(), hr.contiguous()
+
+
+def superres(size: int = 4096, image: int = 80, crop: int = 48, scale: int = 2, width: int = 48) -> Workload:
+    """Single-image super-resolution (ESPCN): convolutions at low resolution, a sub-pixel
+    shuffle up to the target, an L1 loss."""
+
+    def model():
+        return nn.Sequential(nn.Conv2d(3, width, 5, padding=2), nn.Tanh(),
+                             nn.Conv2d(width, width // 2, 3, padding=1), nn.Tanh(),
+                             nn.Conv2d(width // 2, 3 * scale * scale, 3, padding=1), nn.PixelShuffle(scale))
+
+    return Workload(model=model, dataset=lambda: Textures(size, image, crop, scale),
+                    loss=lambda model, batch: nn.functional.l1_loss(model(batch[0]), batch[1]),
+                    optimizer=lambda p: torch.optim.Adam(p, lr=1e-3))
+
+
+class Lines(Dataset):
+    """Lines of text of varying length, as character ids: each line drawn on read by a
+    first-order Markov chain over a small alphabet, a Python loop per character (the
+    loading work grows with the line, as a tokenizer's does)."""
+
+    def __init__(self, size: int, vocab: int, shortest: int, longest: int):
+        self.size, self.vocab, self.shortest, self.longest = size, vocab, shortest, longest
+        g = torch.Generator().manual_seed(0)
+        self.next = torch.softmax(3 * torch.randn(vocab, vocab, generator=g), dim=1).cumsum(1).tolist()
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        import bisect
+        import random
+
+        rng = random.Random(i)
+        n = rng.randint(self.shortest, self.longest)
+        ids, c = [], rng.randrange(1, self.vocab)
+        for _ in range(n):
+            c = min(self.vocab - 1, max(1, bisect.bisect(self.next[c], rng.random())))
+            ids.append(c)
+        return torch.tensor(ids)
+
+
+def pad_lines(items: list) -> torch.Tensor:
+    """Lines padded with 0 to the longest of the batch."""
+    return nn.utils.rnn.pad_sequence(items, batch_first=True, padding_value=0)
+
+
+class CharLM(nn.Module):
+    def __init__(self, vocab: int, dim: int, hidden: int):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim, padding_idx=0)
+        self.gru = nn.GRU(dim, hidden, batch_first=True)
+        self.head = nn.Linear(hidden, vocab)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        out, _ = self.gru(self.embed(ids))
+        return self.head(out)
+
+
+def charlm(size: int = 8192, vocab: int = 96, shortest: int = 32, longest: int = 256, dim: int = 32,
+           hidden: int = 128) -> Workload:
+    """A character-level GRU language model on lines of varying length, padded per batch;
+    the padding is masked out of the next-character loss."""
+
+    def loss(model, ids):
+        logits = model(ids[:, :-1])
+        return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1),
+                                           ignore_index=0)
+
+    return Workload(model=lambda: CharLM(vocab, dim, hidden), dataset=lambda: Lines(size, vocab, shortest, longest),
+                    loss=loss, collate=pad_lines, optimizer=lambda p: torch.optim.AdamW(p, lr=2e-3))
+
+
+class Poses(Dataset):
+    """Keypoint heatmaps: an image of blobs at random keypoints, warped by a random
+    rotation, scale and shift (an affine grid sampled per image), and a Gaussian heatmap
+    per keypoint rendered at the warped point at a quarter of the image's resolution: the
+    per-sample warp and rendering of a pose-estimation pipeline."""
+
+    def __init__(self, size: int, image: int, keypoints: int, sigma: float):
+        self.size, self.image, self.keypoints, self.sigma = size, image, keypoints, sigma
+        self.ys, self.xs = torch.meshgrid(torch.linspace(-1, 1, image), torch.linspace(-1, 1, image), indexing="ij")
+        q = image // 4
+        self.qy, self.qx = torch.meshgrid(torch.linspace(-1, 1, q), torch.linspace(-1, 1, q), indexing="ij")
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        g = torch.Generator().manual_seed(i)
+        points = torch.rand(self.keypoints, 2, generator=g) * 1.2 - 0.6
+        img = 0.2 * torch.randn(3, self.image, self.image, generator=g)
+        for k, (x, y) in enumerate(points.tolist()):
+            img[k % 3] += torch.exp(-((self.xs - x) ** 2 + (self.ys - y) ** 2) / 0.01)
+        angle = (torch.rand((), generator=g) - 0.5) * 1.0
+        scale = 0.8 + 0.4 * torch.rand((), generator=g)
+        shift = (torch.rand(2, generator=g) - 0.5) * 0.2
+        rot = torch.stack([torch.stack([angle.cos(), -angle.sin()]), torch.stack([angle.sin(), angle.cos()])]) * scale
+        theta = torch.cat([rot, shift[:, None]], dim=1)
+        grid = nn.functional.affine_grid(theta[None], (1, 3, self.image, self.image), align_corners=False)
+        img = nn.functional.grid_sample(img[None], grid, align_corners=False)[0]
+        # the grid maps output to input: a keypoint p of the input lands at rot^-1 (p - shift)
+        warped = (points - shift) @ torch.linalg.inv(rot).T
+        d = (self.qx[None] - warped[:, :1, None]) ** 2 + (self.qy[None] - warped[:, 1:, None]) ** 2
+        return img, torch.exp(-d / (2 * self.sigma ** 2))
+
+
+def pose(size: int = 2048, image: int = 64, keypoints: int = 8, width: int = 32, sigma: float = 0.08) -> Workload:
+    """Keypoint estimation: a small conv net downsampling 4x to one heatmap per keypoint, an MSE loss."""
+
+    def block(cin, cout, stride=1):
+        return [nn.Conv2d(cin, cout, 3, stride=stride, padding=1), nn.BatchNorm2d(cout), nn.ReLU()]
+
+    def model():
+        return nn.Sequential(*block(3, width, 2), *block(width, width), *block(width, 2 * width, 2),
+                             *block(2 * width, 2 * width), nn.Conv2d(2 * width, keypoints, 1))
+
+    return Workload(model=model, dataset=lambda: Poses(size, image, keypoints, sigma),
+                    loss=lambda model, batch: nn.functional.mse_loss(model(batch[0]), batch[1]))
+
+
+class Videos(Dataset):
+    """Short video clips: frames of a drifting, rotating pattern; a random window of frames,
+    a random spatial crop and flip, normalised per clip."""
+
+    def __init__(self, size: int, frames: int, window: int, image: int, crop: int, classes: int):
+        self.size, self.frames, self.window, self.image, self.crop, self.classes = \
+            size, frames, window, image, crop, classes
+        self.ys, self.xs = torch.meshgrid(torch.linspace(-1, 1, image), torch.linspace(-1, 1, image), indexing="ij")
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        g = torch.Generator().manual_seed(i)
+        label = i % self.classes
+        speed, freq = 0.05 + 0.05 * label, 3 + 6 * torch.rand(3, 1, 1, 1, generator=g)
+        t = torch.arange(self.frames).view(1, -1, 1, 1) * speed
+        clip = torch.sin(freq * (self.xs + t) + torch.rand(3, 1, 1, 1, generator=g) * 6.28) * torch.cos(freq * self.ys - t)
+        clip = clip + 0.1 * torch.randn(3, self.frames, self.image, self.image, generator=g)
+        start = int(torch.randint(0, self.frames - self.window + 1, (), generator=g))
+        top, left = (int(v) for v in torch.randint(0, self.image - self.crop + 1, (2,), generator=g))
+        clip = clip[:, start:start + self.window, top:top + self.crop, left:left + self.crop]
+        if torch.rand((), generator=g) < 0.5:
+            clip = clip.flip(-1)
+        return ((clip - clip.mean()) / (clip.std() + 1e-6)).contiguous(), label
+
+
+def video(size: int = 2048, frames: int = 16, window: int = 8, image: int = 40, crop: int = 32, classes: int = 8,
+          width: int = 16) -> Workload:
+    """A 3-D conv clip classifier: two Conv3d blocks over time and space, pooled, a linear head."""
+
+    def model():
+        return nn.Sequential(nn.Conv3d(3, width, 3, padding=1), nn.BatchNorm3d(width), nn.ReLU(),
+                             nn.MaxPool3d((1, 2, 2)), nn.Conv3d(width, 2 * width, 3, padding=1),
+                             nn.BatchNorm3d(2 * width), nn.ReLU(), nn.AdaptiveAvgPool3d(1), nn.Flatten(),
+                             nn.Linear(2 * width, classes))
+
+    return Workload(model=model, dataset=lambda: Videos(size, frames, window, image, crop, classes),
+                    loss=lambda model, batch: nn.functional.cross_entropy(model(batch[0]), batch[1]))
