@@ -8,7 +8,8 @@ A search is a sequence of measurements, each decided here and measured elsewhere
    expects to improve most), each held against the incumbent by the screening ``Board``,
    and the incumbent measured again after screened trials in a row (``recheck``);
 3. the confirm rounds: the configs still within noise of the leader measured again,
-   interleaved with the baseline, until one is clear of the rest;
+   interleaved with the baseline, as a race: each round drops those the leader has left
+   behind by the noise of their figures, until one is clear of the rest;
 4. the pick: the best of the re-measured configs, on their confirm rounds' figures.
 
 The interface is the shape of Ray Tune's searchers and Optuna's samplers: ``next(now)``
