@@ -34,6 +34,7 @@ no rule or constant is chosen on it, and the results page shows it apart.
     python benchmarks/search_replay.py record benchmarks/landscapes/files.yaml   # a quiet machine
     python benchmarks/search_replay.py repeat benchmarks/landscapes/files.yaml   # contenders twice more
     python benchmarks/search_replay.py budget gpu_resnet50 --time-s 480   # under --time-budget
+    python benchmarks/search_replay.py tuned [--trials 12]   # the landscapes rules are chosen on, alone
 
 ``--check-live`` feeds a finished live search's records to the policy in the order they
 landed, with its seed and its machine's knob context, and exits 0 only where the policy
@@ -333,7 +334,8 @@ def replay(landscape: dict, space: spec.Space, ctx: knobs.Context, strategy: str
     screened = {r["key"] for r in policy.records if r.get("screened")}
     full = {r["key"] for r in policy.records if r.get("status") == "ok" and not r.get("screened")}
     return {"pick": pick / machine.optimum, **spent, "explored": explored(policy.records, machine),
-            "false_negatives": [machine.rate[k] >= 0.97 * pick for k in screened - full]}
+            "false_negatives": [machine.rate[k] >= 0.97 * pick for k in screened - full],
+            "shortfall": shortfall(policy.records, machine, best["key"])}
 
 
 def explored(records: list[dict], machine: Machine) -> float:
@@ -344,6 +346,23 @@ def explored(records: list[dict], machine: Machine) -> float:
     full = {r["key"] for r in records if r.get("phase") != "baseline" and r.get("status") == "ok"
             and not r.get("screened") and r.get("key") in machine.rate}
     return max((machine.rate[k] for k in full), default=0.0) / machine.optimum
+
+
+def shortfall(records: list[dict], machine: Machine, pick: str) -> str:
+    """Where the pick falls short of the best config the search measured in full: ``none``,
+    ``close`` (within 3% of it), ``lost in the rounds`` (that config was a confirm
+    contender and lost them) or ``no contender`` (its search figure left it out of the
+    confirm rounds)."""
+    full = {r["key"] for r in records if r.get("phase") != "baseline" and r.get("status") == "ok"
+            and not r.get("screened") and r.get("key") in machine.rate}
+    best = max(full, key=machine.rate.__getitem__, default=pick)
+    gap = (machine.rate[best] - machine.rate[pick]) / machine.optimum
+    if gap <= 1e-9:
+        return "none"
+    if gap < 0.03:
+        return "close"
+    confirmed = {r["key"] for r in records if r.get("phase") == "confirm"}
+    return "lost in the rounds" if best in confirmed else "no contender"
 
 
 class Oracle(optuna.samplers.BaseSampler):
@@ -538,6 +557,12 @@ def main() -> None:
                      help="budget.trials (10: the shipped GPU spaces'; more than a grid has: the time alone binds)")
     bud.add_argument("--seeds", type=int, default=100)
     bud.add_argument("--out", default=str(HERE / "out" / "search_budget.json"))
+    tun = sub.add_parser("tuned", help="the tuner on the landscapes the rules are chosen on (never a held-out one): "
+                                      "the figures to choose a rule or a constant by")
+    tun.add_argument("--trials", type=int, default=12)
+    tun.add_argument("--seeds", type=int, default=100)
+    tun.add_argument("--first-seed", type=int, default=0, help="another set of seeds, to check a choice on")
+    tun.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--check-live", metavar="RESULTS_DIR", help="check a finished live search's decisions")
     ap.add_argument("--seeds", type=int, default=100)
     ap.add_argument("--gp-seeds", type=int, default=10, help="the GP sampler is slow: fewer seeds")
@@ -562,6 +587,9 @@ def main() -> None:
     if a.cmd == "repeat":
         for s in a.space:
             repeat(Path(s), a.within)
+        return
+    if a.cmd == "tuned":
+        tuned(a.trials, a.seeds, a.first_seed, a.jobs)
         return
     if a.cmd == "budget":
         budget_replays(a.landscapes, a.time_s, a.trials, a.seeds, Path(a.out))
@@ -605,6 +633,47 @@ def run_replays(a: argparse.Namespace) -> None:
         "landscapes": {n: _landscape_facts(n) for n in names},
         "results": table, **({"held_out_seen": seen} if seen else {})}, indent=1, default=str))
     print(f"\nwrote {a.out} ({time.time() - t0:.0f} s)")
+
+
+def _tuned_job(args: tuple) -> tuple:
+    name, seed, trials = args
+    landscape, space, ctx = _load(name)
+    return name, replay(landscape, space, ctx, "tuner", seed, trials)
+
+
+def tuned(trials: int, seeds: int, first_seed: int, jobs: int) -> None:
+    """The tuner on every landscape the rules are chosen on, never a held-out one: per
+    landscape and on average, the pick over the best (median, 10th percentile, mean), the
+    best config measured in full, the measurements; and where the picks' shortfall below
+    that config comes from (``shortfall``), the figures a rule or a constant is chosen by."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    names = [n for n in sorted(p.stem for p in LANDSCAPES.glob("*.json")) if not _load(n)[0].get("held_out")]
+    runs: dict[str, list[dict]] = {}
+    with ProcessPoolExecutor(jobs, initializer=optuna.logging.set_verbosity,
+                             initargs=(optuna.logging.WARNING,)) as pool:
+        for name, r in pool.map(_tuned_job, [(n, s, trials) for n in names
+                                             for s in range(first_seed, first_seed + seeds)], chunksize=8):
+            runs.setdefault(name, []).append(r)
+    rows = {}
+    for name, rs in runs.items():
+        picks = [r["pick"] for r in rs]
+        rows[name] = (statistics.median(picks), quantile(picks, 0.1), statistics.mean(picks),
+                      statistics.median(r.get("explored", 0.0) for r in rs), statistics.mean(r["measurements"] for r in rs))
+        print(f"{name:<20} pick {rows[name][0]:.3f} / {rows[name][1]:.3f} (mean {rows[name][2]:.3f})  "
+              f"best measured {rows[name][3]:.3f}  measurements {rows[name][4]:.1f}")
+    means = [statistics.mean(row[i] for row in rows.values()) for i in range(5)]
+    print(f"\n{len(rows)} landscapes, {trials} configs, seeds {first_seed}-{first_seed + seeds - 1}: mean median "
+          f"{means[0]:.4f}, mean p10 {means[1]:.4f}, mean pick {means[2]:.4f}, mean measurements {means[4]:.1f}; "
+          f"median below 0.97 on {sum(r[0] < 0.97 for r in rows.values())}, p10 below 0.93 on "
+          f"{sum(r[1] < 0.93 for r in rows.values())}")
+    kinds = collections.Counter(r["shortfall"] for rs in runs.values() for r in rs if "shortfall" in r)
+    lost = collections.Counter()
+    for rs in runs.values():
+        for r in rs:
+            if "shortfall" in r:
+                lost[r["shortfall"]] += r["explored"] - r["pick"]
+    print("the pick below the best config measured: " + ", ".join(
+        f"{k} {n} searches ({lost[k]:.2f} summed)" for k, n in kinds.most_common()))
 
 
 def budget_replays(names: list[str], budgets: list[float], trials: list[int], seeds: int, out: Path) -> None:

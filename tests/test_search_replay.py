@@ -69,3 +69,46 @@ def test_the_results_page_says_under_which_rules_each_held_out_landscape_was_rec
     assert "Commit c2 chose a rule with the figures of a, b in view, held out until then: a retry rule read " \
         "lower there. They are counted with the landscapes the rules were chosen on since." in text
     assert render._held_out_provenance({"landscapes": {}}, []) == []
+
+
+def test_a_picks_shortfall_is_told_as_lost_in_the_rounds_or_no_contender_and_held_out_landscapes_stay_out(
+        monkeypatch, capsys):
+    landscape, space, ctx = sr._load("lstm")
+    canon, ss = Canonical(space, ctx), SearchSpace(space, ctx)
+    machine = sr.Machine(landscape, canon, ss, 0, sr.measure_settings(space))
+    ranked = sorted(machine.rate, key=lambda k: -machine.rate[k])
+    best, worse = ranked[0], next(k for k in ranked if machine.rate[k] < 0.9 * machine.rate[ranked[0]])
+
+    def rec(key, phase="search", **more):
+        return {"phase": phase, "status": "ok", "key": key, **more}
+
+    assert sr.shortfall([rec(best), rec(best, "confirm")], machine, best) == "none"
+    assert sr.shortfall([rec(best), rec(worse), rec(best, "confirm"), rec(worse, "confirm")], machine,
+                        worse) == "lost in the rounds"
+    assert sr.shortfall([rec(best), rec(worse), rec(worse, "confirm")], machine, worse) == "no contender"
+    # screened, the best was never measured in full: the pick is the best the search measured
+    assert sr.shortfall([rec(best, screened=True), rec(worse), rec(worse, "confirm")], machine, worse) == "none"
+
+    # ``tuned`` replays the landscapes the rules are chosen on, never a held-out one
+    replayed = []
+    monkeypatch.setattr(sr, "_tuned_job", lambda args: (replayed.append(args[0]) or args[0], {
+        "pick": 1.0, "explored": 1.0, "measurements": 20, "shortfall": "none"}))
+
+    class Inline:
+        def __init__(self, *a, **k):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def map(self, fn, items, chunksize=1):
+            return map(fn, items)
+
+    monkeypatch.setattr(sr, "ProcessPoolExecutor", Inline)
+    sr.tuned(12, 1, 0, 1)
+    held = {p.stem for p in sr.LANDSCAPES.glob("*.json") if sr._load(p.stem)[0].get("held_out")}
+    assert held and replayed and not held & set(replayed)
+    assert "lstm" in replayed and "mean median 1.0000" in capsys.readouterr().out
