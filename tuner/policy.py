@@ -137,8 +137,7 @@ class Clock:
             return None
         return max(1.0, self.time_s - now - self.reserve(records, metric, found_next=True))
 
-    def reserve(self, records: list[dict], metric: str, found_next: bool = False,
-                rows: list[dict] | None = None) -> float:
+    def reserve(self, records: list[dict], metric: str, found_next: bool = False) -> float:
         """The next confirm round's time if the search ended now (``found_next``: after
         one more trial): its contenders (the top ``confirm.top`` configs within noise of
         the leader, as ``_next_confirm`` takes them) re-measured in full and the baseline,
@@ -147,16 +146,19 @@ class Clock:
         long as a typical full trial. A config the search has not found, or one the
         leader has beaten beyond noise, is no contender: a budget with room for one config
         and its confirmation measures that one, and a search whose leader is clear goes on
-        where reserving a whole round ahead would have stopped it. ``rows``: a later
-        round's contenders, where they are known."""
+        where reserving a whole round ahead would have stopped it."""
         if not self.confirming:
             return 0.0
+        rows = within_noise(rank(aggregate(records, metric), metric), metric)[: self.top]
+        return self.round_wall(records, rows, unknown=min(int(found_next), self.top - len(rows)))
+
+    @staticmethod
+    def round_wall(records: list[dict], rows: list[dict], unknown: int = 0) -> float:
+        """A confirm round's time: ``rows`` re-measured in full, each as long as its own full
+        measurement took, ``unknown`` configs not found yet as long as a typical full trial,
+        and the baseline."""
         typical, base = _round_walls(records)
-        if rows is None:
-            rows = within_noise(rank(aggregate(records, metric), metric), metric)[: self.top]
-        walls = [own_wall(records, row["config"]) or typical for row in rows]
-        walls += [typical] * min(int(found_next), self.top - len(walls))
-        return sum(walls) + base
+        return sum(own_wall(records, row["config"]) or typical for row in rows) + unknown * typical + base
 
     def trial_fits(self, now: float, records: list[dict], metric: str, first: dict | None = None,
                    config: dict | None = None, contender: bool = False) -> bool:
@@ -204,7 +206,7 @@ class Clock:
     def round_fits(self, now: float, records: list[dict], contenders: list[dict]) -> bool:
         """Whether another confirm round of ``contenders`` ends within the budget (always,
         without one)."""
-        return self.time_s is None or now + self.reserve(records, "", rows=contenders) <= self.time_s
+        return self.time_s is None or now + self.round_wall(records, contenders) <= self.time_s
 
 
 def _round_walls(records: list[dict]) -> tuple[float, float]:
