@@ -49,6 +49,29 @@ def sleepy(step_s: float = 0.02, size: int = 256) -> Workload:
     return Workload(model=lambda: nn.Linear(8, 1), dataset=lambda: Numbers(size), loss=loss)
 
 
+def drifting(records: str, step_s: float = 0.01, after: int = 2, factor: float = 2.0) -> Workload:
+    """``sleepy`` on a machine that drifts between the search and its confirm rounds: a
+    trial that starts once ``after`` full measurements are in ``records`` (a search's
+    trials.jsonl) steps ``factor`` times slower. Configs alike stay alike in every round
+    while the noise between two figures of one config is wide, so the rounds race on."""
+    import json
+    from pathlib import Path
+
+    slow: list[float] = []
+
+    def loss(model, batch):
+        if not slow:
+            path = Path(records)
+            lines = path.read_text().splitlines() if path.exists() else []
+            full = [r for r in map(json.loads, filter(None, lines))
+                    if r.get("status") == "ok" and not r.get("screened") and r.get("phase") != "baseline"]
+            slow.append(factor if len(full) >= after else 1.0)
+        time.sleep(step_s * slow[0])
+        return _mse(model, batch)
+
+    return Workload(model=lambda: nn.Linear(8, 1), dataset=lambda: Numbers(256), loss=loss)
+
+
 def started_as(path: str, step_s: float = 0.01) -> Workload:
     """``sleepy``, whose every trial adds a JSON line to ``path`` saying how its process
     started: its parent, its command line, and whether Ray was imported in it."""
