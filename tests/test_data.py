@@ -62,6 +62,19 @@ def test_a_random_dataset_and_an_iterable_one_are_refused_naming_the_cache():
         cached(Mixed(), max_bytes=10)
 
 
+def _cache_pages(worker: psutil.Process, cache) -> list[tuple[str, int, int]]:
+    """The mappings of ``worker`` that hold the cache: their file, resident bytes and
+    bytes of their own (pages no other process maps)."""
+    spans = [(t.untyped_storage().data_ptr(), t.untyped_storage().data_ptr() + t.untyped_storage().nbytes())
+             for t in cache.data]
+    held = []
+    for m in worker.memory_maps(grouped=False):
+        lo, hi = (int(a, 16) for a in m.addr.split("-"))
+        if any(lo < b and a < hi for a, b in spans):
+            held.append((m.path, m.rss, m.private_clean + m.private_dirty))
+    return held
+
+
 @pytest.mark.parametrize("persistent", [True, False])
 def test_workers_read_one_shared_copy_across_epochs(persistent):
     class Big(torch.utils.data.Dataset):  # about 256 MB of items
@@ -74,16 +87,28 @@ def test_workers_read_one_shared_copy_across_epochs(persistent):
     c = cached(Big())
     assert c.nbytes > 250 * 2**20
     loader = DataLoader(c, batch_size=32, num_workers=2, persistent_workers=persistent, shuffle=True)
-    for _ in range(2):  # the second epoch: workers kept, or started anew
-        seen = {}
-        for n, (x, y) in enumerate(loader, 1):
-            seen.update({int(i): float(v[0, 0]) for i, v in zip(y, x, strict=True)})
-            if n == len(loader) - 1:
-                # each worker has read items all over the cache: its own pages are few
-                # (the cache's are shared), not one more copy of the cache per worker
-                own = [w.memory_full_info().uss for w in psutil.Process().children() if w.name() == "pt_data_worker"]
-                assert len(own) == 2 and all(u < 0.4 * c.nbytes for u in own), (own, c.nbytes)
-        assert seen == {i: float(i) for i in range(512)}
+    seen_by_epoch, maps = [], []
+    try:
+        for _ in range(2):  # the second epoch: workers kept, or started anew
+            seen = {}
+            for n, (x, y) in enumerate(loader, 1):
+                seen.update({int(i): float(v[0, 0]) for i, v in zip(y, x, strict=True)})
+                if n == len(loader) - 1:
+                    maps.append([_cache_pages(w, c) for w in psutil.Process().children()
+                                 if w.name() == "pt_data_worker"])
+            seen_by_epoch.append(seen)
+    finally:
+        del loader  # persistent workers end here, whatever is asserted
+    for workers in maps:
+        # each worker has read items all over the cache through a shared-memory file that
+        # every process maps (none of its pages the worker's own): one copy, not one each.
+        # (A worker's whole memory is no measure: a forked worker's garbage collection
+        # copies the pages of whatever objects the parent process holds.)
+        assert len(workers) == 2 and all(held for held in workers), workers
+        assert all(path.startswith(("/dev/shm/", "/memfd:")) and private == 0
+                   for held in workers for path, _, private in held), workers
+        assert sum(resident for held in workers for _, resident, _ in held) > 0.8 * c.nbytes, (workers, c.nbytes)
+    assert seen_by_epoch == [{i: float(i) for i in range(512)}] * 2
 
 
 def test_bench_with_the_cache_records_its_fill_and_a_random_twin_exits_2(tmp_path):
