@@ -56,6 +56,7 @@ import random
 import statistics
 import sys
 import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -604,17 +605,14 @@ def main() -> None:
 
 
 def run_replays(a: argparse.Namespace) -> None:
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
     names = a.landscapes or sorted(p.stem for p in LANDSCAPES.glob("*.json"))
     jobs = [(n, s, seed) for n in names for s in a.strategies
             for seed in range(a.gp_seeds if s == "gp" else a.seeds)]
     t0 = time.time()
     results: dict = {}
-    with ProcessPoolExecutor(a.jobs, initializer=optuna.logging.set_verbosity,
-                             initargs=(optuna.logging.WARNING,)) as pool:
-        for name, strategy, _seed, out in pool.map(_job, jobs, chunksize=4):
-            for b, r in out.items():
-                results.setdefault(name, {}).setdefault(strategy, {}).setdefault(b, []).append(r)
+    for name, strategy, _seed, out in _mapped(_job, jobs, a.jobs, chunksize=4):
+        for b, r in out.items():
+            results.setdefault(name, {}).setdefault(strategy, {}).setdefault(b, []).append(r)
     table = {name: _table(name, results[name], a.strategies) for name in names}
     if a.add:
         _add(Path(a.out), names, table, time.time() - t0, a.strategies)
@@ -635,6 +633,18 @@ def run_replays(a: argparse.Namespace) -> None:
     print(f"\nwrote {a.out} ({time.time() - t0:.0f} s)")
 
 
+def _mapped(fn: Callable, items: list, jobs: int, chunksize: int) -> Iterator:
+    """``fn`` over ``items`` in ``jobs`` processes (in this one for a single job), with
+    Optuna's per-trial log lines off in each."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    if jobs <= 1:
+        yield from map(fn, items)
+        return
+    with ProcessPoolExecutor(jobs, initializer=optuna.logging.set_verbosity,
+                             initargs=(optuna.logging.WARNING,)) as pool:
+        yield from pool.map(fn, items, chunksize=chunksize)
+
+
 def _tuned_job(args: tuple) -> tuple:
     name, seed, trials = args
     landscape, space, ctx = _load(name)
@@ -646,32 +656,30 @@ def tuned(trials: int, seeds: int, first_seed: int, jobs: int) -> None:
     landscape and on average, the pick over the best (median, 10th percentile, mean), the
     best config measured in full, the measurements; and where the picks' shortfall below
     that config comes from (``shortfall``), the figures a rule or a constant is chosen by."""
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
     names = [n for n in sorted(p.stem for p in LANDSCAPES.glob("*.json")) if not _load(n)[0].get("held_out")]
     runs: dict[str, list[dict]] = {}
-    with ProcessPoolExecutor(jobs, initializer=optuna.logging.set_verbosity,
-                             initargs=(optuna.logging.WARNING,)) as pool:
-        for name, r in pool.map(_tuned_job, [(n, s, trials) for n in names
-                                             for s in range(first_seed, first_seed + seeds)], chunksize=8):
-            runs.setdefault(name, []).append(r)
+    for name, r in _mapped(_tuned_job, [(n, s, trials) for n in names for s in range(first_seed, first_seed + seeds)],
+                           jobs, chunksize=8):
+        runs.setdefault(name, []).append(r)
     rows = {}
     for name, rs in runs.items():
-        picks = [r["pick"] for r in rs]
-        rows[name] = (statistics.median(picks), quantile(picks, 0.1), statistics.mean(picks),
-                      statistics.median(r.get("explored", 0.0) for r in rs), statistics.mean(r["measurements"] for r in rs))
-        print(f"{name:<20} pick {rows[name][0]:.3f} / {rows[name][1]:.3f} (mean {rows[name][2]:.3f})  "
-              f"best measured {rows[name][3]:.3f}  measurements {rows[name][4]:.1f}")
-    means = [statistics.mean(row[i] for row in rows.values()) for i in range(5)]
+        f = {**_figures(rs), "mean": statistics.mean(r["pick"] for r in rs)}
+        rows[name] = f
+        print(f"{name:<20} pick {f['median']:.3f} / {f['p10']:.3f} (mean {f['mean']:.3f})  "
+              f"best measured {f.get('explored_median', 0.0):.3f}  measurements {f['measurements']:.1f}")
+
+    def mean(field: str) -> float:
+        return statistics.mean(f[field] for f in rows.values())
+
     print(f"\n{len(rows)} landscapes, {trials} configs, seeds {first_seed}-{first_seed + seeds - 1}: mean median "
-          f"{means[0]:.4f}, mean p10 {means[1]:.4f}, mean pick {means[2]:.4f}, mean measurements {means[4]:.1f}; "
-          f"median below 0.97 on {sum(r[0] < 0.97 for r in rows.values())}, p10 below 0.93 on "
-          f"{sum(r[1] < 0.93 for r in rows.values())}")
-    kinds = collections.Counter(r["shortfall"] for rs in runs.values() for r in rs if "shortfall" in r)
+          f"{mean('median'):.4f}, mean p10 {mean('p10'):.4f}, mean pick {mean('mean'):.4f}, mean measurements "
+          f"{mean('measurements'):.1f}; median below 0.97 on {sum(f['median'] < 0.97 for f in rows.values())}, "
+          f"p10 below 0.93 on {sum(f['p10'] < 0.93 for f in rows.values())}")
+    kinds = collections.Counter(r["shortfall"] for rs in runs.values() for r in rs)
     lost = collections.Counter()
     for rs in runs.values():
         for r in rs:
-            if "shortfall" in r:
-                lost[r["shortfall"]] += r["explored"] - r["pick"]
+            lost[r["shortfall"]] += r["explored"] - r["pick"]
     print("the pick below the best config measured: " + ", ".join(
         f"{k} {n} searches ({lost[k]:.2f} summed)" for k, n in kinds.most_common()))
 
@@ -748,6 +756,20 @@ def _previous(out: Path) -> dict | None:
                         for n, rows in old.get("results", {}).items()}}
 
 
+def _figures(runs: list[dict]) -> dict:
+    """What one strategy's searches at one budget read over their seeds: the pick over the
+    best (median, 10th percentile), the best config measured in full, the screening's
+    false negatives, the measurements."""
+    picks = [r["pick"] for r in runs]
+    fns = [x for r in runs for x in (r["false_negatives"] or [])]
+    reached = [r["explored"] for r in runs if r.get("explored") is not None]
+    return {"median": statistics.median(picks), "p10": quantile(picks, 0.1), "seeds": len(runs),
+            **({"explored_median": statistics.median(reached), "explored_p10": quantile(reached, 0.1)}
+               if reached else {}),
+            "screened": len(fns), "false_negative_rate": (sum(fns) / len(fns)) if fns else None,
+            "measurements": statistics.median(r["measurements"] for r in runs)}
+
+
 def _table(name: str, results: dict, strategies: list[str]) -> dict:
     """One landscape's figures per strategy and budget, printed as they are tabled."""
     landscape = _load(name)[0]
@@ -761,15 +783,7 @@ def _table(name: str, results: dict, strategies: list[str]) -> dict:
     for strategy in strategies:
         row = {}
         for b in BUDGETS:
-            runs = results[strategy][b]
-            picks = [r["pick"] for r in runs]
-            fns = [x for r in runs for x in (r["false_negatives"] or [])]
-            reached = [r["explored"] for r in runs if r.get("explored") is not None]
-            row[b] = {"median": statistics.median(picks), "p10": quantile(picks, 0.1), "seeds": len(runs),
-                      **({"explored_median": statistics.median(reached), "explored_p10": quantile(reached, 0.1)}
-                         if reached else {}),
-                      "screened": len(fns), "false_negative_rate": (sum(fns) / len(fns)) if fns else None,
-                      "measurements": statistics.median(r["measurements"] for r in runs)}
+            row[b] = _figures(results[strategy][b])
         table[strategy] = row
         print(f"  {strategy:<10}" + "".join(f"{row[b]['median']:>9.3f} {row[b]['p10']:.3f}" for b in BUDGETS))
     fn = table.get("tuner", {}).get(12, {})
