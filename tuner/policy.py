@@ -149,7 +149,7 @@ class Clock:
         where reserving a whole round ahead would have stopped it."""
         if not self.confirming:
             return 0.0
-        rows = within_noise(rank(aggregate(records, metric), metric), metric)[: self.top]
+        rows = leaders(records, metric)[: self.top]
         return self.round_wall(records, rows, unknown=min(int(found_next), self.top - len(rows)))
 
     @staticmethod
@@ -207,6 +207,12 @@ class Clock:
         """Whether another confirm round of ``contenders`` ends within the budget (always,
         without one)."""
         return self.time_s is None or now + self.round_wall(records, contenders) <= self.time_s
+
+
+def leaders(records: list[dict], metric: str) -> list[dict]:
+    """The configs still within noise of the leader, best first: the contenders of the
+    first confirm round and of the compiled twins (each takes its own number of them)."""
+    return within_noise(rank(aggregate(records, metric), metric), metric)
 
 
 def _round_walls(records: list[dict]) -> tuple[float, float]:
@@ -479,7 +485,7 @@ class SearchPolicy:
         """The compiled twins of the search's contenders (the top configs within noise of
         the leader), one per compile mode the space has, while the time budget fits them."""
         if self.compile_queue is None:
-            rows = within_noise(rank(aggregate(self.records, self.metric), self.metric), self.metric)
+            rows = leaders(self.records, self.metric)
             top = [r["config"] for r in rows[: max(1, self.space.model.confirm.top - 1)]]
             self.compile_queue = [self.space.derive({**c, "compile": mode}) for c in top for mode in self.compile_late]
         while self.compile_queue:
@@ -580,10 +586,9 @@ class SearchPolicy:
         """A confirm round's contenders: in the first, the top ``confirm.top`` configs within
         noise of the leader; in a later one, those the rounds have not left behind
         (``records.still_racing``)."""
-        ranked = rank(aggregate(self.records, self.metric), self.metric)
         if round_ == 0:
-            return within_noise(ranked, self.metric)[: self.space.model.confirm.top]
-        return still_racing(ranked, self.records, self.metric)
+            return leaders(self.records, self.metric)[: self.space.model.confirm.top]
+        return still_racing(rank(aggregate(self.records, self.metric), self.metric), self.records, self.metric)
 
     def _issue(self, phase: Phase, config: dict, now: float, *, screen: dict | None = None,
                confirm_round: int | None = None) -> Task:

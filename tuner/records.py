@@ -589,14 +589,14 @@ def repeat_noise(records: list[Record], metric: str) -> float | None:
     in full more than once (search, recheck, retry and confirm figures; quiet ones only).
     None before any config was measured twice. The figures that made a contender are high
     draws, so the pooled figure leans high: the rounds then run longer, never shorter."""
-    groups: dict[str, list[float]] = {}
+    groups: dict[tuple[str, str], list[float]] = {}
     for r in records:
         value = r.get(metric)
         if (r.get("phase") in ("baseline", "lost") or r.get("status") != "ok" or r.get("screened")
                 or r.get("disturbed") or not value or value <= 0):
             continue
-        groups.setdefault(r.get("key") or json.dumps(r.get("config"), sort_keys=True, default=str),
-                          []).append(math.log(value))
+        # one config as ``aggregate`` has it: on two GPU models, two configs
+        groups.setdefault((r["key"], device_model(r)), []).append(math.log(value))
     squares, df = 0.0, 0
     for logs in groups.values():
         if len(logs) > 1:
