@@ -62,3 +62,50 @@ def test_a_workload_missing_a_package_an_extra_installs_names_the_extra(tmp_path
                   "def make():\n    pass\n")
     with pytest.raises(WorkloadError, match=r'pip install -e "\.\[hf\]"'):
         load_workload(f"{wl}:make")
+
+
+@pytest.mark.parametrize(("given", "meant"), [("collate_fn", "collate"), ("loss_fn", "loss"),
+                                              ("train_dataset", "dataset"), ("sampler", None)])
+def test_a_workload_given_a_field_it_lacks_names_the_field_it_has(tmp_path, given, meant):
+    from tuner.errors import WorkloadError
+    from tuner.workloads import load_workload
+
+    (tmp_path / "w.py").write_text("from tuner import Workload\n"
+                                   f"def make():\n    return Workload(model=None, dataset=None, loss=None, {given}=1)\n")
+    with pytest.raises(WorkloadError) as raised:
+        load_workload(f"{tmp_path}/w.py:make")
+    message = str(raised.value)
+    assert f"unexpected keyword argument '{given}'" in message and "Workload's fields: model, dataset, loss" in message
+    assert ("did you mean" in message) is (meant is not None)
+    if meant:
+        assert f"did you mean '{meant}'?" in message
+
+
+def test_a_model_or_dataset_given_as_an_instance_or_a_class_is_built_as_the_loop_asks():
+    """``model=MyModel()`` and ``dataset=MyData()``, as a training script holds them: each
+    trial's model is a fresh copy of the instance, the dataset the instance itself; a
+    dataset class (which has ``__getitem__`` too) is the builder, called."""
+    import torch
+    from torch import nn
+
+    from tuner.workloads import Workload
+
+    template, data = nn.Linear(4, 2), torch.utils.data.TensorDataset(torch.randn(8, 4))
+    wl = Workload(model=template, dataset=data, loss=lambda m, b: m(b[0]).sum())
+    first, second = wl.model(), wl.model()
+    assert first is not template and second is not first and isinstance(first, nn.Linear)
+    assert torch.equal(first.weight, template.weight)
+    with torch.no_grad():
+        first.weight.add_(1.0)
+    assert not torch.equal(first.weight, template.weight)  # a trial trains its own copy
+    assert wl.dataset() is data
+
+    class Data(torch.utils.data.Dataset):
+        def __len__(self) -> int:
+            return 3
+
+        def __getitem__(self, i: int) -> torch.Tensor:
+            return torch.zeros(4)
+
+    built = Workload(model=nn.Linear, dataset=Data, loss=lambda m, b: m(b).sum()).dataset()
+    assert isinstance(built, Data) and len(built) == 3

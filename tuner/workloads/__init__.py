@@ -40,8 +40,10 @@ class Workload:
     """A model, its data and its loss.
 
     Attributes:
-        model: builds the model (a fresh one each call); the loop moves it to the device.
-        dataset: builds the dataset, map-style (``__getitem__`` + ``__len__``) or iterable.
+        model: builds the model (a fresh one each call), or a model, which each call
+            copies; the loop moves it to the device.
+        dataset: builds the dataset (a function or a dataset class), or the dataset itself:
+            map-style (``__getitem__`` + ``__len__``) or iterable.
         loss: ``loss(model, batch) -> scalar tensor``; ``batch`` is already on the device.
             As training code often returns more: a tuple or list (``loss, stats``, as a Hugging
             Face model's output) gives its first item, a mapping its ``"loss"`` (``the_loss``).
@@ -69,6 +71,10 @@ class Workload:
     augment: Callable[[Any], Any] | None = None
 
     def __post_init__(self) -> None:
+        # an instance where a builder is asked for (``model=MyModel()``, ``dataset=MyData()``,
+        # as a training script holds them) is built by copying it, or stands for itself
+        self.model = copies_of(self.model) or self.model
+        self.dataset = dataset_factory(self.dataset)
         if not getattr(self.loss, "the_loss", False):
             self.loss = _scalar(self.loss)
 
@@ -120,9 +126,8 @@ def the_loss(out: Any) -> torch.Tensor:
 def copies_of(model: Any) -> Callable[[], Any] | None:
     """A function that returns a fresh copy of ``model`` (a ``torch.nn.Module``: each trial
     trains its own), the function itself when ``model`` is one, None otherwise."""
-    import torch
-
-    if isinstance(model, torch.nn.Module):
+    torch = sys.modules.get("torch")  # a module instance means torch is imported; never import it here
+    if torch is not None and isinstance(model, torch.nn.Module):
         import copy
 
         template = model
@@ -131,8 +136,10 @@ def copies_of(model: Any) -> Callable[[], Any] | None:
 
 
 def dataset_factory(dataset: Any) -> Callable[[], Any]:
-    """``dataset`` (map-style or iterable) or a function that returns one, as a function."""
-    if callable(dataset) and not hasattr(dataset, "__getitem__") and not hasattr(dataset, "__iter__"):
+    """``dataset`` (map-style or iterable) or a function or class that returns one, as a
+    function (a dataset class has ``__getitem__`` or ``__iter__`` too: it is the builder)."""
+    if isinstance(dataset, type) or (callable(dataset) and not hasattr(dataset, "__getitem__")
+                                     and not hasattr(dataset, "__iter__")):
         return dataset
     return lambda: dataset
 
@@ -179,6 +186,22 @@ def extra_hint(exc: BaseException) -> str:
             return f" (install it with: pip install -e \".[{EXTRAS[exc.name.split('.')[0]]}]\")"
         exc = exc.__cause__ or exc.__context__
     return ""
+
+
+def field_hint(exc: BaseException) -> str:
+    """`` (did you mean 'collate'? ...)`` where ``Workload`` was given a field it does not
+    have: the DataLoader's and other libraries' names for them (``collate_fn``, ``loss_fn``,
+    ``train_dataset``) are the likely slips."""
+    import dataclasses
+    import difflib
+    import re
+
+    found = re.search(r"Workload\.__init__\(\) got an unexpected keyword argument '(\w+)'", str(exc))
+    if not isinstance(exc, TypeError) or found is None:
+        return ""
+    names = [f.name for f in dataclasses.fields(Workload)]
+    close = difflib.get_close_matches(found[1], names, n=1, cutoff=0.6)
+    return (f" ({f'did you mean {close[0]!r}? ' if close else ''}Workload's fields: {', '.join(names)})")
 
 
 def resolve_factory(ref: str, base_dir: Path | None = None) -> Callable[..., Workload]:
@@ -271,7 +294,8 @@ def load_workload(ref: str, args: dict | None = None, base_dir: Path | None = No
     try:
         workload = func(**args)
     except Exception as exc:
-        raise WorkloadError(f"workload '{ref}' raised: {type(exc).__name__}: {exc}{extra_hint(exc)}") from exc
+        raise WorkloadError(f"workload '{ref}' raised: {type(exc).__name__}: {exc}{extra_hint(exc)}"
+                            f"{field_hint(exc)}") from exc
     if not isinstance(workload, Workload):
         raise UserError(f"workload '{ref}' returned {type(workload).__name__}, not tuner.Workload")
     return workload
