@@ -39,6 +39,26 @@ def linear(size: int = 64, dim: int = 8, lr: float = 0.1) -> Workload:
                     optimizer=lambda p: torch.optim.SGD(p, lr=lr))
 
 
+class Stream(torch.utils.data.IterableDataset):
+    """``size`` samples as a stream (no ``len``), split among the DataLoader's workers."""
+
+    def __init__(self, size: int, dim: int = 8):
+        self.size, self.dim = size, dim
+
+    def __iter__(self):
+        info = get_worker_info()
+        first, step = (0, 1) if info is None else (info.id, info.num_workers)
+        for i in range(first, self.size, step):
+            x = torch.full((self.dim,), float(i % 7))
+            yield x, x.sum(0, keepdim=True)
+
+
+def stream(size: int = 64, dim: int = 8) -> Workload:
+    """``linear``'s regression read from an iterable dataset: no sampler can shuffle it."""
+    return Workload(model=lambda: nn.Linear(dim, 1), dataset=lambda: Stream(size, dim), loss=_mse,
+                    epoch_size=size)
+
+
 def sleepy(step_s: float = 0.02, size: int = 256) -> Workload:
     """Each micro-batch takes step_s seconds (a sleep in the loss): a known true rate."""
 

@@ -29,12 +29,13 @@ def _results(tmp_path, workload, args, config, hardware=None, base_dir=None):
                              "fused_optimizer": True, "grad_accum_steps": 2}),
     ("multisource", {"size": 96}, {"micro_batch_size": 8, "batch_grouping": "by_source"}),
     ("linear", {"size": 64}, {"micro_batch_size": 8}),  # a workload file beside the space
+    ("stream", {"size": 64}, {"micro_batch_size": 8, "num_workers": 2}),  # an iterable dataset: no shuffle
     # the input pipeline's knobs: the cache filled by the workers, the augment on the device
     ("decoded", {"size": 64, "decode_s": 0.0, "augment": True},
      {"micro_batch_size": 8, "num_workers": 1, "dataset_cache": True, "augment_on": "device"}),
 ])
 def test_the_exported_script_trains_as_it_is(tmp_path, workload, args, config):
-    ref = f"{FIXTURES.name}:{workload}" if workload in ("linear", "decoded") else workload
+    ref = f"{FIXTURES.name}:{workload}" if workload in ("linear", "decoded", "stream") else workload
     folder = _results(tmp_path, ref, args, config, base_dir=FIXTURES.parent)
     script = tmp_path / "train.py"
     assert main(["export", str(folder), "--format", "python", "-o", str(script)]) == 0

@@ -360,8 +360,7 @@ def framework_snippet(payload: dict, fmt: str) -> str:
         lines += ["# the Trainer adds work of its own that the tuner's figure does not hold:",
                   "# - each step: gradient clipping (max_grad_norm=1.0: a norm over every gradient;",
                   "#   max_grad_norm=0 turns it off), a learning-rate scheduler step, its loss checks",
-                  "#   and callbacks: measured on a 2-core Intel Xeon VM (2026-11-28), about 2-3 ms a",
-                  "#   step on models of a million parameters, 0.6 ms on a model of almost none",
+                  "#   and callbacks: milliseconds a step on small models, timed on the results page",
                   "#   (docs/benchmarks.md, anatomy)"]
         if payload["config"].get("num_workers"):
             # The Trainer's loader looks a batch ahead to know the last one: with short epochs
@@ -374,13 +373,13 @@ def framework_snippet(payload: dict, fmt: str) -> str:
         trainer, loader, code = lightning_kwargs(payload)
         lines += ["import lightning as L", "import torch", "",
                   "trainer_kwargs = " + _dict_literal(trainer),
-                  "dataloader_kwargs = " + _dict_literal(loader)]
+                  "dataloader_kwargs = " + _dict_literal(loader),
+                  "# (an IterableDataset orders its own items: drop shuffle for one)"]
         lines += code
         lines += ["# Lightning adds per-step work of its own that the tuner's figure does not hold: its",
-                  "# loop, the optimizer step's closure, progress bar and logger: measured on a 2-core",
-                  "# Intel Xeon VM (2026-11-28), about 3-4 ms a step on models of a million parameters,",
-                  "# 0.7 ms on a model of almost none (docs/benchmarks.md, anatomy); enable_progress_bar=",
-                  "# False and logger=False turn the bar and the logger off",
+                  "# loop, the optimizer step's closure, progress bar and logger: milliseconds a step on",
+                  "# small models, timed on the results page (docs/benchmarks.md, anatomy);",
+                  "# enable_progress_bar=False and logger=False turn the bar and the logger off",
                   "trainer = L.Trainer(**trainer_kwargs)",
                   "train_loader = torch.utils.data.DataLoader(dataset, **dataloader_kwargs)"]
     return "\n".join(lines) + "\n"

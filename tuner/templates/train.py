@@ -247,7 +247,10 @@ def make_loader(wl, c, device, world):
     if device.type == "cuda":
         kw["pin_memory"] = c["pin_memory"]
     bs = c["micro_batch_size"]
-    if c["batch_grouping"] == "by_source" and wl.groups:
+    if isinstance(dataset, torch.utils.data.IterableDataset) or not hasattr(dataset, "__len__"):
+        # a stream orders its own items (and splits them among the workers): no sampler
+        loader = torch.utils.data.DataLoader(dataset, batch_size=bs, drop_last=True, **kw)
+    elif c["batch_grouping"] == "by_source" and wl.groups:
         loader = torch.utils.data.DataLoader(dataset, batch_sampler=BySource(wl.groups(dataset), bs), **kw)
     elif world > 1:  # each rank its own shard
         sampler = torch.utils.data.DistributedSampler(dataset, shuffle=True, drop_last=True)
