@@ -29,6 +29,9 @@ from tuner import knobs
 from tuner.capacity import cluster_shape
 from tuner.trial import TrialRequest, classify, hung_reason, infeasible
 
+# How often Ray Train's controller asks the ranks whether they are done (seconds).
+CONTROLLER_POLL_S = 0.5
+
 
 def per_rank_resources(config: dict, use_gpu: bool) -> dict[str, float]:
     """What one rank reserves: 1 + num_workers CPUs, and a GPU on GPUs."""
@@ -74,6 +77,11 @@ def run_ranks(request: TrialRequest, *, timeout_s: float = 600.0, spread: bool =
     # Ray Train keeps reported metrics only with checkpoints: rank 0 hands its record
     # to this small actor instead (on any node).
     box = ray.remote(_Box).options(num_cpus=0).remote()
+    # Ray Train's controller learns that the ranks are done at its next poll of them (every
+    # 2 s by default), and the trial's wall waits for it. A poll is a light call to each
+    # rank, and a slow one is no missed health check before its own timeout (10 minutes).
+    # A setting of the user's own stands.
+    os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", str(CONTROLLER_POLL_S))
     trainer = TorchTrainer(
         _rank_main,
         train_loop_config={"request": dataclasses.asdict(request), "timeout_s": timeout_s, "box": box},
