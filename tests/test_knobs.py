@@ -20,8 +20,10 @@ def test_recommended_config_resolves(ctx):
 
 
 def test_check_value_errors_name_the_knob():
-    with pytest.raises(UserError, match="unknown knob 'num_wrkers'"):
+    with pytest.raises(UserError, match=r"unknown knob 'num_wrkers' \(did you mean 'num_workers'\?\)"):
         knobs.check_value("num_wrkers", 2)
+    with pytest.raises(UserError, match=r"unknown knob 'speed'; known knobs: precision,"):  # nothing close
+        knobs.check_value("speed", 2)
     with pytest.raises(UserError, match="precision.*fp8"):
         knobs.check_value("precision", "fp8")
     with pytest.raises(UserError, match="num_workers.*minimum 0"):

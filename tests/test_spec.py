@@ -33,9 +33,11 @@ def test_valid_space_expands_ranges_and_fixed_values(tmp_path):
 
 BAD_SPACES = [
     ("name: t\nworkload: conv\nknobz: {}\n", r"space.yaml:3: knobz: unknown field 'knobz'"),
-    ("name: t\nworkload: conv\nbudget:\n  trails: 3\n", r"space.yaml:4: budget.trails: unknown field 'trails'"),
+    ("name: t\nworkload: conv\nbudget:\n  trails: 3\n",
+     r"space.yaml:4: budget.trails: unknown field 'trails' \(did you mean 'trials'\?\) \(allowed: trials,"),
     ("name: t\nworkload: conv\nbudget:\n  trials: many\n", r"space.yaml:4: budget.trials: .*integer"),
-    ("name: t\nworkload: conv\nknobs:\n  num_workerz: [1]\n", r"space.yaml:4: knobs.num_workerz: unknown knob"),
+    ("name: t\nworkload: conv\nknobs:\n  num_workerz: [1]\n",
+     r"space.yaml:4: knobs.num_workerz: unknown knob 'num_workerz' \(did you mean 'num_workers'\?\); known knobs"),
     ("name: t\nworkload: conv\nknobs:\n  precision: []\n", r"space.yaml:4: knobs.precision: empty list"),
     ("name: t\nworkload: conv\nknobs:\n  precision: [fp32,\n    fp8]\n", r"space.yaml:5: knobs.precision.1: .*fp8"),
     ("workload: conv\n", r"name: required field is missing"),

@@ -109,3 +109,17 @@ def test_a_model_or_dataset_given_as_an_instance_or_a_class_is_built_as_the_loop
 
     built = Workload(model=nn.Linear, dataset=Data, loss=lambda m, b: m(b).sum()).dataset()
     assert isinstance(built, Data) and len(built) == 3
+
+
+def test_workload_args_the_function_does_not_take_name_what_it_takes(tmp_path):
+    from tuner.errors import UserError
+    from tuner.workloads import load_workload
+
+    (tmp_path / "w.py").write_text("def make(hidden: int = 8, layers: int = 2):\n    pass\n"
+                                   "def loose(**kwargs):\n    pass\n")
+    with pytest.raises(UserError, match=r"'hiden' \(did you mean 'hidden'\?\) \(it takes: hidden, layers\)$"):
+        load_workload(f"{tmp_path}/w.py:make", {"hiden": 3})
+    with pytest.raises(UserError, match=r"'width' \(it takes: hidden, layers\)$"):
+        load_workload(f"{tmp_path}/w.py:make", {"width": 3})
+    with pytest.raises(UserError, match=r"returned NoneType"):  # **kwargs takes any name: it is called
+        load_workload(f"{tmp_path}/w.py:loose", {"width": 3})

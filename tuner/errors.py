@@ -2,7 +2,16 @@
 folder that cannot be written), 4 (no winner), 5 (the Ray cluster can no longer run a
 trial), 130 or 143 (a search stopped by Ctrl-C or SIGTERM)."""
 
+import difflib
 import signal
+from collections.abc import Iterable
+
+
+def did_you_mean(name: str, names: Iterable[str]) -> str:
+    """`` (did you mean 'x'?)`` where one of ``names`` is close to ``name`` (a typo, or
+    another library's name for it: ``collate_fn``, ``num_worker``), else ``""``."""
+    close = difflib.get_close_matches(name, list(names), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 class UserError(ValueError):

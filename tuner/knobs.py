@@ -14,7 +14,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
-from tuner.errors import UserError
+from tuner.errors import UserError, did_you_mean
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 COMM_HOOKS = ("none", "bf16_compress", "fp16_compress")
@@ -229,7 +229,7 @@ def check_value(name: str, value: Any) -> Any:
     """
     knob = KNOBS.get(name)
     if knob is None:
-        raise UserError(f"unknown knob '{name}'; known knobs: {', '.join(KNOBS)}")
+        raise UserError(f"unknown knob '{name}'{did_you_mean(name, KNOBS)}; known knobs: {', '.join(KNOBS)}")
     if value is None or (isinstance(value, str) and value.lower() in ("null", "none")
                          and value not in (knob.choices or ())):  # ddp_comm_hook's "none" is a choice
         if knob.nullable:

@@ -3,7 +3,7 @@
 Every section is a typed model; unknown keys and wrong types are errors that
 name the field and its line::
 
-    space.yaml:7: knobs.num_workerz: unknown knob 'num_workerz'; known knobs: ...
+    space.yaml:7: knobs.num_workerz: unknown knob 'num_workerz' (did you mean 'num_workers'?); known knobs: ...
 
 See ``search_spaces/quickstart.yaml`` for a commented example.
 """
@@ -20,7 +20,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from tuner import knobs
-from tuner.errors import UserError
+from tuner.errors import UserError, did_you_mean
 from tuner.records import OBJECTIVE_METRICS  # also read by callers as spec.OBJECTIVE_METRICS
 from tuner.settings import MeasureSettings as Measure
 from tuner.settings import RunPlan as Run
@@ -358,7 +358,8 @@ def _fail(where: _Where, path: tuple, msg: str) -> UserError:
 def _expand_knob(name: str, raw: Any, where: _Where) -> list:
     path = ("knobs", name)
     if name not in knobs.KNOBS:
-        raise _fail(where, path, f"unknown knob '{name}'; known knobs: {', '.join(knobs.KNOBS)}")
+        raise _fail(where, path, f"unknown knob '{name}'{did_you_mean(name, knobs.KNOBS)}; known knobs: "
+                                 f"{', '.join(knobs.KNOBS)}")
     if isinstance(raw, dict):
         allowed = {"min", "max", "step", "log"}
         if set(raw) - allowed or not {"min", "max"} <= set(raw):
@@ -416,7 +417,8 @@ def parse(data: Any, source: str = "<space>", lines: dict | None = None, path: P
             for p in loc[:-1]:
                 ann = parent.model_fields.get(p) if isinstance(p, str) else None
                 parent = ann.annotation if ann is not None and isinstance(ann.annotation, type) else parent
-            msg = f"unknown field '{loc[-1]}' (allowed: {', '.join(parent.model_fields)})"
+            msg = (f"unknown field '{loc[-1]}'{did_you_mean(str(loc[-1]), parent.model_fields)} "
+                   f"(allowed: {', '.join(parent.model_fields)})")
         elif err["type"] == "missing":
             msg = "required field is missing"
         elif "input" in err and err["type"] not in ("missing",):

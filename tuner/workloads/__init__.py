@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tuner.errors import UserError, WorkloadError
+from tuner.errors import UserError, WorkloadError, did_you_mean
 
 if TYPE_CHECKING:
     import torch
@@ -193,15 +193,13 @@ def field_hint(exc: BaseException) -> str:
     have: the DataLoader's and other libraries' names for them (``collate_fn``, ``loss_fn``,
     ``train_dataset``) are the likely slips."""
     import dataclasses
-    import difflib
     import re
 
     found = re.search(r"Workload\.__init__\(\) got an unexpected keyword argument '(\w+)'", str(exc))
     if not isinstance(exc, TypeError) or found is None:
         return ""
     names = [f.name for f in dataclasses.fields(Workload)]
-    close = difflib.get_close_matches(found[1], names, n=1, cutoff=0.6)
-    return (f" ({f'did you mean {close[0]!r}? ' if close else ''}Workload's fields: {', '.join(names)})")
+    return f"{did_you_mean(found[1], names)} (Workload's fields: {', '.join(names)})"
 
 
 def resolve_factory(ref: str, base_dir: Path | None = None) -> Callable[..., Workload]:
@@ -241,10 +239,17 @@ def check_args(ref: str, func: Callable, args: dict) -> None:
     """Check ``workload_args`` against the function's signature, and against its type
     annotations where it has simple ones (int, float, str, bool, list, dict, X | None),
     before anything runs."""
+    signature = inspect.signature(func)
     try:
-        inspect.signature(func).bind(**args)
+        signature.bind(**args)
     except TypeError as exc:
-        raise UserError(f"workload_args for '{ref}': {exc}") from None
+        takes = [n for n, p in signature.parameters.items()
+                 if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        unknown = next((a for a in args if a not in takes), None)
+        hint = (f"{did_you_mean(unknown, takes)} (it takes: {', '.join(takes) or 'no arguments'})"
+                if unknown is not None and not any(p.kind == p.VAR_KEYWORD for p in signature.parameters.values())
+                else "")
+        raise UserError(f"workload_args for '{ref}': {exc}{hint}") from None
     try:
         import typing
 
