@@ -276,6 +276,42 @@ def test_a_stop_swallowed_by_a_finaliser_is_delivered_again(monkeypatch):
         restore()
 
 
+def test_a_stop_swallowed_by_an_import_ends_the_search_once_ray_is_up(tmp_path, monkeypatch):
+    """SIGTERM whose handler raises inside an import that swallows the exception (a Cython
+    module warns instead, and the handler turned warnings off) leaves no trace but the
+    handler's record: the search reads it once Ray is up and stops before any trial,
+    naming its folder. A later command in the same process starts without it."""
+    import signal
+
+    from tuner import spec
+    from tuner.cli import _stop_on_signals
+    from tuner.errors import Stopped
+    from tuner.search import run_search
+
+    monkeypatch.setenv("TUNE_DISABLE_SIGINT_HANDLER", "1")
+    space = tmp_path / "space.yaml"
+    space.write_text("name: swallowed\nworkload: conv\nworkload_args: {size: 64}\n"
+                     "knobs:\n  micro_batch_size: [8, 16]\nbudget: {trials: 2}\n" + measure_line())
+    restore = _stop_on_signals()
+    try:
+        try:
+            signal.raise_signal(signal.SIGTERM)
+            sum(range(1000))  # the handler raises here
+        except BaseException:  # noqa: BLE001 -- what the swallowing import does
+            pass
+        with pytest.raises(Stopped) as caught:
+            run_search(spec.load(space), results_root=tmp_path / "r", quiet=True)
+        assert caught.value.signum == signal.SIGTERM and caught.value.folder == str(tmp_path / "r" / "swallowed")
+        assert (tmp_path / "r" / "swallowed" / "trials.jsonl").read_text() == ""
+    finally:
+        restore()
+    restore = _stop_on_signals()
+    try:
+        Stopped.check()  # no stop of this command's own
+    finally:
+        restore()
+
+
 def test_the_same_run_again_searches_beside_the_earlier_one(tmp_path, capsys):
     from tuner.cli import _free_name
 

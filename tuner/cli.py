@@ -653,6 +653,7 @@ def _stop_on_signals() -> Callable[[], None]:
 
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
+    Stopped.received = None  # a stop of an earlier command in this process is no stop of this one
     before = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
     hook_before = sys.unraisablehook
 

@@ -51,6 +51,14 @@ class Stopped(KeyboardInterrupt):
             return exc.signum
         return Stopped.received or int(signal.SIGINT)
 
+    @staticmethod
+    def check() -> None:
+        """Raise again a stop the handler raised where it could not unwind: an import
+        that swallows it (a Cython module turns an exception in its import into a warning,
+        and the handler turns warnings off) would leave the search to run to its end."""
+        if Stopped.received is not None:
+            raise Stopped(Stopped.received)
+
 
 class ResultsUnwritable(UserError):
     """The results folder cannot be written (read-only, full disk, quota). The message

@@ -130,6 +130,7 @@ def run_search(space: spec.Space, *, results_root: Path, address: str | None = N
             with keep_sigterm():
                 # Ray Train, which runs a trial's ranks, reads Ray's state API
                 started = start_ray(address, state_api=max(space.domain.get("world_size", [1])) > 1)
+            Stopped.check()  # a stop that landed in Ray's imports
             ray_start_s = time.time() - t_ray
             link_ray_logs(out)
             return _search(space, out, progress, ray_start_s, sessions)
