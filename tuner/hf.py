@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from tuner.errors import UserError, WorkloadError
-from tuner.workloads import Workload, copies_of, dataset_factory
+from tuner.workloads import Workload, copies_of
 
 
 def hf_workload(model: Any, dataset: Any, *, model_class: Any = None, labels_from: str | None = None,
@@ -43,7 +43,7 @@ def hf_workload(model: Any, dataset: Any, *, model_class: Any = None, labels_fro
         collate, optimizer, flops_per_sample: as in ``tuner.Workload`` (a
             ``DataCollatorWithPadding`` for token lists of unequal length).
     """
-    return Workload(model=_model_factory(model, model_class), dataset=dataset_factory(dataset),
+    return Workload(model=_model_factory(model, model_class), dataset=dataset,
                     loss=ModelLoss(labels_from), collate=collate, optimizer=optimizer,
                     flops_per_sample=flops_per_sample)
 

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from tuner.errors import UserError, WorkloadError
-from tuner.workloads import Workload, copies_of, dataset_factory
+from tuner.workloads import Workload, copies_of
 
 
 def lightning_workload(module: Any, *, datamodule: Any = None, dataset: Any = None,
@@ -56,7 +56,7 @@ def lightning_workload(module: Any, *, datamodule: Any = None, dataset: Any = No
         raise UserError(f"lightning_workload: module is a LightningModule, its class or a function that "
                         f"returns one; got {type(module).__name__}")
     steps = _Steps(factory)
-    return Workload(model=steps.model, dataset=dataset_factory(dataset), loss=step_loss, collate=collate,
+    return Workload(model=steps.model, dataset=dataset, loss=step_loss, collate=collate,
                     optimizer=steps.optimizer, flops_per_sample=flops_per_sample)
 
 
