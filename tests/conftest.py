@@ -16,7 +16,7 @@ import pytest
 # assertions need a quiet machine (a rate against a reference, a window's disturbance,
 # ranks that load every core) is marked `alone`: it has the machine to itself while the
 # other worker waits. The other tests' searches take their `measure:` from
-# `tests.helpers.measure_line`, which counts no window as disturbed: the test beside them
+# `tests.helpers.space_lines`, which counts no window as disturbed: the test beside them
 # is load they do not check.
 
 

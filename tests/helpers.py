@@ -20,11 +20,14 @@ FAST_MEASURE = {"warmup_steps": 2, "window_s": 0.2, "min_windows": 3, "max_windo
 UNDISTURBED = {"max_interference": 1.0, "max_steal": 1.0}
 
 
-def measure_line(**settings: float) -> str:
-    """A space.yaml's ``measure:`` line for a test's search or bench: FAST_MEASURE with
-    ``settings``, and no window counted as disturbed by the load beside it, which under
-    ``pytest -n 2`` is another test's (tests/conftest.py), not what these tests check."""
-    return "measure: " + json.dumps({**FAST_MEASURE, **UNDISTURBED, **settings}) + "\n"
+def space_lines(hot_path: bool = False, **settings: float) -> str:
+    """The suite's lines of a space.yaml for a test's search or bench: ``measure:`` with
+    FAST_MEASURE and ``settings``, and no window counted as disturbed by the load beside
+    it, which under ``pytest -n 2`` is another test's (tests/conftest.py), not what these
+    tests check; no hot-path check after a search unless ``hot_path`` (a fresh process
+    and a few steps of the baseline and the pick: test_search's end-to-end test checks it)."""
+    return ("measure: " + json.dumps({**FAST_MEASURE, **UNDISTURBED, **settings}) + "\n"
+            + f"hot_path: {str(hot_path).lower()}\n")
 
 
 def ref(name: str) -> str:

@@ -7,11 +7,12 @@ import textwrap
 import time
 
 import pytest
+import yaml
 
-from tests.helpers import FIXTURES, measure_line
+from tests.helpers import FIXTURES, space_lines
 from tests.test_spec import BAD_SPACES
 
-FAST = measure_line()
+FAST = space_lines()
 
 
 def tuner(*args, cwd=None, timeout=180):
@@ -37,9 +38,9 @@ def in_process(*args, cwd, capsys, monkeypatch):
     return subprocess.CompletedProcess(args, code, out.out, out.err)
 
 
-def _space(tmp_path, workload, extra=""):
+def _space(tmp_path, workload, extra="", lines=FAST):
     p = tmp_path / "space.yaml"
-    p.write_text(f"name: t\nworkload: {workload}\n" + FAST + textwrap.dedent(extra))
+    p.write_text(f"name: t\nworkload: {workload}\n" + lines + textwrap.dedent(extra))
     return p
 
 
@@ -211,10 +212,12 @@ def test_an_infeasible_bench_exits_3_and_keeps_the_users_message(tmp_path):
 @pytest.mark.slow
 def test_two_runs_on_one_name_one_runs_one_is_refused(tmp_path):
     # threads past the cores (never run here: the one config tried is PyTorch's default,
-    # the listed value nearest the cores) are named in a note
+    # the listed value nearest the cores) are named in a note; --no-hot-path overrides
+    # the space's hot_path: true, and is kept for a resume
     space = _space(tmp_path, f"{FIXTURES}:sleepy", "budget: {trials: 1}\nconfirm: {top: 0}\n"
-                   "knobs: {torch_threads: [1, 4096]}\n")
-    first = subprocess.Popen([sys.executable, "-m", "tuner", "run", str(space), "--quiet"], cwd=tmp_path,
+                   "knobs: {torch_threads: [1, 4096]}\n", lines=space_lines(hot_path=True))
+    first = subprocess.Popen([sys.executable, "-m", "tuner", "run", str(space), "--quiet", "--no-hot-path"],
+                             cwd=tmp_path,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.time() + 60
@@ -230,6 +233,8 @@ def test_two_runs_on_one_name_one_runs_one_is_refused(tmp_path):
     phases = [r["phase"] for r in records]
     assert phases.count("baseline") == 1 and phases.count("search") == 1  # one search's records
     assert "note: knobs.torch_threads: 4096 intra-op threads (more than the" in first.stderr.read()
+    assert "hot path: not checked (hot_path: false; run `python -m tuner profile`" in first.stdout.read()
+    assert yaml.safe_load((tmp_path / "results" / "t" / "space.yaml").read_text())["hot_path"] is False
 
 
 @pytest.mark.parametrize("extra, workload, says", [
@@ -291,7 +296,7 @@ def test_a_stop_swallowed_by_an_import_ends_the_search_once_ray_is_up(tmp_path, 
     monkeypatch.setenv("TUNE_DISABLE_SIGINT_HANDLER", "1")
     space = tmp_path / "space.yaml"
     space.write_text("name: swallowed\nworkload: conv\nworkload_args: {size: 64}\n"
-                     "knobs:\n  micro_batch_size: [8, 16]\nbudget: {trials: 2}\n" + measure_line())
+                     "knobs:\n  micro_batch_size: [8, 16]\nbudget: {trials: 2}\n" + space_lines())
     restore = _stop_on_signals()
     try:
         try:

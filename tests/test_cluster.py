@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import FIXTURES, measure_line
+from tests.helpers import FIXTURES, space_lines
 from tuner.trial import kill_tree
 
 
@@ -129,7 +129,7 @@ def test_submit_to_a_running_head_with_token_auth(ray_head, tmp_path):
           micro_batch_size: [4, 8]
         budget: {trials: 2, trial_timeout_s: 60}
         confirm: {top: 0}
-        """) + measure_line(max_windows=3))
+        """) + space_lines(max_windows=3))
     results = tmp_path / "cluster-results"
     # Submit from another folder: the job must carry the space, the workload file and the
     # package it imports from beside it.

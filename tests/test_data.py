@@ -11,7 +11,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from tests.fixture_workloads import Decoded
-from tests.helpers import measure_line, ref
+from tests.helpers import ref, space_lines
 from tuner.data import CacheRefused, cached
 
 
@@ -115,7 +115,7 @@ def test_bench_with_the_cache_records_its_fill_and_a_random_twin_exits_2(tmp_pat
     space = tmp_path / "s.yaml"
     space.write_text(f"name: c\nworkload: {ref('decoded')}\nworkload_args: {{size: 64, decode_s: 0.001}}\n"
                      "knobs:\n  micro_batch_size: [8]\n  num_workers: 1\n  dataset_cache: [false, true]\n"
-                     + measure_line())
+                     + space_lines())
     r = subprocess.run([sys.executable, "-m", "tuner", "bench", str(space), "--set", "dataset_cache=true", "--json"],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr

@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from tests.helpers import measure_line
+from tests.helpers import space_lines
 
 pytest.importorskip("transformers")
 
@@ -45,7 +45,7 @@ def _bench(tmp_path, args="", *flags):
         workload_args: {{{args}}}
         knobs:
           micro_batch_size: [8]
-        """) + measure_line())
+        """) + space_lines())
     return subprocess.run([sys.executable, "-m", "tuner", "bench", str(space), "--json", *flags],
                           capture_output=True, text=True, timeout=300)
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import FIXTURES, measure_line
+from tests.helpers import FIXTURES, space_lines
 from tuner import spec
 from tuner.search import run_search
 
@@ -37,7 +37,7 @@ def searched(tmp_path_factory):
         budget: {{trials: 2, trial_timeout_s: 120}}
         confirm: {{top: 0, repeats: 0}}
         log_to: [tensorboard, mlflow]
-        """) + measure_line(max_timed_s=4))
+        """) + space_lines(max_timed_s=4))
     run_search(spec.load(p), results_root=tmp / "results", quiet=True)
     return tmp / "results" / "logged"
 

@@ -11,7 +11,7 @@ import torch
 
 L = pytest.importorskip("lightning")
 
-from tests.helpers import measure_line  # noqa: E402
+from tests.helpers import space_lines  # noqa: E402
 from tuner.errors import UserError, WorkloadError  # noqa: E402
 from tuner.lightning import lightning_workload  # noqa: E402
 
@@ -147,7 +147,7 @@ def test_bench_trains_a_lightning_module_from_its_datamodule_in_dataloader_worke
         knobs:
           micro_batch_size: [8]
           num_workers: [1]
-        """) + measure_line())
+        """) + space_lines())
     r = subprocess.run([sys.executable, "-m", "tuner", "bench", str(space), "--json"],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr

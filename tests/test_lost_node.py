@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import FIXTURES, measure_line
+from tests.helpers import FIXTURES, space_lines
 from tests.test_search import _records, _space
 from tuner.errors import ClusterShrunk
 from tuner.search import run_search
@@ -82,7 +82,7 @@ def test_nodes_lost_during_a_search_idle_mid_trial_and_all_of_them(tmp_path, mon
         """,  # 16 windows of 0.3 s: a trial still runs after the idle node is lost and a node joins;
         # its process's start and warm-up double that beside another test on 2 cores (11-13 s
         # in all), so the limit leaves room: a trial cut off by it is never run again
-        measure=measure_line(window_s=0.3, min_windows=16, max_windows=16, max_timed_s=10))
+        measure=space_lines(window_s=0.3, min_windows=16, max_windows=16, max_timed_s=10))
     monkeypatch.setenv("TUNE_DISABLE_SIGINT_HANDLER", "1")
     ray.shutdown()  # a session another test left: this test's driver joins its own cluster
     ray.init(address=cluster.address, log_to_driver=False)

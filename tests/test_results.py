@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers import FIXTURES, measure_line
+from tests.helpers import FIXTURES, space_lines
 from tuner.cli import main
 from tuner.results import open_results, pick
 
@@ -145,7 +145,7 @@ def _space_file(tmp_path, name, trials, extra=""):
         knobs:
           micro_batch_size: [2, 4, 6, 8, 10, 12]
         budget: {{trials: {trials}, trial_timeout_s: 60}}
-        """) + measure_line() + extra)
+        """) + space_lines() + extra)
     return p
 
 

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import FIXTURES, measure_line
+from tests.helpers import FIXTURES, space_lines
 from tuner import spec
 from tuner.search import run_search
 
 pytestmark = pytest.mark.slow
 
-FAST = measure_line(max_timed_s=4)
+FAST = space_lines(max_timed_s=4)
 
 
 def _space(tmp_path, text, measure=FAST):
@@ -73,7 +73,7 @@ def test_end_to_end_on_a_builtin_workload(tmp_path, no_ray):
           micro_batch_size: [32]
         budget: {trials: 3, trial_timeout_s: 120}
         confirm: {top: 1, repeats: 1}
-        """)
+        """, space_lines(max_timed_s=4, hot_path=True))
     summary = run_search(space, results_root=tmp_path / "results", quiet=True)
     out = tmp_path / "results" / "e2e"
     for f in ("trials.jsonl", "summary.json", "optuna.journal", "space.yaml"):
@@ -186,7 +186,7 @@ def test_screened_trials_in_a_row_send_the_incumbent_to_be_measured_again(tmp_pa
         sampler: grid
         budget: {{trials: 3, trial_timeout_s: 60}}
         confirm: {{top: 0}}
-        """, measure_line(max_timed_s=4, recheck_after=1))
+        """, space_lines(max_timed_s=4, recheck_after=1))
     summary = run_search(space, results_root=tmp_path / "r", quiet=True)
     records = _records(tmp_path / "r" / "recheck")
     phases = [(r["phase"], r["config"]["micro_batch_size"]) for r in records]
@@ -291,8 +291,8 @@ def test_tune_s_trials_measure_in_the_worker_that_measured_the_baseline(tmp_path
     assert summary["trials"] == 2
     started = [json.loads(line) for line in where.read_text().splitlines()]
     servers = [s["ppid"] for s in started]
-    # the baseline's and both trials' (the hot-path check's processes come after them)
-    assert len(servers) == 5 and len(set(servers[:3])) == 1, servers
+    # the baseline's and both trials' (no hot-path check after them: hot_path is false)
+    assert len(servers) == 3 and len(set(servers)) == 1, servers
     # started from a Ray worker, the trial's process does not run Ray's worker script
     # again (a spawned child's re-run of its parent's main), so it holds no Ray
     assert not any(s["ray_imported"] for s in started), started
@@ -521,7 +521,7 @@ def test_the_replay_decides_as_the_live_search_did(tmp_path, ray_local):
           fused_optimizer: [false, true]
         budget: {{trials: 4, trial_timeout_s: 60}}
         confirm: {{top: 2, repeats: 2}}
-        """, measure_line(max_timed_s=4, recheck_after=1))
+        """, space_lines(max_timed_s=4, recheck_after=1))
     run_search(space, results_root=tmp_path / "r", quiet=True)
     out = tmp_path / "r" / "live"
     records = _records(out)

@@ -263,6 +263,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         space.model.name = _free_name(Path(args.results_dir), space.model.name)
     if args.log_to:
         space.model.log_to = sorted(set(space.model.log_to) | set(args.log_to))
+    if args.no_hot_path:
+        space.model.hot_path = False
     spec.check_workload(space)
     _check_cache(space)
     summary = run_search(space, results_root=Path(args.results_dir), address=args.address,
@@ -500,6 +502,9 @@ def _search_commands(sub: Any) -> None:
                    "it) instead of a local one; from elsewhere, `submit`")
     p.add_argument("--resume", action="store_true", help="continue an interrupted search of this name")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--no-hot-path", action="store_true",
+                   help="skip the hot-path check of the baseline and the pick after the search "
+                        "(space: hot_path: false; `profile` runs it later)")
     p.add_argument("--log-to", action="append", choices=["tensorboard", "mlflow"],
                    help="also log each trial with Ray Tune's logger callbacks (repeatable): TensorBoard "
                    "events under results/<name>/ray/, an MLflow SQLite store, results/<name>/mlflow.db")

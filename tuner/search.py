@@ -198,7 +198,8 @@ def _search(space: spec.Space, out: Path, progress: Progress, ray_start_s: float
                         describe_cluster=shape, search_wall_s=search_wall_s, ray_start_s=ray_start_s,
                         device=device, out_folder=out)
     summary["hot_path"] = check_hot_path(summary, job, cpus_per_trial, gpus_per_trial, progress,
-                                         spent=bool(policy.ended and "time budget" in policy.ended))
+                                         spent=bool(policy.ended and "time budget" in policy.ended),
+                                         off=not m.hot_path)
     # what ``benchmarks/search_replay.py --check-live`` needs to decide as this search did
     summary["policy"] = {"context": dataclasses.asdict(ctx), "ended": policy.ended, "started_at": started,
                          "ended_at": search_wall_s, "resumed": bool(recorder.previous)}
@@ -207,9 +208,10 @@ def _search(space: spec.Space, out: Path, progress: Progress, ray_start_s: float
 
 
 def check_hot_path(summary: dict, job: TrialJob, cpus_per_trial: Callable[[dict], float], gpus_per_trial: int,
-                   progress: Progress, spent: bool = False) -> dict | None:
+                   progress: Progress, spent: bool = False, off: bool = False) -> dict | None:
     """The hot-path check of the baseline and the pick, once per search, after it (in no
-    measurement's time), on a Ray worker holding a trial's resources."""
+    measurement's time), on a Ray worker holding a trial's resources; ``off``: the space
+    says ``hot_path: false``."""
     configs = {}
     if summary.get("best"):  # first: its compile cache is the one the check's process gets
         configs["pick"] = (summary["best"]["config"], False)
@@ -217,8 +219,9 @@ def check_hot_path(summary: dict, job: TrialJob, cpus_per_trial: Callable[[dict]
         configs["baseline"] = (summary["baseline"]["config"], True)
     if not configs:
         return None
-    if spent:
-        return {"error": "the time budget was spent; run `python -m tuner profile` on the results folder"}
+    if spent or off:
+        why = "the time budget was spent" if spent else "hot_path: false"
+        return {"error": f"{why}; run `python -m tuner profile` on the results folder"}
     import ray
 
     from tuner.remote import check_configs

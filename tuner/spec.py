@@ -108,6 +108,10 @@ class SpaceModel(_Strict):
     confirm: Confirm = Confirm()
     measure: Measure = Measure()
     run: Run = Run()
+    hot_path: bool = True
+    """Check the baseline's and the pick's step for hot-path defects once, after the
+    search (docs/hot-path.md): a fresh process and a few steps each, a compile where the
+    pick has one. False (``run --no-hot-path``) skips it; ``profile`` runs it later."""
     log_to: list[Literal["tensorboard", "mlflow"]] = []
     """Also log every trial's figures with Ray Tune's logger callbacks: TensorBoard event
     files under results/<name>/ray/, an MLflow SQLite store in results/<name>/mlflow.db."""
