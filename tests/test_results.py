@@ -136,7 +136,7 @@ def test_the_report_gives_the_best_config_s_confirm_round_figure_and_says_so(tmp
     assert "median of its 2 confirm-round measurement(s), of 3 in all" in best
 
 
-def _space_file(tmp_path, name, trials, extra=""):
+def _space_file(tmp_path, name, trials, extra="", hot_path=False):
     p = tmp_path / f"{name}.yaml"
     p.write_text(textwrap.dedent(f"""\
         name: {name}
@@ -145,7 +145,7 @@ def _space_file(tmp_path, name, trials, extra=""):
         knobs:
           micro_batch_size: [2, 4, 6, 8, 10, 12]
         budget: {{trials: {trials}, trial_timeout_s: 60}}
-        """) + space_lines() + extra)
+        """) + space_lines(hot_path=hot_path) + extra)
     return p
 
 
@@ -166,7 +166,7 @@ def test_kill_and_resume_loses_nothing_and_runs_nothing_twice(tmp_path):
     import psutil
 
     # 4 configs planned; resumed with --trials 5; then a confirm round of the leader and the baseline
-    space = _space_file(tmp_path, "killme", 4, "confirm: {top: 1}\n")
+    space = _space_file(tmp_path, "killme", 4, "confirm: {top: 1}\n", hot_path=True)
     out = tmp_path / "r" / "killme"
     # the killed search's temporary folders (its hush folder, Ray's session), which nothing
     # of it runs to remove, in one of the test's own (short: Ray's socket paths have a limit)
@@ -202,7 +202,7 @@ def test_kill_and_resume_loses_nothing_and_runs_nothing_twice(tmp_path):
     assert len(lines) > 3
     lines[len(lines) // 2] = '{"op_code": 5, "worker_id": "torn'  # a torn line in the middle
     journal.write_text("\n".join(lines) + "\n")
-    r = subprocess.run([sys.executable, "-m", "tuner", "resume", str(out), "--trials", "5", "--quiet"],
+    r = subprocess.run([sys.executable, "-m", "tuner", "resume", str(out), "--trials", "5", "--quiet", "--no-hot-path"],
                        capture_output=True, text=True, timeout=400)
     assert r.returncode == 0, r.stderr
     notes = [x for x in r.stderr.splitlines() if "optuna.journal" in x]
@@ -219,7 +219,10 @@ def test_kill_and_resume_loses_nothing_and_runs_nothing_twice(tmp_path):
     assert [r["phase"] for r in after if r.get("confirm_round")] == ["confirm", "baseline"]
     assert sum(r.get("phase") == "baseline" for r in after) == 2
     assert len(after) - 1 == 7  # 5 configs, the leader's confirm and the baseline's
-    assert json.loads((out / "summary.json").read_text())["trials"] == 5
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["trials"] == 5
+    # the space said hot_path: true; the resume's --no-hot-path skipped the check
+    assert summary["hot_path"]["error"].startswith("hot_path: false"), summary["hot_path"]
     _export_round_trip_through_bench(out, space, tmp_path / "best.yaml")
 
 

@@ -366,6 +366,8 @@ def cmd_resume(args: argparse.Namespace) -> int:
         space.base = Path(res.meta["base_dir"])
     if args.trials:
         space.model.budget.trials = args.trials
+    if args.no_hot_path:  # not written back: the folder's space.yaml stays as the search began
+        space.model.hot_path = False
     spec.check_workload(space)
     done = len(configs_tried(res.records))
     print(f"resuming {space.model.name}: {done}/{space.model.search_trials()} trials done", file=sys.stderr)
@@ -515,6 +517,7 @@ def _search_commands(sub: Any) -> None:
     p.add_argument("--trials", type=int, help="raise the trial budget")
     p.add_argument("--address", help="a running Ray cluster")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--no-hot-path", action="store_true", help="skip the hot-path check after the search")
     p.set_defaults(func=cmd_resume)
 
     p = sub.add_parser("submit", help="submit the search to a running Ray cluster as a Ray Job")
