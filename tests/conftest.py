@@ -85,8 +85,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     if os.environ.get("PYTEST_XDIST_WORKER"):
         # the `alone` tests first: xdist hands each worker a run of consecutive tests to
         # start with, so they run in a row on one worker, which keeps the machine between
-        # them, and the other worker waits once rather than before each of them
-        items.sort(key=lambda item: not _alone(item))
+        # them, and the other worker waits once rather than before each of them; the quick
+        # tests last, so that the two workers end within seconds of each other rather than
+        # one of them waiting out the other's last scenario
+        items.sort(key=lambda item: (not _alone(item), item.get_closest_marker("slow") is None))
 
 
 @pytest.fixture
