@@ -57,6 +57,10 @@ def pytest_configure(config: pytest.Config) -> None:
             and config.getoption("testrunuid", None) is None:
         # chosen here rather than by xdist, so that the controller knows the folder to remove
         config.option.testrunuid = uuid.uuid4().hex
+        # xdist hands tests out a few at a time, not in chunks of a quarter of a worker's
+        # share: a chunk is the worker's to run, and a chunk of scenarios left the other
+        # worker idle for minutes at the end
+        config.option.maxschedchunk = 1
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
