@@ -222,6 +222,11 @@ def recommended(ctx: Context) -> dict[str, Any]:
     return {k.name: k.recommended(ctx) for k in _TABLE}
 
 
+def unknown_knob(name: str) -> str:
+    """The one-line message for a knob name that is not one: the close one, then all."""
+    return f"unknown knob '{name}'{did_you_mean(name, KNOBS)}; known knobs: {', '.join(KNOBS)}"
+
+
 def check_value(name: str, value: Any) -> Any:
     """Check one knob value against the table; return it coerced (``"true"`` -> True).
 
@@ -229,7 +234,7 @@ def check_value(name: str, value: Any) -> Any:
     """
     knob = KNOBS.get(name)
     if knob is None:
-        raise UserError(f"unknown knob '{name}'{did_you_mean(name, KNOBS)}; known knobs: {', '.join(KNOBS)}")
+        raise UserError(unknown_knob(name))
     if value is None or (isinstance(value, str) and value.lower() in ("null", "none")
                          and value not in (knob.choices or ())):  # ddp_comm_hook's "none" is a choice
         if knob.nullable:

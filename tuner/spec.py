@@ -362,8 +362,7 @@ def _fail(where: _Where, path: tuple, msg: str) -> UserError:
 def _expand_knob(name: str, raw: Any, where: _Where) -> list:
     path = ("knobs", name)
     if name not in knobs.KNOBS:
-        raise _fail(where, path, f"unknown knob '{name}'{did_you_mean(name, knobs.KNOBS)}; known knobs: "
-                                 f"{', '.join(knobs.KNOBS)}")
+        raise _fail(where, path, knobs.unknown_knob(name))
     if isinstance(raw, dict):
         allowed = {"min", "max", "step", "log"}
         if set(raw) - allowed or not {"min", "max"} <= set(raw):
