@@ -906,3 +906,140 @@ def video(size: int = 2048, frames: int = 16, window: int = 8, image: int = 40, 
 
     return Workload(model=model, dataset=lambda: Videos(size, frames, window, image, crop, classes),
                     loss=lambda model, batch: nn.functional.cross_entropy(model(batch[0]), batch[1]))
+
+
+class Pairs(Dataset):
+    """Sentence pairs for translation: a source sentence of words drawn on read, split and
+    looked up in a word vocabulary (a word-level tokenizer's work, a Python loop per
+    word), and its target: the words mapped and in reverse order, between begin and end
+    marks. Ids 0-2 are padding, begin and end."""
+
+    def __init__(self, size: int, vocab: int, shortest: int, longest: int):
+        self.size, self.vocab, self.shortest, self.longest = size, vocab, shortest, longest
+        self.index = {f"w{i}": i + 3 for i in range(vocab)}
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        import random
+
+        rng = random.Random(i)
+        text = " ".join(f"w{rng.randrange(self.vocab)}" for _ in range(rng.randint(self.shortest, self.longest)))
+        source = [self.index[w] for w in text.split()]
+        target = [1] + [(t * 7) % self.vocab + 3 for t in reversed(source)] + [2]
+        return torch.tensor(source), torch.tensor(target)
+
+
+def pad_pairs(items: list) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sources and targets, each padded with 0 to the longest of the batch."""
+    sources, targets = zip(*items, strict=True)
+    return (nn.utils.rnn.pad_sequence(sources, batch_first=True),
+            nn.utils.rnn.pad_sequence(targets, batch_first=True))
+
+
+class Seq2Seq(nn.Module):
+    """An encoder-decoder transformer (``nn.Transformer``) with learned positions; padding
+    masked in both sequences, the decoder causal."""
+
+    def __init__(self, vocab: int, dim: int, heads: int, layers: int):
+        super().__init__()
+        self.embed = nn.Embedding(vocab + 3, dim, padding_idx=0)
+        self.position = nn.Embedding(512, dim)
+        self.core = nn.Transformer(dim, heads, layers, layers, 4 * dim, dropout=0.1, batch_first=True)
+        self.head = nn.Linear(dim, vocab + 3)
+
+    def forward(self, source: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        def embed(ids: torch.Tensor) -> torch.Tensor:
+            return self.embed(ids) + self.position(torch.arange(ids.shape[1], device=ids.device))
+
+        n = target.shape[1]
+        causal = torch.triu(torch.ones(n, n, dtype=torch.bool, device=target.device), 1)
+        out = self.core(embed(source), embed(target), tgt_mask=causal, src_key_padding_mask=source == 0,
+                        tgt_key_padding_mask=target == 0, memory_key_padding_mask=source == 0)
+        return self.head(out)
+
+
+def translate(size: int = 8192, vocab: int = 4000, shortest: int = 8, longest: int = 48, dim: int = 128,
+              heads: int = 4, layers: int = 2) -> Workload:
+    """Sequence-to-sequence translation: teacher forcing, label smoothing, the padding left
+    out of the loss."""
+
+    def loss(model, batch):
+        source, target = batch
+        logits = model(source, target[:, :-1])
+        return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), target[:, 1:].reshape(-1),
+                                           ignore_index=0, label_smoothing=0.1)
+
+    return Workload(model=lambda: Seq2Seq(vocab, dim, heads, layers),
+                    dataset=lambda: Pairs(size, vocab, shortest, longest), loss=loss, collate=pad_pairs,
+                    optimizer=lambda p: torch.optim.AdamW(p, lr=5e-4))
+
+
+class Swatches(Dataset):
+    """Labelled images: a sum of oriented waves whose frequency band is the label, with
+    a random colour cast, then a random crop, flip and noise in the loading process."""
+
+    def __init__(self, size: int, image: int, crop: int, classes: int):
+        self.size, self.image, self.crop, self.classes = size, image, crop, classes
+        self.ys, self.xs = torch.meshgrid(torch.linspace(-1, 1, image), torch.linspace(-1, 1, image), indexing="ij")
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        g = torch.Generator().manual_seed(i)
+        label = i % self.classes
+        angles = torch.rand(4, 1, 1, generator=g) * 3.14
+        freqs = (2 + 3 * label) * (1 + 0.2 * torch.rand(4, 1, 1, generator=g))
+        waves = torch.sin(freqs * (self.xs * angles.cos() + self.ys * angles.sin())).sum(0)
+        img = waves * (0.5 + torch.rand(3, 1, 1, generator=g))
+        top, left = (int(v) for v in torch.randint(0, self.image - self.crop + 1, (2,), generator=g))
+        img = img[:, top:top + self.crop, left:left + self.crop]
+        if torch.rand((), generator=g) < 0.5:
+            img = img.flip(-1)
+        return (img + 0.1 * torch.randn(img.shape, generator=g)).contiguous(), label
+
+
+def _convnet(width: int, classes: int) -> nn.Module:
+    return nn.Sequential(nn.Conv2d(3, width, 3, padding=1), nn.BatchNorm2d(width), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Conv2d(width, 2 * width, 3, padding=1), nn.BatchNorm2d(2 * width), nn.ReLU(),
+                         nn.MaxPool2d(2), nn.Conv2d(2 * width, 4 * width, 3, padding=1), nn.ReLU(),
+                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4 * width, classes))
+
+
+class Distilled(nn.Module):
+    """A small student conv net beside a frozen teacher four times as wide: the teacher's
+    forward runs without gradients, in eval mode, in every step."""
+
+    def __init__(self, width: int, classes: int):
+        super().__init__()
+        self.teacher = _convnet(4 * width, classes).eval().requires_grad_(False)
+        self.student = _convnet(width, classes)
+
+    def train(self, mode: bool = True) -> Distilled:
+        super().train(mode)
+        self.teacher.eval()
+        return self
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        with torch.no_grad():
+            teacher = self.teacher(x)
+        return self.student(x), teacher
+
+
+def distill(size: int = 4096, image: int = 40, crop: int = 32, classes: int = 10, width: int = 16,
+            temperature: float = 4.0) -> Workload:
+    """Knowledge distillation: the student's loss is the KL divergence from the teacher's
+    softened outputs plus the labels' cross-entropy."""
+
+    def loss(model, batch):
+        x, y = batch
+        student, teacher = model(x)
+        soft = nn.functional.kl_div(nn.functional.log_softmax(student / temperature, -1),
+                                    nn.functional.log_softmax(teacher / temperature, -1),
+                                    reduction="batchmean", log_target=True)
+        return soft * temperature ** 2 + nn.functional.cross_entropy(student, y)
+
+    return Workload(model=lambda: Distilled(width, classes), dataset=lambda: Swatches(size, image, crop, classes),
+                    loss=loss)
