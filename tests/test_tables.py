@@ -79,6 +79,28 @@ def test_a_row_at_pytorch_s_defaults_says_so():
     assert row.rstrip().endswith("PyTorch defaults"), row
 
 
+def test_the_summary_names_a_config_as_show_does_and_the_baseline_its_batch():
+    """The summary's rows name the knobs away from PyTorch's defaults, as ``show`` does: a
+    config at the baseline's batch of 16 says micro_batch_size=16 (it read as the default
+    32 where the rows were named against the baseline's config, which its row did not
+    show), and the baseline's row names its batch."""
+    import io
+
+    from tuner.tables import diff_from_default
+
+    base = {"config": {"micro_batch_size": 16}, "samples_per_sec": 100.0, "status": "ok", "measurements": 3}
+    config = {"micro_batch_size": 16, "precision": "bf16"}
+    top = [{"config": config, "samples_per_sec": 120.0, "spread": None, "measurements": 1, "memory_mb": None}]
+    out = io.StringIO()
+    print_summary({"name": "s", "trials": 1, "measurements": 4, "search_wall_s": 10.0,
+                   "objective": {"metric": "samples_per_sec"}, "baseline": base, "top": top,
+                   "infeasible": [], "verdict": None, "overhead_ratio": None}, out)
+    lines = out.getvalue().splitlines()
+    row = next(line for line in lines if line.strip().startswith("1 "))
+    assert row.rstrip().endswith(diff_from_default(config)) and "micro_batch_size=16" in row, row
+    assert lines[-1].rstrip().endswith("baseline (plain PyTorch loop, micro_batch_size=16)"), lines[-1]
+
+
 def test_a_screened_config_measured_again_is_one_trial_of_the_budget(capsys):
     """``budget.trials`` counts configs: a screened config that the model sends to be
     measured again in full is one of them, in the progress line as in the policy (the

@@ -271,9 +271,7 @@ def print_summary(summary: dict, out: Any = None) -> None:
     for i, r in enumerate(summary["top"], 1):
         spread = f"{r['spread'] * 100:.1f}%" if r.get("spread") is not None else "-"
         mem = r.get("memory_mb")
-        diff = ", ".join(f"{k}={v}" for k, v in r["config"].items() if base["config"] is None or
-                         base["config"].get(k, knobs.KNOBS[k].default if k in knobs.KNOBS else None) != v)
-        diff = diff or "PyTorch defaults"
+        diff = diff_from_default(r["config"])  # as show and report name a config
         if r.get("screened"):
             diff += "  (screened: never picked)"
         elif r.get("disturbed"):
@@ -282,7 +280,9 @@ def print_summary(summary: dict, out: Any = None) -> None:
         print(f"{i:>2}  {r[metric]:>16,.1f}  {spread:>7}  {r['measurements']:>2}  {speed(r[metric]):>7}  "
               f"{'-' if mem is None else f'{mem:,.0f}':>9}  {diff}", file=out)
     bv = "-" if base_v is None else f"{base_v:,.1f}"
-    print(f"{'b':>2}  {bv:>16}  {'':>7}  {base.get('measurements') or 1:>2}  {'1.00x':>7}  {'':>9}  baseline (plain PyTorch loop)"
+    own = diff_from_default(base["config"]) if base.get("config") else "PyTorch defaults"  # its batch, say
+    print(f"{'b':>2}  {bv:>16}  {'':>7}  {base.get('measurements') or 1:>2}  {'1.00x':>7}  {'':>9}  baseline (plain PyTorch loop"
+          + ("" if own == "PyTorch defaults" else f", {own}") + ")"
           + (f" {base['status']}: {base['reason']}" if base.get("status") != "ok" else ""), file=out)
     for what, rs in (("infeasible", summary["infeasible"]), ("not run", summary.get("held") or [])):
         for r in rs[:10]:
