@@ -63,6 +63,24 @@ def test_progress_in_a_log_prints_a_line_only_where_there_is_news(capsys):
     assert "trial infeasible: out of memory" in lines[3]
 
 
+def test_progress_in_a_log_says_what_each_trial_read_and_its_config(capsys):
+    """In a log each search trial's line says what it read (screened or not) and the knobs it
+    ran away from PyTorch's defaults, an infeasible one its reason and its knobs: the log
+    tells what the search measured while it runs, not only the best so far."""
+    p = Progress(total=3, metric="samples_per_sec", quiet=False)
+    p.best = 150.0
+    p.update({"phase": "search", "key": "a", "status": "ok", "samples_per_sec": 150.0,
+              "config": {"micro_batch_size": 64, "precision": "bf16"}})
+    p.update({"phase": "search", "key": "b", "status": "ok", "samples_per_sec": 90.0, "screened": True,
+              "config": {"micro_batch_size": 32, "compile": "default"}})
+    p.update({"phase": "search", "key": "c", "status": "infeasible", "reason": "out of memory",
+              "samples_per_sec": None, "config": {"micro_batch_size": 512}})
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0].endswith("last 150.0: micro_batch_size=64, precision=bf16"), lines[0]
+    assert lines[1].endswith("last 90.0 (screened): compile=default"), lines[1]
+    assert lines[2].endswith("trial infeasible: out of memory: micro_batch_size=512"), lines[2]
+
+
 def test_a_row_at_pytorch_s_defaults_says_so():
     """A config that differs from the baseline's in no knob (PyTorch's defaults, measured in
     the tuner's loop) is named, not left blank."""

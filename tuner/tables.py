@@ -236,8 +236,13 @@ class Progress:
         parts.append(f"elapsed {int(elapsed // 60)}:{int(elapsed % 60):02d}")
         if msg:
             parts.append(msg)
+        # what the trial that landed read, and in a log its config: a line per trial says
+        # what the search measured (a terminal's line stays short: it is rewritten in place)
+        said = f": {diff_from_default(record.get('config') or {})}" if record is not None and not self.tty else ""
         if record is not None and record.get("status") not in (None, "ok"):
-            parts.append(f"trial infeasible: {record.get('reason')}")
+            parts.append(f"trial infeasible: {record.get('reason')}{said}")
+        elif record is not None and record.get("phase") == "search" and record.get(self.metric) is not None:
+            parts.append(f"last {record[self.metric]:,.1f}{' (screened)' if record.get('screened') else ''}{said}")
         line = "  ".join(parts)
         if self.tty:
             print("\r\033[K" + line, end="", file=sys.stderr, flush=True)
