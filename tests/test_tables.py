@@ -64,7 +64,7 @@ def test_progress_in_a_log_prints_a_line_only_where_there_is_news(capsys):
 
 
 def test_progress_in_a_log_says_what_each_trial_read_and_its_config(capsys):
-    """In a log each search trial's line says what it read (screened or not) and the knobs it
+    """In a log each search trial's line says what it read (screened, disturbed) and the knobs it
     ran away from PyTorch's defaults, an infeasible one its reason and its knobs: the log
     tells what the search measured while it runs, not only the best so far."""
     p = Progress(total=3, metric="samples_per_sec", quiet=False)
@@ -75,10 +75,13 @@ def test_progress_in_a_log_says_what_each_trial_read_and_its_config(capsys):
               "config": {"micro_batch_size": 32, "compile": "default"}})
     p.update({"phase": "search", "key": "c", "status": "infeasible", "reason": "out of memory",
               "samples_per_sec": None, "config": {"micro_batch_size": 512}})
+    p.update({"phase": "search", "key": "d", "status": "ok", "samples_per_sec": 95.0, "disturbed": True,
+              "config": {"num_workers": 2}})
     lines = capsys.readouterr().err.splitlines()
     assert lines[0].endswith("last 150.0: micro_batch_size=64, precision=bf16"), lines[0]
     assert lines[1].endswith("last 90.0 (screened): compile=default"), lines[1]
     assert lines[2].endswith("trial infeasible: out of memory: micro_batch_size=512"), lines[2]
+    assert lines[3].endswith("last 95.0 (disturbed): num_workers=2"), lines[3]
 
 
 def test_a_row_at_pytorch_s_defaults_says_so():

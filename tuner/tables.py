@@ -242,7 +242,8 @@ class Progress:
         if record is not None and record.get("status") not in (None, "ok"):
             parts.append(f"trial infeasible: {record.get('reason')}{said}")
         elif record is not None and record.get("phase") == "search" and record.get(self.metric) is not None:
-            parts.append(f"last {record[self.metric]:,.1f}{' (screened)' if record.get('screened') else ''}{said}")
+            marks = "".join(f" ({m})" for m in ("screened", "disturbed") if record.get(m))
+            parts.append(f"last {record[self.metric]:,.1f}{marks}{said}")
         line = "  ".join(parts)
         if self.tty:
             print("\r\033[K" + line, end="", file=sys.stderr, flush=True)
