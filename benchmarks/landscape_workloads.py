@@ -867,6 +867,20 @@ def pose(size: int = 2048, image: int = 64, keypoints: int = 8, width: int = 32,
                     loss=lambda model, batch: nn.functional.mse_loss(model(batch[0]), batch[1]))
 
 
+def _grid(image: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The y and x coordinates of an image's pixels, from -1 to 1: what a procedural
+    image is drawn on."""
+    return torch.meshgrid(torch.linspace(-1, 1, image), torch.linspace(-1, 1, image), indexing="ij")
+
+
+def _crop_flip(x: torch.Tensor, image: int, crop: int, g: torch.Generator) -> torch.Tensor:
+    """A random ``crop`` x ``crop`` window of the last two dimensions, flipped left to right
+    half the time (the draws in that order, from ``g``)."""
+    top, left = (int(v) for v in torch.randint(0, image - crop + 1, (2,), generator=g))
+    x = x[..., top:top + crop, left:left + crop]
+    return x.flip(-1) if torch.rand((), generator=g) < 0.5 else x
+
+
 class Videos(Dataset):
     """Short video clips: frames of a drifting, rotating pattern; a random window of frames,
     a random spatial crop and flip, normalised per clip."""
@@ -874,7 +888,7 @@ class Videos(Dataset):
     def __init__(self, size: int, frames: int, window: int, image: int, crop: int, classes: int):
         self.size, self.frames, self.window, self.image, self.crop, self.classes = \
             size, frames, window, image, crop, classes
-        self.ys, self.xs = torch.meshgrid(torch.linspace(-1, 1, image), torch.linspace(-1, 1, image), indexing="ij")
+        self.ys, self.xs = _grid(image)
 
     def __len__(self) -> int:
         return self.size
@@ -887,10 +901,7 @@ class Videos(Dataset):
         clip = torch.sin(freq * (self.xs + t) + torch.rand(3, 1, 1, 1, generator=g) * 6.28) * torch.cos(freq * self.ys - t)
         clip = clip + 0.1 * torch.randn(3, self.frames, self.image, self.image, generator=g)
         start = int(torch.randint(0, self.frames - self.window + 1, (), generator=g))
-        top, left = (int(v) for v in torch.randint(0, self.image - self.crop + 1, (2,), generator=g))
-        clip = clip[:, start:start + self.window, top:top + self.crop, left:left + self.crop]
-        if torch.rand((), generator=g) < 0.5:
-            clip = clip.flip(-1)
+        clip = _crop_flip(clip[:, start:start + self.window], self.image, self.crop, g)
         return ((clip - clip.mean()) / (clip.std() + 1e-6)).contiguous(), label
 
 
@@ -982,22 +993,18 @@ class Swatches(Dataset):
 
     def __init__(self, size: int, image: int, crop: int, classes: int):
         self.size, self.image, self.crop, self.classes = size, image, crop, classes
-        self.ys, self.xs = torch.meshgrid(torch.linspace(-1, 1, image), torch.linspace(-1, 1, image), indexing="ij")
+        self.ys, self.xs = _grid(image)
 
     def __len__(self) -> int:
         return self.size
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
-        g = torch.Generator().manual_seed(i)
-        label = i % self.classes
+        g, label = torch.Generator().manual_seed(i), i % self.classes
         angles = torch.rand(4, 1, 1, generator=g) * 3.14
         freqs = (2 + 3 * label) * (1 + 0.2 * torch.rand(4, 1, 1, generator=g))
         waves = torch.sin(freqs * (self.xs * angles.cos() + self.ys * angles.sin())).sum(0)
         img = waves * (0.5 + torch.rand(3, 1, 1, generator=g))
-        top, left = (int(v) for v in torch.randint(0, self.image - self.crop + 1, (2,), generator=g))
-        img = img[:, top:top + self.crop, left:left + self.crop]
-        if torch.rand((), generator=g) < 0.5:
-            img = img.flip(-1)
+        img = _crop_flip(img, self.image, self.crop, g)
         return (img + 0.1 * torch.randn(img.shape, generator=g)).contiguous(), label
 
 
