@@ -26,11 +26,20 @@ def fmt(value: Any, unit: str = "", digits: int = 1) -> str:
     return f"{value}{unit}"
 
 
+def _away_from_defaults(config: dict | None) -> list[str]:
+    d = knobs.defaults()
+    return [f"{k}={v}" for k, v in (config or {}).items() if k not in d or d[k] != v]
+
+
 def diff_from_default(config: dict) -> str:
     """The knobs a config sets away from PyTorch's defaults (what makes it different)."""
-    d = knobs.defaults()
-    parts = [f"{k}={v}" for k, v in config.items() if k not in d or d[k] != v]
-    return ", ".join(parts) or "PyTorch defaults"
+    return ", ".join(_away_from_defaults(config)) or "PyTorch defaults"
+
+
+def baseline_label(config: dict | None) -> str:
+    """The baseline, named: the plain PyTorch loop, and the knobs it sets away from
+    PyTorch's defaults (the space's first batch, say)."""
+    return ", ".join(["plain PyTorch loop", *_away_from_defaults(config)])
 
 
 def recompiled(row: dict) -> str:
@@ -118,7 +127,7 @@ def print_show(res: Results, out: Any = None, limit: int | None = None) -> None:
         print(f"{'b':>3}  {base.get('status', '-'):<10} {fmt(base.get(metric)):>16} {'':>7} "
               f"{base.get('measurements') or 1:>2} "
               f"{'1.00x':>7} {fmt(mem, digits=0):>9}  {diagnose(base, cap).verdict:<15}  "
-              f"baseline: plain PyTorch loop, {diff_from_default(base['config'])}{extra}", file=out)
+              f"baseline: {baseline_label(base['config'])}{extra}", file=out)
     for r in (r for r in res.records if r.get("phase") == "lost"):
         print(f"  lost: {diff_from_default(r['config'])}: {r.get('reason')}", file=out)
     best = res.best()
@@ -286,9 +295,8 @@ def print_summary(summary: dict, out: Any = None) -> None:
         print(f"{i:>2}  {r[metric]:>16,.1f}  {spread:>7}  {r['measurements']:>2}  {speed(r[metric]):>7}  "
               f"{'-' if mem is None else f'{mem:,.0f}':>9}  {diff}", file=out)
     bv = "-" if base_v is None else f"{base_v:,.1f}"
-    own = diff_from_default(base["config"]) if base.get("config") else "PyTorch defaults"  # its batch, say
-    print(f"{'b':>2}  {bv:>16}  {'':>7}  {base.get('measurements') or 1:>2}  {'1.00x':>7}  {'':>9}  baseline (plain PyTorch loop"
-          + ("" if own == "PyTorch defaults" else f", {own}") + ")"
+    print(f"{'b':>2}  {bv:>16}  {'':>7}  {base.get('measurements') or 1:>2}  {'1.00x':>7}  {'':>9}  "
+          f"baseline ({baseline_label(base.get('config'))})"
           + (f" {base['status']}: {base['reason']}" if base.get("status") != "ok" else ""), file=out)
     for what, rs in (("infeasible", summary["infeasible"]), ("not run", summary.get("held") or [])):
         for r in rs[:10]:
