@@ -235,3 +235,40 @@ def test_the_noise_between_repeats_is_pooled_over_configs_and_parts_the_race():
     assert ranked[0]["config"]["micro_batch_size"] == 16
     assert len(still_racing(ranked, times, "projected_run_s")) == 3
     assert math.isclose(repeat_noise(times, "projected_run_s"), repeat_noise(noisy, "samples_per_sec"))
+
+
+def test_a_row_s_speed_up_is_against_the_baseline_measured_beside_it_when_the_machine_drifts():
+    """The machine slows by a quarter between the search and the confirm rounds. A config
+    that is the baseline in all but name, measured in the search, reads about 1.00x (the
+    baseline at its time, between the baseline's measurements before and after), not the
+    1.33x a comparison with the confirm rounds' baseline would give; a config in the
+    confirm rounds is compared with the baseline measured interleaved with it."""
+    from tuner.diagnose import Diagnosis
+    from tuner.records import aggregate, baseline_at, baseline_drift, row_speedup
+    from tuner.tables import drift_line
+
+    def rec(key, value, start, phase="search", rnd=None):
+        return {"phase": phase, "key": key, "config": {"micro_batch_size": 32, "k": key}, "status": "ok",
+                "samples_per_sec": value, "started_at": start, "ended_at": start + 10, "confirm_round": rnd}
+
+    records = [rec("b", 200.0, 0, "baseline"), rec("same", 200.0, 10), rec("fast", 330.0, 20),
+               rec("fast", 300.0, 100, "confirm", 1), rec("b", 150.0, 110, "baseline", 1),
+               rec("fast", 300.0, 120, "confirm", 2), rec("b", 150.0, 130, "baseline", 2)]
+    rows = {r["key"]: r for r in aggregate(records, "samples_per_sec")}
+    at = baseline_at(records, "samples_per_sec", 15)
+    assert at == pytest.approx(200 - 50 * 10 / 110)
+    assert row_speedup(rows["same"], records, "samples_per_sec") == pytest.approx(200 / at)
+    assert row_speedup(rows["fast"], records, "samples_per_sec") == pytest.approx(2.0)
+    assert baseline_drift(records, "samples_per_sec") == (200.0, 150.0)
+    assert "-25%" in drift_line((200.0, 150.0), "samples_per_sec")
+    assert drift_line((200.0, 196.0), "samples_per_sec") is None
+    # records without times (an old folder): the baseline's pooled figure, as before
+    timeless = [{k: v for k, v in r.items() if not k.endswith("_at")} for r in records]
+    rows_t = {r["key"]: r for r in aggregate(timeless, "samples_per_sec")}
+    assert row_speedup(rows_t["same"], timeless, "samples_per_sec") == pytest.approx(200 / 150)
+    # the best config's diagnosis compares a measured alternative on the same footing
+    for r in rows.values():
+        r["feasible"], r["speedup"] = True, row_speedup(r, records, "samples_per_sec")
+    d = Diagnosis("compute-bound", "", ["try k=same"], [], [], {"try k=same": {"k": "same"}})
+    line, = d.against(rows["fast"], list(rows.values()), "samples_per_sec").measured
+    assert f"({rows['same']['speedup'] / 2.0:.2f}x the best)" in line

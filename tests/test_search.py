@@ -105,6 +105,7 @@ def test_end_to_end_on_a_builtin_workload(tmp_path, no_ray):
     saved = json.loads((out / "summary.json").read_text())
     speedup = saved["best"]["samples_per_sec"] / saved["baseline"]["samples_per_sec"]
     assert saved["speedup_vs_baseline"] == pytest.approx(speedup)
+    assert saved["best"]["speedup"] == pytest.approx(speedup) and all("speedup" in r for r in saved["top"])
     # a pick below the plain loop is said plainly, never hidden
     assert (saved["verdict"] is not None) == (speedup < 1.0)
     assert saved["best"]["measurements"] >= 2  # chosen on repeated figures

@@ -156,3 +156,25 @@ def test_a_row_above_the_pick_on_one_measurement_says_why_it_is_not_the_pick():
                    "infeasible": [], "verdict": None, "overhead_ratio": None}, out)
     rows = [line for line in out.getvalue().splitlines() if line.strip()[:1] in ("1", "2", "3")]
     assert "not confirmed" in rows[1] and "not confirmed" not in rows[0] + rows[2], rows
+
+
+def test_the_summary_prints_each_row_s_own_speed_up_and_says_the_baseline_drifted():
+    """Rows carry their speed-up against the baseline measured beside them
+    (``records.row_speedup``): the summary prints it, not the row's figure over the
+    baseline's pooled one, and says how far the baseline moved between the search and the
+    confirm rounds."""
+    import io
+
+    base = {"config": {"micro_batch_size": 32}, "samples_per_sec": 150.0, "status": "ok", "measurements": 3}
+    pick = {"config": {"precision": "bf16"}, "samples_per_sec": 300.0, "spread": 0.02, "measurements": 3,
+            "memory_mb": 1.0, "speedup": 2.0}
+    same = {"config": {"torch_threads": 2}, "samples_per_sec": 200.0, "spread": None, "measurements": 1,
+            "memory_mb": 1.0, "speedup": 1.0}
+    out = io.StringIO()
+    print_summary({"name": "s", "trials": 2, "measurements": 6, "search_wall_s": 10.0,
+                   "objective": {"metric": "samples_per_sec"}, "baseline": base, "top": [pick, same],
+                   "baseline_drift": [200.0, 150.0], "infeasible": [], "verdict": None, "overhead_ratio": None}, out)
+    text = out.getvalue()
+    rows = [line.split() for line in text.splitlines() if line.strip()[:1] in ("1", "2")]
+    assert [r[4] for r in rows] == ["2.00x", "1.00x"], rows
+    assert "baseline read 200.0 samples_per_sec before the confirm rounds and 150.0 in them (-25%)" in text

@@ -66,7 +66,11 @@ class Diagnosis:
                       for r in having]
             twin = next((r for r, apart in zip(having, others, strict=True) if not apart), None)
             sign = -1 if OBJECTIVE_METRICS.get(metric) == "min" else 1
-            seen = twin or max(having, key=lambda r: sign * r[metric])
+            # each figure over the baseline's beside it (``records.row_speedup``) where rows
+            # carry it: figures taken as the machine drifted compare as they were measured
+            paired = bool(best.get("speedup")) and all(r.get("speedup") for r in having)
+            standing = [r["speedup"] if paired else sign * r[metric] for r in having]
+            seen = twin or having[standing.index(max(standing))]
             apart = len(others[having.index(seen)])
             where = ("with the best config's other knobs" if twin is not None else
                      f"at most, in a config {apart} other knob{'s' if apart > 1 else ''} from the best")
@@ -75,8 +79,9 @@ class Diagnosis:
             traced += "; measured only beside other load" if seen.get("disturbed") else \
                 "; screened after its first windows" if seen.get("screened") else ""
             values = ", ".join(f"{k}={_word(v)}" for k, v in move.items())
+            ratio = ((seen["speedup"] / best["speedup"]) ** sign if paired else seen[metric] / best[metric])
             measured.append(f"{values}: {_fmt(seen[metric])} {metric} "
-                            f"({seen[metric] / best[metric]:.2f}x the best) {where}{traced}")
+                            f"({ratio:.2f}x the best) {where}{traced}")
         return Diagnosis(self.verdict, self.evidence, recs, self.flags, measured, self.moves)
 
 

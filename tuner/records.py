@@ -381,6 +381,7 @@ def aggregate(records: list[Record], metric: str) -> list[dict]:
             "values": values,
             "spread": (max(values) - min(values)) / statistics.median(values) if len(values) > 1 else None,
             "trial_numbers": [r.get("trial_number") for r in rs],
+            "measured_at": _measured_at(ok),
         }
         for m in ("samples_per_sec", "projected_run_s", "peak_host_memory_mb", "peak_device_memory_mb",
                   "compile_s", "data_wait_fraction", "samples_per_sec_spread", "step_time_ms",
@@ -479,6 +480,67 @@ def no_winner_reason(records: list[dict], metric: str, folder: str) -> str:
             f"`tuner resume {folder} --trials {len(searched) + 4}`")
 
 
+def _mid_time(record: dict) -> float | None:
+    start, end = record.get("started_at"), record.get("ended_at")
+    if isinstance(start, (int, float)) and isinstance(end, (int, float)):
+        return (start + end) / 2
+    return None
+
+
+def _measured_at(records: list[dict]) -> float | None:
+    """When a row's figure was taken: the median time of the measurements it comes from."""
+    times = [t for t in map(_mid_time, records) if t is not None]
+    return statistics.median(times) if times else None
+
+
+def _quiet_baselines(records: list[Record], metric: str) -> list[Record]:
+    bases = [r for r in records if r.get("phase") == "baseline"]
+    measured = [r for r in bases if r.get("status") == "ok" and r.get(metric) is not None]
+    return [r for r in measured if not r.get("disturbed")] or measured
+
+
+def baseline_at(records: list[Record], metric: str, when: float) -> float | None:
+    """The baseline's figure at time ``when``: interpolated between its measurements just
+    before and just after (the first before the search, the others in the confirm rounds),
+    the nearest one's beyond them."""
+    points = sorted((t, r[metric]) for r in _quiet_baselines(records, metric)
+                    if (t := _mid_time(r)) is not None)
+    if not points:
+        return None
+    before = [p for p in points if p[0] <= when]
+    after = [p for p in points if p[0] > when]
+    if not before or not after:
+        return (before or after)[-1 if before else 0][1]
+    (t0, v0), (t1, v1) = before[-1], after[0]
+    return v0 + (v1 - v0) * (when - t0) / (t1 - t0)
+
+
+def row_speedup(row: dict, records: list[Record], metric: str) -> float | None:
+    """A row's speed-up over the baseline, against the baseline's figure taken as the row's
+    was. A row with confirm rounds: the baseline's confirm rounds, measured interleaved with
+    it. A row measured only in the search: the baseline at the time it was measured
+    (``baseline_at``). A machine that drifts during a search (a VM's neighbours, a warming
+    CPU) then moves both figures alike, and a config that is the baseline in all but name
+    reads 1.00x, not the drift."""
+    base = baseline_of(records, metric)
+    if not base or base.get("status") != "ok":
+        return None
+    ref = base.get(metric)
+    if not row.get("confirm_measurements") and row.get("measured_at") is not None:
+        ref = baseline_at(records, metric, row["measured_at"]) or ref
+    return speedup(row.get(metric), ref, metric)
+
+
+def baseline_drift(records: list[Record], metric: str) -> tuple[float, float] | None:
+    """The baseline's figure before the confirm rounds and in them, where both exist."""
+    quiet = _quiet_baselines(records, metric)
+    before = [r[metric] for r in quiet if not r.get("confirm_round")]
+    rounds = [r[metric] for r in quiet if r.get("confirm_round")]
+    if not before or not rounds:
+        return None
+    return statistics.median(before), statistics.median(rounds)
+
+
 def baseline_of(records: list[Record], metric: str) -> Record | None:
     """The baseline: its first record, with the figures pooled over all of its
     measurements (the confirm rounds re-measure it beside the contenders)."""
@@ -486,11 +548,10 @@ def baseline_of(records: list[Record], metric: str) -> Record | None:
     if not bases:
         return None
     out = dict(bases[0])
-    measured = [r for r in bases if r.get("status") == "ok" and r.get(metric) is not None]
-    quiet = [r for r in measured if not r.get("disturbed")] or measured
+    quiet = _quiet_baselines(bases, metric)
     out["measurements"] = len(bases)
     if quiet:
-        out.update(status="ok", reason=None, disturbed=not any(not r.get("disturbed") for r in measured))
+        out.update(status="ok", reason=None, disturbed=all(r.get("disturbed") for r in quiet))
         out[metric] = _pooled_median(quiet, metric)
         for m in ("samples_per_sec", "projected_run_s", "peak_host_memory_mb", "peak_device_memory_mb",
                   "samples_per_sec_spread", "interference_cores"):

@@ -8,9 +8,12 @@ from typing import Any
 from tuner import spec
 from tuner.diagnose import diagnose
 from tuner.errors import UserError
+from tuner.records import baseline_drift
 from tuner.results import Results
 from tuner.tables import (
+    baseline_label,
     diff_from_default,
+    drift_line,
     fmt,
     recompiled,
     row_status,
@@ -196,7 +199,10 @@ def write_report(res: Results) -> Path:
     if base:
         lines.append(f"| b | {base.get('status')} | {fmt(base.get(metric))} | - | {base.get('measurements') or 1} | "
                      f"1.00x | {fmt(base.get('peak_device_memory_mb') or base.get('peak_host_memory_mb'), digits=0)} | "
-                     f"{diagnose(base, cap).verdict} | baseline (plain loop) |")
+                     f"{diagnose(base, cap).verdict} | baseline: {baseline_label(base.get('config'))} |")
+        drift = drift_line(baseline_drift(res.records, metric), metric)
+        if drift:
+            lines += ["", drift[0].upper() + drift[1:]]
     lines += ["", "## Plots", "", "Best so far over trials:", "", "![best so far](best_so_far.png)", "",
               "Throughput against peak memory, Pareto front in red:", "", "![speed vs memory](speed_vs_memory.png)", ""]
     if effects:

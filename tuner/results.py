@@ -27,7 +27,7 @@ from tuner.records import (
     rank,
     read_json,
     read_trials,
-    speedup,
+    row_speedup,
 )
 
 
@@ -48,7 +48,11 @@ class Results:
         return baseline_of(self.records, self.metric)
 
     def rows(self) -> list[dict]:
-        return aggregate(self.records, self.metric)
+        """One row per config (``records.aggregate``), each with its speed-up over the baseline."""
+        rows = aggregate(self.records, self.metric)
+        for r in rows:
+            r["speedup"] = row_speedup(r, self.records, self.metric)
+        return rows
 
     def ranked(self) -> list[dict]:
         """Feasible configs best first, by the median of each config's measurements (of its
@@ -65,10 +69,7 @@ class Results:
         return no_winner_reason(self.records, self.metric, str(self.path))
 
     def speedup(self, row: dict) -> float | None:
-        base = self.baseline
-        if not base or base.get("status") != "ok":
-            return None
-        return speedup(row.get(self.metric), base.get(self.metric), self.metric)
+        return row_speedup(row, self.records, self.metric)
 
 
 def open_results(path: str | Path) -> Results:

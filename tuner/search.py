@@ -40,13 +40,14 @@ from tuner.localray import (
 from tuner.policy import SearchPolicy, measure_settings
 from tuner.records import (
     aggregate,
+    baseline_drift,
     baseline_of,
     best_of,
     configs_tried,
     no_winner_reason,
     pareto_front,
     rank,
-    speedup,
+    row_speedup,
     winner_first,
     writer_lock,
 )
@@ -292,8 +293,7 @@ def summarize(space: spec.Space, records: list[dict], baseline: dict, *, describ
     rows = aggregate(records, metric)
     ranked = rank(rows, metric)
     best = best_of(ranked)
-    base_value = baseline.get(metric) if baseline.get("status") == "ok" else None
-    best_speedup = speedup(best[metric], base_value, metric) if best is not None else None
+    best_speedup = row_speedup(best, records, metric) if best is not None else None
     in_trial = sum(r.get("trial_wall_s") or 0.0 for r in records)
     verdict = None
     if best_speedup is not None and best_speedup < 1.0:
@@ -305,15 +305,16 @@ def summarize(space: spec.Space, records: list[dict], baseline: dict, *, describ
         "verdict": verdict,
         "disturbed_measurements": disturbed,
         "objective": m.objective.model_dump(),
-        "best": _public(best) if ranked else None,
+        "best": _public(best, records, metric) if ranked else None,
         "no_winner": None if best is not None else no_winner_reason(records, metric, str(out_folder)),
         "baseline": {k: baseline.get(k) for k in ("config", "status", "reason", "samples_per_sec",
                                                      "samples_per_sec_spread", "projected_run_s",
                                                      "peak_host_memory_mb", "peak_device_memory_mb",
                                                      "measurements", "disturbed")},
         "speedup_vs_baseline": best_speedup,
-        "top": [_public(r) for r in winner_first(ranked, best)[:5]],
-        "pareto": [_public(r) for r in pareto_front(rows, metric)] if m.objective.memory else None,
+        "baseline_drift": baseline_drift(records, metric),
+        "top": [_public(r, records, metric) for r in winner_first(ranked, best)[:5]],
+        "pareto": [_public(r, records, metric) for r in pareto_front(rows, metric)] if m.objective.memory else None,
         "infeasible": [{"config": r["config"], "reason": r["reason"]} for r in rows
                        if not r["feasible"] and not r.get("held")],
         "held": [{"config": r["config"], "reason": r["reason"]} for r in rows if r.get("held")],
@@ -332,12 +333,13 @@ def summarize(space: spec.Space, records: list[dict], baseline: dict, *, describ
     if ranked:
         by_model: dict[str, dict] = {}
         for r in ranked:
-            by_model.setdefault(r["device_model"], _public(r))
+            by_model.setdefault(r["device_model"], _public(r, records, metric))
         summary["best_per_device_model"] = by_model
     return summary
 
 
-def _public(row: dict | None) -> dict | None:
+def _public(row: dict | None, records: list[dict], metric: str) -> dict | None:
+    """A row as summary.json holds it, with its speed-up (``records.row_speedup``)."""
     if row is None:
         return None
-    return {k: v for k, v in row.items() if k not in ("key",)}
+    return {**{k: v for k, v in row.items() if k not in ("key",)}, "speedup": row_speedup(row, records, metric)}

@@ -13,7 +13,7 @@ from typing import Any
 
 from tuner import knobs, spec
 from tuner.diagnose import Diagnosis, diagnose
-from tuner.records import configs_tried, speedup
+from tuner.records import baseline_drift, configs_tried, speedup
 from tuner.results import Results
 
 
@@ -128,6 +128,9 @@ def print_show(res: Results, out: Any = None, limit: int | None = None) -> None:
               f"{base.get('measurements') or 1:>2} "
               f"{'1.00x':>7} {fmt(mem, digits=0):>9}  {diagnose(base, cap).verdict:<15}  "
               f"baseline: {baseline_label(base['config'])}{extra}", file=out)
+    drift = drift_line(baseline_drift(res.records, metric), metric)
+    if drift:
+        print(drift, file=out)
     for r in (r for r in res.records if r.get("phase") == "lost"):
         print(f"  lost: {diff_from_default(r['config'])}: {r.get('reason')}", file=out)
     best = res.best()
@@ -279,8 +282,9 @@ def print_summary(summary: dict, out: Any = None) -> None:
     print(header, file=out)
     base_v = base.get(metric)
 
-    def speed(v: float | None) -> str:
-        x = speedup(v, base_v, metric)
+    def speed(row: dict) -> str:
+        # a summary written before rows carried their own speed-up: against the pooled baseline
+        x = row["speedup"] if "speedup" in row else speedup(row[metric], base_v, metric)
         return "-" if x is None else f"{x:.2f}x"
 
     for i, r in enumerate(summary["top"], 1):
@@ -292,7 +296,7 @@ def print_summary(summary: dict, out: Any = None) -> None:
         elif r.get("disturbed"):
             diff += "  (disturbed: never picked)"
         diff += unconfirmed(r, summary["top"][0], metric)
-        print(f"{i:>2}  {r[metric]:>16,.1f}  {spread:>7}  {r['measurements']:>2}  {speed(r[metric]):>7}  "
+        print(f"{i:>2}  {r[metric]:>16,.1f}  {spread:>7}  {r['measurements']:>2}  {speed(r):>7}  "
               f"{'-' if mem is None else f'{mem:,.0f}':>9}  {diff}", file=out)
     bv = "-" if base_v is None else f"{base_v:,.1f}"
     print(f"{'b':>2}  {bv:>16}  {'':>7}  {base.get('measurements') or 1:>2}  {'1.00x':>7}  {'':>9}  "
@@ -303,6 +307,9 @@ def print_summary(summary: dict, out: Any = None) -> None:
             shown = ", ".join(f"{k}={v}" for k, v in r["config"].items()
                               if k in ("precision", "micro_batch_size", "num_workers", "compile"))
             print(f"{what}: {r['reason']}  ({shown})", file=out)
+    drift = drift_line(summary.get("baseline_drift"), metric)
+    if drift:
+        print(drift, file=out)
     if summary.get("disturbed_measurements"):
         print(f"disturbed: {summary['disturbed_measurements']} measurement(s) stayed disturbed by other load "
               f"on the machine; they are marked (show) and never pick the winner", file=out)
@@ -313,6 +320,21 @@ def print_summary(summary: dict, out: Any = None) -> None:
     if summary.get("overhead_ratio"):
         print(f"search overhead: wall {summary['search_wall_s']:.0f} s / in-trial {summary['in_trial_s']:.0f} s"
               f" = {summary['overhead_ratio']:.2f}", file=out)
+
+
+def drift_line(drift: tuple[float, float] | list[float] | None, metric: str, floor: float = 0.05) -> str | None:
+    """A line where the baseline's figure moved between the search and the confirm rounds
+    by more than ``floor``: the machine's speed drifted, and the speed-ups say against
+    which of its figures each row is compared."""
+    if not drift or not drift[0]:
+        return None
+    before, rounds = drift
+    change = rounds / before - 1
+    if abs(change) < floor:
+        return None
+    return (f"note: the baseline read {before:,.1f} {metric} before the confirm rounds and {rounds:,.1f} in them "
+            f"({change:+.0%}): the machine's speed drifted; a row's speed-up is against the baseline measured "
+            f"beside it (in the confirm rounds), or at its time in the search")
 
 
 def hot_path_lines(result: dict | None) -> list[str]:
