@@ -1,8 +1,10 @@
 """``tuner init``: the batch probe and the written space file."""
 
+import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -105,6 +107,35 @@ def test_init_on_cpu_with_a_memory_cap(tmp_path):
     assert "pin_memory" not in space.model.knobs and "torch_threads" in space.model.knobs
     # its optimizer is the default AdamW, which has a fused CPU step
     assert space.model.knobs["fused_optimizer"] == [False, True]
+
+
+@pytest.mark.slow
+def test_init_keeps_the_workload_s_own_output_out_of_its_probe_lines(tmp_path):
+    """A workload that prints as it builds its model (a library's warnings, a progress
+    bar) printed it once per probe, between the probe lines: each probe's output goes to
+    one file, named once, and the CLI prints it at most once (its own check of make())."""
+    (tmp_path / "noisy.py").write_text(
+        "import sys\n"
+        "from tests.fixture_workloads import linear\n"
+        "def make():\n"
+        "    wl = linear(size=48)\n"
+        "    build = wl.model\n"
+        "    def model():\n"
+        "        print('NOISE-OUT'); print('NOISE-ERR', file=sys.stderr)\n"
+        "        return build()\n"
+        "    wl.model = model\n"
+        "    return wl\n")
+    run = subprocess.run([sys.executable, "-m", "tuner", "init", "noisy.py:make", "--device", "cpu", "-o",
+                          "space.yaml"], cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)})
+    assert run.returncode == 0, run.stderr
+    said = run.stdout + run.stderr
+    assert said.count("NOISE-OUT") <= 1 and said.count("NOISE-ERR") <= 1, said
+    log = Path(re.search(r"the workload's own output: (\S+?)\)", said).group(1))
+    probes = said.count("micro_batch_size=")
+    assert probes >= 3 and log.read_text().count("NOISE-OUT") >= probes - 1, (probes, log.read_text())
+    assert log.read_text().count("NOISE-ERR") == log.read_text().count("NOISE-OUT")
+    log.unlink()
 
 
 def test_init_refuses_to_overwrite(tmp_path):

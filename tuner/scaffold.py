@@ -11,6 +11,7 @@ The knobs are those worth searching on this hardware, each line with its reason.
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -262,19 +263,27 @@ def init_space(workload: str, workload_args: dict, out: Path, *, device: str = "
         cap_note = f" (cap: --max-memory-mb {max_memory_mb:g})"
     precision = "bf16" if bf16 else "fp32"  # memory at the precision that will likely win
 
+    stem = name or Path(workload.split(":")[0]).stem.replace(".", "-") or "space"
+    # The workload's own output (prints, warnings, progress bars) once per probe would bury
+    # the probe lines: it goes to one file, named once
+    log = Path(tempfile.gettempdir()) / f"tuner-init-{stem}-{os.getpid()}.log"
+    log.unlink(missing_ok=True)
+
     def measure_one(b: int) -> dict:
         req = make_request(workload=workload, workload_args=workload_args, base_dir=str(Path.cwd()),
                            config={"micro_batch_size": b, "precision": precision}, device=device,
                            measure=PROBE_MEASURE)
-        return run_isolated(req, timeout_s=timeout_s, retries=0)
+        return run_isolated(req, timeout_s=timeout_s, retries=0, output=str(log))
 
-    say(f"probing micro-batch sizes on {device} ({precision}), each in a fresh process")
+    say(f"probing micro-batch sizes on {device} ({precision}), each in a fresh process "
+        f"(the workload's own output: {log})")
     fit = probe_batch(measure_one, device=device, max_memory_mb=max_memory_mb, max_step_s=max_step_s,
                       upper=upper, say=say)
     if fit.largest is None:
         last = fit.probes[-1] if fit.probes else None
         sizes = "micro_batch_size=1" if not last or last.batch == 1 else f"no micro_batch_size from 1 to {last.batch}"
-        raise UserError(f"workload: {sizes} does not fit here: {last.why if last else 'no probe'}")
+        raise UserError(f"workload: {sizes} does not fit here: {last.why if last else 'no probe'} "
+                        f"(the workload's own output: {log})")
     model = wl.model()
     unfused = apply.fused_optimizer_of(wl.make_optimizer(model.to(device).parameters()))
     if unfused:
@@ -282,6 +291,5 @@ def init_space(workload: str, workload_args: dict, out: Path, *, device: str = "
     lines = knob_lines(device, cores, bf16, apply.has_conv2d(model), shutil.which("cc") is not None
                        or shutil.which("gcc") is not None, fused=unfused is None,
                        gpus=torch.cuda.device_count() if device == "cuda" else 1)
-    stem = name or Path(workload.split(":")[0]).stem.replace(".", "-") or "space"
     return write_space(out, name=stem, workload=seen_from(workload, out), workload_args=workload_args, device=device,
                        fit=fit, lines=lines, trials=trials, cap_note=cap_note)

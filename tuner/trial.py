@@ -75,12 +75,12 @@ class TrialRequest:
     screen: dict | None = None
     """``{"below": samples/sec, "margin": fraction}``: the search's screening threshold."""
     compile_cache: str | None = None
+    """An inductor cache folder shared by one compile group of a search: cold (empty)
+    for the group's first trial, warm after."""
     check_hot_path: bool = False
     """Run the hot-path check (``tuner.hotpath``) on the config instead of measuring it."""
     also_check: list = field(default_factory=list)
     """``(config, baseline)`` pairs checked after it in the same process (one start-up)."""
-    """An inductor cache folder shared by one compile group of a search: cold (empty)
-    for the group's first trial, warm after."""
     nice: int | None = None
     """The niceness the trial runs at: the user's, that of the process that started the
     search (Ray starts its workers at nice 15). None: the niceness it started with."""
@@ -305,7 +305,12 @@ def classify(exc: BaseException) -> tuple[str, str]:
     return "error", f"raised {type(exc).__name__}: {text}"
 
 
-def _child(conn: Any, request: TrialRequest) -> None:
+def _child(conn: Any, request: TrialRequest, output: str | None = None) -> None:
+    if output:  # the process's own descriptors: DataLoader workers and C libraries write there too
+        fd = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
     os.environ.update(request.env)
     # A spawned child may inherit its parent's start method; put back the platform
     # default so DataLoader workers start as in the user's own script.
@@ -443,12 +448,13 @@ class _Vigil:
             progress(msg[1])
 
 
-def _run_once(request: TrialRequest, timeout_s: float, progress: Callable[[str], None] | None) -> Record:
+def _run_once(request: TrialRequest, timeout_s: float, progress: Callable[[str], None] | None,
+              output: str | None = None) -> Record:
     from tuner.hostload import TreeActivity
 
     ctx = mp.get_context("spawn")
     recv, send = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_child, args=(send, request), daemon=False)
+    proc = ctx.Process(target=_child, args=(send, request, output), daemon=False)
     t0 = time.perf_counter()
     with _main_left_behind():
         proc.start()
@@ -491,13 +497,16 @@ def _run_once(request: TrialRequest, timeout_s: float, progress: Callable[[str],
 
 
 def run_isolated(request: TrialRequest, timeout_s: float = 600.0,
-                 progress: Callable[[str], None] | None = None, retries: int = 1) -> Record:
+                 progress: Callable[[str], None] | None = None, retries: int = 1,
+                 output: str | None = None) -> Record:
     """Measure ``request`` in a fresh process; never raises for a failing trial.
 
     A process that dies (a signal, not an exception) is retried ``retries`` times.
+    ``output``: a file the process's stdout and stderr are appended to (the workload's
+    own prints, warnings and progress bars), instead of this process's.
     """
     for attempt in range(retries + 1):
-        result = _run_once(request, timeout_s, progress)
+        result = _run_once(request, timeout_s, progress, output)
         if result.get("error_kind") != "died" or attempt == retries:
             result["attempts"] = attempt + 1
             return result
