@@ -173,7 +173,7 @@ def test_the_summary_prints_each_row_s_own_speed_up_and_says_the_baseline_drifte
     out = io.StringIO()
     print_summary({"name": "s", "trials": 2, "measurements": 6, "search_wall_s": 10.0,
                    "objective": {"metric": "samples_per_sec"}, "baseline": base, "top": [pick, same],
-                   "baseline_drift": [200.0, 150.0], "infeasible": [], "verdict": None, "overhead_ratio": None}, out)
+                   "baseline_drift": {"before": 200.0, "rounds": [150.0, 148.0, 152.0]}, "infeasible": [], "verdict": None, "overhead_ratio": None}, out)
     text = out.getvalue()
     rows = [line.split() for line in text.splitlines() if line.strip()[:1] in ("1", "2")]
     assert [r[4] for r in rows] == ["2.00x", "1.00x"], rows

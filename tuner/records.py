@@ -531,14 +531,15 @@ def row_speedup(row: dict, records: list[Record], metric: str) -> float | None:
     return speedup(row.get(metric), ref, metric)
 
 
-def baseline_drift(records: list[Record], metric: str) -> tuple[float, float] | None:
-    """The baseline's figure before the confirm rounds and in them, where both exist."""
+def baseline_drift(records: list[Record], metric: str) -> dict | None:
+    """The baseline's figure before the confirm rounds (``before``) and each of its
+    figures in them (``rounds``), where both exist."""
     quiet = _quiet_baselines(records, metric)
     before = [r[metric] for r in quiet if not r.get("confirm_round")]
     rounds = [r[metric] for r in quiet if r.get("confirm_round")]
     if not before or not rounds:
         return None
-    return statistics.median(before), statistics.median(rounds)
+    return {"before": statistics.median(before), "rounds": rounds}
 
 
 def baseline_of(records: list[Record], metric: str) -> Record | None:

@@ -7,6 +7,7 @@ bottleneck diagnosis all print from here; nothing here computes a figure (that i
 
 from __future__ import annotations
 
+import statistics
 import sys
 import time
 from typing import Any
@@ -322,15 +323,16 @@ def print_summary(summary: dict, out: Any = None) -> None:
               f" = {summary['overhead_ratio']:.2f}", file=out)
 
 
-def drift_line(drift: tuple[float, float] | list[float] | None, metric: str, floor: float = 0.05) -> str | None:
+def drift_line(drift: dict | None, metric: str, floor: float = 0.05) -> str | None:
     """A line where the baseline's figure moved between the search and the confirm rounds
-    by more than ``floor``: the machine's speed drifted, and the speed-ups say against
-    which of its figures each row is compared."""
-    if not drift or not drift[0]:
+    (``records.baseline_drift``): beyond every figure of the rounds, and by more than
+    ``floor`` from their median. Within their range it is the rounds' own noise, not a
+    drift. The line says against which of its figures each row is compared."""
+    if not drift or not drift.get("before") or not drift.get("rounds"):
         return None
-    before, rounds = drift
+    before, rounds = drift["before"], statistics.median(drift["rounds"])
     change = rounds / before - 1
-    if abs(change) < floor:
+    if abs(change) < floor or min(drift["rounds"]) <= before <= max(drift["rounds"]):
         return None
     return (f"note: the baseline read {before:,.1f} {metric} before the confirm rounds and {rounds:,.1f} in them "
             f"({change:+.0%}): the machine's speed drifted; a row's speed-up is against the baseline measured "
