@@ -221,6 +221,9 @@ def test_kill_and_resume_loses_nothing_and_runs_nothing_twice(tmp_path):
     assert len(after) - 1 == 7  # 5 configs, the leader's confirm and the baseline's
     summary = json.loads((out / "summary.json").read_text())
     assert summary["trials"] == 5
+    # the resume's wall time over its own trials' time: the killed run's trials are not in it
+    assert summary["in_trial_s"] == pytest.approx(sum(r.get("trial_wall_s") or 0.0 for r in after[len(before):]))
+    assert summary["overhead_ratio"] >= 1.0
     # the space said hot_path: true; the resume's --no-hot-path skipped the check
     assert summary["hot_path"]["error"].startswith("hot_path: false"), summary["hot_path"]
     _export_round_trip_through_bench(out, space, tmp_path / "best.yaml")

@@ -197,7 +197,7 @@ def _search(space: spec.Space, out: Path, progress: Progress, ray_start_s: float
     records = policy.records
     summary = summarize(space, records, baseline_of(records, m.objective.metric) or {"config": None},
                         describe_cluster=shape, search_wall_s=search_wall_s, ray_start_s=ray_start_s,
-                        device=device, out_folder=out)
+                        device=device, out_folder=out, session=records[len(recorder.previous):])
     summary["hot_path"] = check_hot_path(summary, job, cpus_per_trial, gpus_per_trial, progress,
                                          spent=bool(policy.ended and "time budget" in policy.ended),
                                          off=not m.hot_path)
@@ -286,15 +286,18 @@ def _cpu_facts() -> bool:
 
 
 def summarize(space: spec.Space, records: list[dict], baseline: dict, *, describe_cluster: dict,
-              search_wall_s: float, ray_start_s: float, device: str, out_folder: Path | str = "") -> dict:
-    """summary.json: best (config + metrics), baseline, speedup, pareto, hardware, search figures."""
+              search_wall_s: float, ray_start_s: float, device: str, out_folder: Path | str = "",
+              session: list[dict] | None = None) -> dict:
+    """summary.json: best (config + metrics), baseline, speedup, pareto, hardware, search figures.
+    ``session``: the records this run measured (a resumed search's wall time is this run's
+    alone, and its overhead ratio holds only this run's trials); default ``records``."""
     m = space.model
     metric = m.objective.metric
     rows = aggregate(records, metric)
     ranked = rank(rows, metric)
     best = best_of(ranked)
     best_speedup = row_speedup(best, records, metric) if best is not None else None
-    in_trial = sum(r.get("trial_wall_s") or 0.0 for r in records)
+    in_trial = sum(r.get("trial_wall_s") or 0.0 for r in (records if session is None else session))
     verdict = None
     if best_speedup is not None and best_speedup < 1.0:
         verdict = (f"the chosen config measured {best_speedup:.2f}x the baseline (the plain PyTorch loop): "

@@ -277,8 +277,9 @@ def print_summary(summary: dict, out: Any = None) -> None:
     out = sys.stdout if out is None else out  # at call time: a replaced sys.stdout is honoured
     metric = summary["objective"]["metric"]
     base = summary["baseline"]
+    resumed = " (this run of the resumed search)" if (summary.get("policy") or {}).get("resumed") else ""
     print(f"\n{summary['name']}: {summary['trials']} trials, {summary['measurements']} measurements, "
-          f"{summary['search_wall_s']:.0f} s", file=out)
+          f"{summary['search_wall_s']:.0f} s{resumed}", file=out)
     header = f"{'#':>2}  {metric:>16}  {'spread':>7}  {'n':>2}  {'speedup':>7}  {'memory MB':>9}  config"
     print(header, file=out)
     base_v = base.get(metric)
