@@ -55,7 +55,7 @@ def profile_config(request: TrialRequest, out_dir: Path, steps: int = 6, hot_pat
     from tuner.loop import Trainer, synchronize
     from tuner.measure import measure
     from tuner.settings import MeasureSettings, RunPlan
-    from tuner.trial import resolve_config
+    from tuner.trial import resolve_config, workload_facts
 
     config, notes, workload, device = resolve_config(request)
     trainer = Trainer(workload, config, device, baseline=request.baseline, seed=request.seed)
@@ -84,7 +84,9 @@ def profile_config(request: TrialRequest, out_dir: Path, steps: int = 6, hot_pat
         "samples_per_sec": metrics.get("samples_per_sec"),
         "data_wait_fraction_unprofiled": metrics.get("data_wait_fraction"),
         "num_workers": config["num_workers"],
-        "measurement": {k: v for k, v in metrics.items() if k != "samples_per_sec_windows"},
+        # a record as a trial's: the diagnosis below reads the config and the workload's facts
+        "measurement": {**{k: v for k, v in metrics.items() if k != "samples_per_sec_windows"},
+                        "config": config, **workload_facts(workload, trainer)},
         "config": config, "notes": notes,
     })
     if hot_path:

@@ -163,8 +163,6 @@ def execute(request: TrialRequest, progress: Callable[[str], None] | None = None
     (Each rank of a multi-rank trial calls it too: ``tuner.distributed``.)"""
     import torch
 
-    from tuner import apply
-    from tuner.hardware import describe
     from tuner.hostload import TreeProbe
     from tuner.loop import Trainer
     from tuner.measure import measure
@@ -210,10 +208,19 @@ def execute(request: TrialRequest, progress: Callable[[str], None] | None = None
     if not metrics["loss_finite"]:
         status, reason = Status.INFEASIBLE, metrics.pop("reason")
     return {"status": status, "reason": reason, **metrics, "config": config, "notes": notes,
-            "nice": os.getpriority(os.PRIO_PROCESS, 0),
-            "has_groups": workload.groups is not None, "has_augment": workload.augment is not None,
+            "nice": os.getpriority(os.PRIO_PROCESS, 0), **workload_facts(workload, trainer),
+            "baseline": request.baseline, "device": str(device)}
+
+
+def workload_facts(workload: Any, trainer: Any) -> dict:
+    """What a record says of the workload and the machine beside its figures: which knobs
+    can apply to it (the diagnosis advises none that cannot) and the hardware."""
+    from tuner import apply
+    from tuner.hardware import describe
+
+    return {"has_groups": workload.groups is not None, "has_augment": workload.augment is not None,
             "map_style": trainer.sampler is not None, "has_conv2d": apply.has_conv2d(trainer.model),
-            "baseline": request.baseline, "device": str(device), "hardware": describe()}
+            "hardware": describe()}
 
 
 def _check_hot_path(request: TrialRequest, trainer: Any, config: dict, notes: list[str]) -> Record:
