@@ -76,6 +76,12 @@ def test_export_picks_and_headroom(folder, capsys):
     assert pick(res, "best")[0]["config"]["micro_batch_size"] == 64
     assert [r["config"]["micro_batch_size"] for r in pick(res, "pareto")] == [8, 16, 64]
     assert pick(res, "fastest-under-memory", 600)[0]["config"]["micro_batch_size"] == 16
+    # a screened config's first windows read faster in less memory: neither pick takes it
+    screened = {**_rec("search", {"micro_batch_size": 4}, 400.0, 200.0, n=4), "screened": True}
+    partial = open_results(folder)
+    partial.records.append(screened)
+    assert pick(partial, "fastest-under-memory", 600)[0]["config"]["micro_batch_size"] == 16
+    assert [r["config"]["micro_batch_size"] for r in pick(partial, "pareto")] == [8, 16, 64]
     assert main(["export", str(folder), "--format", "json"]) == 0
     captured = capsys.readouterr()
     payload = json.loads(captured.out)

@@ -36,6 +36,13 @@ def test_plan_resources_and_aggregation(tmp_path):
     assert ranked[0]["spread"] == pytest.approx(10 / 95)
     front = pareto_front(rows, "samples_per_sec")
     assert [r["key"] for r in front] == ["b"]  # b: as fast as a's median? no: 95 vs 95, less memory
+    # a screened figure (its first windows) or a disturbed one pushes no config measured in
+    # full off the front, and is not exported for a memory limit either
+    for mark in ("screened", "disturbed"):
+        partial = {"phase": "search", "key": "d", "config": {"x": 4}, "status": "ok", "samples_per_sec": 120.0,
+                   "peak_host_memory_mb": 5.0, mark: True}
+        rows = aggregate([*recs, partial], "samples_per_sec")
+        assert [r["key"] for r in pareto_front(rows, "samples_per_sec")] == ["b"], mark
 
 
 def test_disturbed_measurements_never_pick_the_winner():

@@ -580,9 +580,11 @@ def scaling_efficiency(rows: list[dict]) -> None:
 
 
 def pareto_front(rows: list[dict], metric: str) -> list[dict]:
-    """Feasible rows not dominated in (metric, memory)."""
+    """Feasible rows not dominated in (metric, memory), of those that may win: a screened
+    row's figure is its first windows', a disturbed one's was taken beside other load, and
+    either would push a config measured in full off the front."""
     better = (lambda a, b: a >= b) if OBJECTIVE_METRICS[metric] == "max" else (lambda a, b: a <= b)
-    feas = [r for r in rows if r["feasible"] and r.get("memory_mb") is not None]
+    feas = [r for r in rows if r["feasible"] and contender(r) and r.get("memory_mb") is not None]
     front = []
     for r in feas:
         dominated = any(

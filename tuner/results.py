@@ -22,6 +22,7 @@ from tuner.records import (
     aggregate,
     baseline_of,
     best_of,
+    contender,
     no_winner_reason,
     pareto_front,
     rank,
@@ -127,7 +128,8 @@ def pick(res: Results, how: str, memory_mb: float | None = None, device_model: s
     if how == "fastest-under-memory":
         if memory_mb is None or memory_mb <= 0:
             raise UserError("--pick fastest-under-memory needs a memory limit in MB > 0")
-        fitting = [r for r in ranked if r.get("memory_mb") is not None and r["memory_mb"] <= memory_mb]
+        fitting = [r for r in ranked if contender(r) and r.get("memory_mb") is not None
+                   and r["memory_mb"] <= memory_mb]
         if not fitting:
             smallest = min((r["memory_mb"] for r in ranked if r.get("memory_mb") is not None), default=None)
             raise UserError(f"--pick fastest-under-memory {memory_mb:g}: no feasible trial fits "
