@@ -99,11 +99,21 @@ def _user_folder(workdir: Path) -> None:
     (workdir / "data.bin").write_bytes(b"x" * 1024)
 
 
-def test_stage_ships_the_modules_the_workload_file_imports(tmp_path):
+def test_stage_ships_the_modules_the_workload_file_imports(tmp_path, monkeypatch):
+    """From the user's own folder, as a user submits: modules whose ``__file__`` is a bare
+    name that is no file (torch's ``torch.classes`` says ``_classes.py``) read as files of
+    that folder, and staging failed copying them."""
+    import sys
+    import types
+
     from tuner import cluster, spec
 
     workdir = tmp_path / "user"
     _user_folder(workdir)
+    monkeypatch.chdir(workdir)
+    fake = types.ModuleType("tuner_test_namespace")
+    fake.__file__ = "_namespace.py"  # as torch.classes and torch.ops say
+    monkeypatch.setitem(sys.modules, fake.__name__, fake)
     (workdir / "space.yaml").write_text("name: staged\nworkload: my_workload.py:sleepy\n"
                                         "knobs: {micro_batch_size: [4]}\n")
     space = spec.load(workdir / "space.yaml")

@@ -68,7 +68,9 @@ def imported_from(folder: Path) -> list[Path]:
         if not file or not file.endswith(".py"):
             continue
         path = Path(file).resolve()
-        if path.is_relative_to(folder) and not any(path.is_relative_to(s) for s in skip):
+        # is_file: a namespace module's __file__ may be a bare name that is no file (torch.classes
+        # says "_classes.py"), which resolves into the folder the search is submitted from
+        if path.is_relative_to(folder) and path.is_file() and not any(path.is_relative_to(s) for s in skip):
             found.add(path)
     return sorted(found)
 
