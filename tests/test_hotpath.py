@@ -122,3 +122,19 @@ def test_a_search_prints_the_picks_findings_and_those_only_the_baseline_has():
     assert sum("m.py:3" in ln for ln in lines) == 1 and any("m.py:9" in ln for ln in lines)
     assert search_hot_path_lines({"error": "the time budget was spent"}) == \
         ["hot path: not checked (the time budget was spent)"]
+
+
+def test_a_library_file_is_named_by_its_package_not_its_folder():
+    """site-packages lies inside the standard library's folder: a file there is named by its
+    package (``yaml``), never as "site-packages", whichever order the folders came in (a
+    Ray job's process read "site-packages: bool(tensor)" where a local run read
+    "transformers: ...")."""
+    import os
+
+    import yaml
+
+    from tuner.hotpath import LIBRARY_DIRS, _owner
+
+    for i, outer in enumerate(LIBRARY_DIRS):
+        assert not any(inner.startswith(outer + os.sep) for inner in LIBRARY_DIRS[i + 1:]), LIBRARY_DIRS
+    assert _owner(yaml.__file__) == "yaml"

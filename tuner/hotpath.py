@@ -47,9 +47,12 @@ from torch.overrides import TorchFunctionMode
 
 TUNER_DIR = Path(__file__).resolve().parent
 TORCH_DIR = Path(torch.__file__).resolve().parent
-LIBRARY_DIRS = tuple({str(Path(p).resolve()) for p in (sysconfig.get_paths()["purelib"],
-                                                        sysconfig.get_paths()["platlib"],
-                                                        sysconfig.get_paths()["stdlib"])})
+# The longest first: site-packages lies inside the standard library's folder, and a file
+# there is named by its package, not as "site-packages" (a set's order varies per process)
+LIBRARY_DIRS = tuple(sorted({str(Path(p).resolve()) for p in (sysconfig.get_paths()["purelib"],
+                                                               sysconfig.get_paths()["platlib"],
+                                                               sysconfig.get_paths()["stdlib"])},
+                            key=len, reverse=True))
 
 # What to do instead, one line per kind (the guides' advice).
 FIX = {
