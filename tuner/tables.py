@@ -324,7 +324,7 @@ def print_summary(summary: dict, out: Any = None) -> None:
               f" = {summary['overhead_ratio']:.2f}", file=out)
 
 
-def drift_line(drift: dict | None, metric: str, floor: float = 0.05) -> str | None:
+def drift_line(drift: dict | None, metric: str, floor: float = 0.10) -> str | None:
     """A line where the baseline's figure moved between the search and the confirm rounds
     (``records.baseline_drift``): beyond every figure of the rounds, and by more than
     ``floor`` from their median. Within their range it is the rounds' own noise, not a
