@@ -179,6 +179,13 @@ def test_probe_stops_where_an_epoch_would_hold_too_few_steps(tmp_path):
                        fit=fit, lines=[], trials=4, cap_note="")
     assert f"fewer than {STEPS_PER_EPOCH} steps in an epoch of 2048 samples" in text
     assert max(spec.load(tmp_path / "s.yaml").model.knobs["micro_batch_size"]) == bound
+    # an iterable dataset without len(): no epoch bounds the probe, and the file says how to give one
+    fit = probe_batch(lambda b: {"status": "ok", "peak_host_memory_mb": 1.0, "step_time_ms": 1.0, "epoch_size": None},
+                      device="cpu", max_memory_mb=None, max_step_s=1.0, upper=256)
+    assert fit.largest == 256
+    text = write_space(tmp_path / "i.yaml", name="i", workload="conv", workload_args={}, device="cpu",
+                       fit=fit, lines=[], trials=4, cap_note="")
+    assert "upper bound (the dataset's length is unknown: Workload(epoch_size=...)" in text
 
 
 def test_a_batch_too_small_for_the_model_is_passed_over_and_an_oom_is_not(tmp_path):

@@ -202,6 +202,9 @@ def write_space(path: Path, *, name: str, workload: str, workload_args: dict, de
         stop = f"; {too_big.batch} did not ({too_big.why})"
     elif fit.bound is not None and fit.largest >= fit.bound:
         stop = f"; a larger one leaves fewer than {STEPS_PER_EPOCH} steps in an epoch of {fit.epoch_size} samples"
+    elif fit.epoch_size is None:  # an iterable dataset without len(): nothing bounded the batch by its epoch
+        stop = (f"; the probe stopped at its upper bound (the dataset's length is unknown: Workload(epoch_size=...) "
+                f"keeps {STEPS_PER_EPOCH} steps in an epoch)")
     else:
         stop = "; the probe stopped at its upper bound"
     smallest = fit.smallest or 1
