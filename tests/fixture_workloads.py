@@ -59,6 +59,29 @@ def stream(size: int = 64, dim: int = 8) -> Workload:
                     epoch_size=size)
 
 
+class Reopened(Stream):
+    """A stream that costs ``open_s`` to open at each epoch (a file, a list of shards)."""
+
+    def __init__(self, size: int, open_s: float):
+        super().__init__(size)
+        self.open_s = open_s
+
+    def __iter__(self):
+        time.sleep(self.open_s)
+        yield from super().__iter__()
+
+
+def reopened_stream(size: int = 32, open_s: float = 0.1, step_s: float = 0.02) -> Workload:
+    """An iterable dataset without ``len`` or ``epoch_size``, whose epochs end every few
+    steps and cost ``open_s`` each to start; each step sleeps ``step_s``."""
+
+    def loss(model, batch):
+        time.sleep(step_s)
+        return _mse(model, batch)
+
+    return Workload(model=lambda: nn.Linear(8, 1), dataset=lambda: Reopened(size, open_s), loss=loss)
+
+
 def sleepy(step_s: float = 0.02, size: int = 256) -> Workload:
     """Each micro-batch takes step_s seconds (a sleep in the loss): a known true rate."""
 

@@ -95,6 +95,21 @@ def test_epochs_shorter_than_a_window_keep_the_window_to_window_s_of_wall_time()
     assert r["samples_per_sec"] < 0.5 * r["steady_samples_per_sec"]
 
 
+@pytest.mark.slow
+def test_an_iterable_dataset_s_epoch_boundaries_are_in_its_figure():
+    """An iterable dataset has no length and gave no epoch_size, but its epochs ended every
+    8 steps, each start costing 0.1 s (5 steps' time): the epoch is taken as it ran, and
+    the figure holds its boundaries, as a user's training pays them. (It read the steady
+    rate, every boundary left out: an exported script ran at 0.75 of the figure.)"""
+    r = _run("reopened_stream", {"size": 32, "open_s": 0.1, "step_s": 0.02}, {"micro_batch_size": 4})
+    assert r["status"] == "ok", r.get("reason")
+    assert r["epoch_size"] == 32 and r["epoch_starts_measured"] >= 1
+    steady = r["steady_samples_per_sec"]
+    expected = 32 / (32 / steady + 0.1)  # 8 steady steps and one opening per epoch
+    assert 0.85 * expected <= r["samples_per_sec"] <= 1.1 * expected, (r["samples_per_sec"], expected)
+    assert r["samples_per_sec"] < 0.8 * steady
+
+
 def _plain_epochs(name: str, args: dict, config: dict, epochs: int = 2) -> float:
     """The user's own loop over whole epochs of fixture workload ``name`` (after 4
     untimed steps, or an untimed epoch with persistent workers), in a fresh process as the user's script runs: samples/sec. Not in pytest's

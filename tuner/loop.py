@@ -187,6 +187,10 @@ class Trainer:
         # non-persistent workers down) to the first batch of the next one (workers
         # respawned, datasets reopened, the prefetch pipeline refilled).
         self.epoch_start_s: list[float] = []
+        # Micro-batches of each epoch that ended: an iterable dataset's epoch is as long as
+        # it runs, which only its end tells.
+        self.epoch_micro_batches: list[int] = []
+        self._in_epoch = 0
         self.micro_batches = 0
         self.loss_sum = torch.zeros((), device=device)
         self.last_loss: float | None = None
@@ -243,6 +247,8 @@ class Trainer:
         s0 = perf_counter()
         synchronize(self.device)
         sync_s = perf_counter() - s0
+        self.epoch_micro_batches.append(self._in_epoch)
+        self._in_epoch = 0
         self._it = iter(self.loader)
         try:
             batch = next(self._it)
@@ -264,6 +270,7 @@ class Trainer:
         ``on_first_batch``: called once the first batch has come (the first step's wait
         for data is over; its compute, compile included, follows)."""
         self._it = iter(self.loader)
+        self._in_epoch = 0
         if on_first_batch is not None:
             self._it = _FirstBatch(self, self._it, on_first_batch)
 
@@ -277,6 +284,7 @@ class Trainer:
                 batch, sync_s = self._new_epoch(t0)
                 t0 += sync_s
             self.data_wait_s += perf_counter() - t0
+            self._in_epoch += 1
             # The batch and the loss live until the step returns, as in a framework's
             # training step (Hugging Face's, Lightning's) and the exported script's step():
             # when they are freed decides how glibc's malloc trims and re-faults the heap

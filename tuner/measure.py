@@ -472,7 +472,7 @@ def _figures(trainer: Trainer, plan: RunPlan, t: Timed, warm: WarmUp, startup_s:
         overhead_from = "pauses"
     steady = 1 / per_sample
     step_s = step_samples / steady
-    epoch_size = plan.epoch_size or _dataset_len(trainer) or trainer.workload.epoch_size
+    epoch_size = plan.epoch_size or _dataset_len(trainer) or trainer.workload.epoch_size or _seen_epoch(trainer)
     if epoch_size is not None:
         steps_per_epoch = max(1, epoch_size // step_samples)
         epoch_s = steps_per_epoch * step_s + (epoch_overhead_s or 0.0)
@@ -576,6 +576,15 @@ def _dataset_len(trainer: Trainer) -> int | None:
         return len(trainer.dataset)
     except TypeError:
         return None
+
+
+def _seen_epoch(trainer: Trainer) -> int | None:
+    """An iterable dataset's epoch in samples, as its epochs ran out during the measurement
+    (the median); None where none did. Without it the figure would leave out every epoch
+    boundary of a dataset whose epochs end every few steps."""
+    if trainer.sampler is not None or not trainer.epoch_micro_batches:
+        return None
+    return int(statistics.median(trainer.epoch_micro_batches)) * trainer.config["micro_batch_size"] * trainer.world
 
 
 def _nonfinite(trainer: Trainer, warmup_s: float) -> dict:
