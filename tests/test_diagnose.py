@@ -130,3 +130,14 @@ def test_a_compiled_config_that_recompiled_in_its_windows_says_so():
            "config": {"compile": "default"}, "recompiles_in_windows": 3}
     assert any("traced 3 new graph(s) inside the timed windows" in f for f in diagnose(rec).flags)
     assert not any("traced" in f for f in diagnose({**rec, "recompiles_in_windows": 0}).flags)
+
+
+def test_a_data_wait_just_under_the_input_bound_mark_is_not_called_small():
+    """Compute-bound below a 25% data wait: a 21% wait is said as under that mark, not as
+    "only 21%", which read as no wait to speak of; a 3% wait is "only"."""
+    hw = {"cpu_count": 2}
+    near = diagnose({"status": "ok", "samples_per_sec": 1.0, "data_wait_fraction": 0.21, "hardware": hw})
+    assert near.verdict == "compute-bound" and "only" not in near.evidence
+    assert "21%, under the 25% that makes it input-bound" in near.evidence
+    small = diagnose({"status": "ok", "samples_per_sec": 1.0, "data_wait_fraction": 0.03, "hardware": hw})
+    assert small.evidence == "data wait only 3%"

@@ -159,7 +159,10 @@ def diagnose(record: dict, max_memory_mb: float | None = None) -> Diagnosis:
         recs.append(f"a larger micro_batch_size gives the GPU more work per launch ({evidence})")
     else:
         verdict = "compute-bound"
-        evidence = f"data wait only {wait:.0%}" + (f", GPU busy {util:.0f}%" if util is not None else "")
+        # "only" where the wait is small; a wait just under the input-bound mark is said as such
+        evidence = (f"data wait only {wait:.0%}" if wait < INPUT_BOUND / 2 else
+                    f"data wait {wait:.0%}, under the {INPUT_BOUND:.0%} that makes it input-bound") \
+            + (f", GPU busy {util:.0f}%" if util is not None else "")
         if c["precision"] == "fp32":
             advise(f"precision=bf16 ({evidence}; {GUIDES['compute']})", precision="bf16")
         if c["compile"] == "off":
