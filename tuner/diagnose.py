@@ -66,7 +66,7 @@ class Diagnosis:
                       for r in having]
             twin = next((r for r, apart in zip(having, others, strict=True) if not apart), None)
             sign = -1 if OBJECTIVE_METRICS.get(metric) == "min" else 1
-            # each figure over the baseline's beside it (``records.row_speedup``) where rows
+            # each figure over the baseline's beside it (``records.with_speedups``) where rows
             # carry it: figures taken as the machine drifted compare as they were measured
             paired = bool(best.get("speedup")) and all(r.get("speedup") for r in having)
             standing = [r["speedup"] if paired else sign * r[metric] for r in having]

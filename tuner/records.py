@@ -499,12 +499,17 @@ def _quiet_baselines(records: list[Record], metric: str) -> list[Record]:
     return [r for r in measured if not r.get("disturbed")] or measured
 
 
-def baseline_at(records: list[Record], metric: str, when: float) -> float | None:
+def _baseline_points(records: list[Record], metric: str) -> list[tuple[float, float]]:
+    """The baseline's quiet measurements as (time, figure), in time order."""
+    return sorted((t, r[metric]) for r in _quiet_baselines(records, metric) if (t := _mid_time(r)) is not None)
+
+
+def baseline_at(records: list[Record], metric: str, when: float,
+                points: list[tuple[float, float]] | None = None) -> float | None:
     """The baseline's figure at time ``when``: interpolated between its measurements just
     before and just after (the first before the search, the others in the confirm rounds),
-    the nearest one's beyond them."""
-    points = sorted((t, r[metric]) for r in _quiet_baselines(records, metric)
-                    if (t := _mid_time(r)) is not None)
+    the nearest one's beyond them. ``points``: ``_baseline_points``, where already known."""
+    points = _baseline_points(records, metric) if points is None else points
     if not points:
         return None
     before = [p for p in points if p[0] <= when]
@@ -515,20 +520,27 @@ def baseline_at(records: list[Record], metric: str, when: float) -> float | None
     return v0 + (v1 - v0) * (when - t0) / (t1 - t0)
 
 
-def row_speedup(row: dict, records: list[Record], metric: str) -> float | None:
-    """A row's speed-up over the baseline, against the baseline's figure taken as the row's
-    was. A row with confirm rounds: the baseline's confirm rounds, measured interleaved with
-    it. A row measured only in the search: the baseline at the time it was measured
-    (``baseline_at``). A machine that drifts during a search (a VM's neighbours, a warming
-    CPU) then moves both figures alike, and a config that is the baseline in all but name
-    reads 1.00x, not the drift."""
+def with_speedups(rows: list[dict], records: list[Record], metric: str) -> list[dict]:
+    """Each row's ``speedup`` over the baseline, against the baseline's figure taken as the
+    row's was. A row with confirm rounds: the baseline's confirm rounds, measured
+    interleaved with it. A row measured only in the search: the baseline at the time it was
+    measured (``baseline_at``). A machine that drifts during a search (a VM's neighbours, a
+    warming CPU) then moves both figures alike, and a config that is the baseline in all
+    but name reads 1.00x, not the drift. Returns ``rows``."""
     base = baseline_of(records, metric)
-    if not base or base.get("status") != "ok":
-        return None
-    ref = base.get(metric)
-    if not row.get("confirm_measurements") and row.get("measured_at") is not None:
-        ref = baseline_at(records, metric, row["measured_at"]) or ref
-    return speedup(row.get(metric), ref, metric)
+    ok = bool(base) and base.get("status") == "ok"
+    points = _baseline_points(records, metric) if ok else []
+    for row in rows:
+        ref = base.get(metric) if ok else None
+        if ok and not row.get("confirm_measurements") and row.get("measured_at") is not None:
+            ref = baseline_at(records, metric, row["measured_at"], points) or ref
+        row["speedup"] = speedup(row.get(metric), ref, metric) if ok else None
+    return rows
+
+
+def row_speedup(row: dict, records: list[Record], metric: str) -> float | None:
+    """One row's speed-up (``with_speedups``), the row left as it is."""
+    return with_speedups([dict(row)], records, metric)[0]["speedup"]
 
 
 def baseline_drift(records: list[Record], metric: str) -> dict | None:

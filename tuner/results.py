@@ -29,6 +29,7 @@ from tuner.records import (
     read_json,
     read_trials,
     row_speedup,
+    with_speedups,
 )
 
 
@@ -50,10 +51,7 @@ class Results:
 
     def rows(self) -> list[dict]:
         """One row per config (``records.aggregate``), each with its speed-up over the baseline."""
-        rows = aggregate(self.records, self.metric)
-        for r in rows:
-            r["speedup"] = row_speedup(r, self.records, self.metric)
-        return rows
+        return with_speedups(aggregate(self.records, self.metric), self.records, self.metric)
 
     def ranked(self) -> list[dict]:
         """Feasible configs best first, by the median of each config's measurements (of its
@@ -70,7 +68,7 @@ class Results:
         return no_winner_reason(self.records, self.metric, str(self.path))
 
     def speedup(self, row: dict) -> float | None:
-        return row_speedup(row, self.records, self.metric)
+        return row["speedup"] if "speedup" in row else row_speedup(row, self.records, self.metric)
 
 
 def open_results(path: str | Path) -> Results:

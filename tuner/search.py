@@ -47,8 +47,8 @@ from tuner.records import (
     no_winner_reason,
     pareto_front,
     rank,
-    row_speedup,
     winner_first,
+    with_speedups,
     writer_lock,
 )
 from tuner.remote import TrialJob
@@ -293,10 +293,10 @@ def summarize(space: spec.Space, records: list[dict], baseline: dict, *, describ
     alone, and its overhead ratio holds only this run's trials); default ``records``."""
     m = space.model
     metric = m.objective.metric
-    rows = aggregate(records, metric)
+    rows = with_speedups(aggregate(records, metric), records, metric)
     ranked = rank(rows, metric)
     best = best_of(ranked)
-    best_speedup = row_speedup(best, records, metric) if best is not None else None
+    best_speedup = best["speedup"] if best is not None else None
     in_trial = sum(r.get("trial_wall_s") or 0.0 for r in (records if session is None else session))
     verdict = None
     if best_speedup is not None and best_speedup < 1.0:
@@ -308,7 +308,7 @@ def summarize(space: spec.Space, records: list[dict], baseline: dict, *, describ
         "verdict": verdict,
         "disturbed_measurements": disturbed,
         "objective": m.objective.model_dump(),
-        "best": _public(best, records, metric) if ranked else None,
+        "best": _public(best) if ranked else None,
         "no_winner": None if best is not None else no_winner_reason(records, metric, str(out_folder)),
         "baseline": {k: baseline.get(k) for k in ("config", "status", "reason", "samples_per_sec",
                                                      "samples_per_sec_spread", "projected_run_s",
@@ -316,8 +316,8 @@ def summarize(space: spec.Space, records: list[dict], baseline: dict, *, describ
                                                      "measurements", "disturbed")},
         "speedup_vs_baseline": best_speedup,
         "baseline_drift": baseline_drift(records, metric),
-        "top": [_public(r, records, metric) for r in winner_first(ranked, best)[:5]],
-        "pareto": [_public(r, records, metric) for r in pareto_front(rows, metric)] if m.objective.memory else None,
+        "top": [_public(r) for r in winner_first(ranked, best)[:5]],
+        "pareto": [_public(r) for r in pareto_front(rows, metric)] if m.objective.memory else None,
         "infeasible": [{"config": r["config"], "reason": r["reason"]} for r in rows
                        if not r["feasible"] and not r.get("held")],
         "held": [{"config": r["config"], "reason": r["reason"]} for r in rows if r.get("held")],
@@ -336,13 +336,13 @@ def summarize(space: spec.Space, records: list[dict], baseline: dict, *, describ
     if ranked:
         by_model: dict[str, dict] = {}
         for r in ranked:
-            by_model.setdefault(r["device_model"], _public(r, records, metric))
+            by_model.setdefault(r["device_model"], _public(r))
         summary["best_per_device_model"] = by_model
     return summary
 
 
-def _public(row: dict | None, records: list[dict], metric: str) -> dict | None:
-    """A row as summary.json holds it, with its speed-up (``records.row_speedup``)."""
+def _public(row: dict | None) -> dict | None:
+    """A row as summary.json holds it (with its speed-up: ``records.with_speedups``)."""
     if row is None:
         return None
-    return {**{k: v for k, v in row.items() if k not in ("key",)}, "speedup": row_speedup(row, records, metric)}
+    return {k: v for k, v in row.items() if k not in ("key",)}
