@@ -59,6 +59,21 @@ def stream(size: int = 64, dim: int = 8) -> Workload:
                     epoch_size=size)
 
 
+class Unsplit(Stream):
+    """A stream every DataLoader worker yields whole: it ignores get_worker_info()."""
+
+    def __iter__(self):
+        for i in range(self.size):
+            x = torch.full((self.dim,), float(i % 7))
+            yield x, x.sum(0, keepdim=True)
+
+
+def unsplit_stream(size: int = 64, dim: int = 8) -> Workload:
+    """``stream`` that forgot to split itself among the workers: with two, every item
+    comes twice an epoch."""
+    return Workload(model=lambda: nn.Linear(dim, 1), dataset=lambda: Unsplit(size, dim), loss=_mse)
+
+
 class Reopened(Stream):
     """A stream that costs ``open_s`` to open at each epoch (a file, a list of shards)."""
 

@@ -158,3 +158,21 @@ def test_augment_runs_in_the_workers_collate_or_on_the_device():
         for _ in range(3):
             t.step()
         assert t.loss_finite()
+
+
+class Constant(IterableDataset):
+    """Every worker yields the same item over and over: nothing tells whether it splits."""
+
+    def __iter__(self):
+        return iter([torch.ones(3)] * 16)
+
+
+def test_an_iterable_dataset_that_every_worker_reads_whole_is_told_apart():
+    from tests.fixture_workloads import Numbers, Stream, Unsplit
+    from tuner.data import workers_repeat
+
+    assert workers_repeat(Unsplit(32))
+    assert not workers_repeat(Stream(32))  # split by get_worker_info()
+    assert not workers_repeat(Constant())  # no verdict: one item over and over
+    assert not workers_repeat(Numbers(32))  # map-style: the sampler splits it
+    assert not workers_repeat(Unsplit(1))  # too short to tell: one item per worker

@@ -110,6 +110,20 @@ def test_an_iterable_dataset_s_epoch_boundaries_are_in_its_figure():
     assert r["samples_per_sec"] < 0.8 * steady
 
 
+def test_a_config_whose_workers_each_yield_the_whole_stream_is_refused_naming_the_knob():
+    """An iterable dataset that does not split its stream by get_worker_info() trains each
+    item once per worker: the trial says so in one line, naming num_workers, instead of a
+    figure of a training the user would not run. One worker, or a stream that splits
+    itself, measures."""
+    r = _run("unsplit_stream", {"size": 64}, {"micro_batch_size": 4, "num_workers": 2})
+    assert r["status"] == "infeasible" and r["error_kind"] == "invalid", r
+    assert r["reason"].startswith("invalid config: knob 'num_workers=2': every DataLoader worker yields the whole")
+    assert "2 times an epoch" in r["reason"] and "\n" not in r["reason"]
+    assert _run("unsplit_stream", {"size": 64}, {"micro_batch_size": 4, "num_workers": 1})["status"] == "ok"
+    split = _run("stream", {"size": 64}, {"micro_batch_size": 4, "num_workers": 2})
+    assert split["status"] == "ok", split.get("reason")
+
+
 def _plain_epochs(name: str, args: dict, config: dict, epochs: int = 2) -> float:
     """The user's own loop over whole epochs of fixture workload ``name`` (after 4
     untimed steps, or an untimed epoch with persistent workers), in a fresh process as the user's script runs: samples/sec. Not in pytest's

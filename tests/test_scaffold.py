@@ -138,6 +138,22 @@ def test_init_keeps_the_workload_s_own_output_out_of_its_probe_lines(tmp_path):
     log.unlink()
 
 
+def test_init_holds_workers_to_one_where_each_would_yield_the_whole_stream(tmp_path):
+    """An iterable dataset that does not split itself among the DataLoader's workers: the
+    space searches 0 or 1 worker, and init says why; a stream that splits gets the cores."""
+    out = tmp_path / "space.yaml"
+    run = subprocess.run([sys.executable, "-m", "tuner", "init", ref("unsplit_stream"), "--workload-args",
+                          "{size: 256}", "--device", "cpu", "-o", str(out)], capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stderr
+    assert "num_workers held to [0, 1]: every DataLoader worker yields the whole iterable dataset" in run.stdout + run.stderr
+    assert spec.load(out).model.knobs["num_workers"] == [0, 1]
+    line = next(x for x in out.read_text().splitlines() if x.lstrip().startswith("num_workers"))
+    assert "get_worker_info()" in line
+    many = dict((k, v) for k, v, _ in knob_lines("cpu", 16, bf16=True, conv=False, compiler=True))
+    assert many["num_workers"] == [0, 1, 2, 4, 8, 16]
+
+
 def test_init_refuses_to_overwrite(tmp_path):
     out = tmp_path / "space.yaml"
     out.write_text("keep me")

@@ -43,7 +43,8 @@ def _leaf(v: Any) -> torch.Tensor:
                        f"numpy arrays and numbers")
 
 
-def _equal(a: Any, b: Any) -> bool:
+def same_items(a: Any, b: Any) -> bool:
+    """Whether two items (or batches) hold the same structure and the same values."""
     la, sa = pytree.tree_flatten(a)
     lb, sb = pytree.tree_flatten(b)
     if sa != sb or len(la) != len(lb):
@@ -68,10 +69,36 @@ def check_cacheable(dataset: Any, sample: int = 8) -> None:
     if n == 0:
         raise CacheRefused("dataset_cache: the dataset is empty")
     for i in sorted({int(k * (n - 1) / max(1, sample - 1)) for k in range(min(sample, n))}):
-        if not _equal(dataset[i], dataset[i]):
+        if not same_items(dataset[i], dataset[i]):
             raise CacheRefused(f"dataset_cache: item {i} differs between two reads (a random transform in "
                                f"__getitem__?), so a cache would replay one draw every epoch; move the random "
                                f"part to Workload(augment=...), which runs per batch after the cache")
+
+
+def repeats_per_worker(first: Any, other_worker: Any, first_worker_next: Any) -> bool:
+    """Whether an iterable dataset yields its whole stream in every DataLoader worker
+    (it does not split it by ``torch.utils.data.get_worker_info()``): the first items of
+    two workers are the same while one worker's first two differ. A stream of identical
+    items tells nothing and reads as split."""
+    return same_items(first, other_worker) and not same_items(first, first_worker_next)
+
+
+def workers_repeat(dataset: Any) -> bool:
+    """Read an iterable dataset's first items through two DataLoader workers and tell
+    whether each worker yields the whole stream (``repeats_per_worker``): with it, every
+    worker added trains each item once more per epoch. False for a map-style dataset (the
+    loader's sampler splits it) and for a stream too short to tell."""
+    if not isinstance(dataset, IterableDataset):
+        return False
+    # items in the loader's order: worker 0's first, worker 1's first, worker 0's second
+    it = iter(DataLoader(dataset, batch_size=None, num_workers=2, collate_fn=_identity))
+    try:
+        items = [next(it) for _ in range(3)]
+    except StopIteration:
+        return False
+    finally:
+        del it  # its workers end here
+    return repeats_per_worker(*items)
 
 
 def item_bytes(item: Any) -> int:

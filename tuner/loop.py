@@ -271,6 +271,9 @@ class Trainer:
         for data is over; its compute, compile included, follows)."""
         self._it = iter(self.loader)
         self._in_epoch = 0
+        workers = self.config["num_workers"]
+        if isinstance(self.dataset, IterableDataset) and workers >= 2:
+            self._it = _WorkerRepeatCheck(self, self._it, workers)
         if on_first_batch is not None:
             self._it = _FirstBatch(self, self._it, on_first_batch)
 
@@ -381,6 +384,45 @@ def _call(fn: Any, what: str) -> Any:
         raise
     except Exception as exc:
         raise WorkloadError(f"workload {what} raised {type(exc).__name__}: {exc}") from exc
+
+
+class _WorkerRepeatCheck:
+    """The first epoch's iterator of an iterable dataset read by ``workers`` >= 2, until it
+    tells whether every worker yields the whole stream (as ``tuner.data.repeats_per_worker``:
+    batches 0 and 1, the first of workers 0 and 1 in the loader's round-robin order, are
+    the same, and batch ``workers``, worker 0's second, differs): the config would then train each item
+    ``workers`` times an epoch, and its figure would not be the user's training. Then the
+    trainer gets the plain iterator back."""
+
+    def __init__(self, trainer: Trainer, inner: Any, workers: int):
+        self.trainer, self.inner, self.workers = trainer, inner, workers
+        self.seen = 0
+        self.first: Any = None
+
+    def __next__(self) -> Any:
+        from torch.utils import _pytree as pytree
+
+        from tuner.data import same_items
+
+        batch = next(self.inner)
+        j, self.seen = self.seen, self.seen + 1
+        if j == 0:  # a copy: the step may change its batch in place
+            self.first = pytree.tree_map(lambda v: v.clone() if isinstance(v, torch.Tensor) else v, batch)
+        elif j == 1 and not same_items(self.first, batch):
+            self._done()
+        elif j == self.workers:
+            if not same_items(self.first, batch):  # workers 0 and 1 began alike, and the stream moves on
+                raise UserError(f"knob 'num_workers={self.workers}': every DataLoader worker yields the whole "
+                                f"iterable dataset (it does not split its stream by "
+                                f"torch.utils.data.get_worker_info()), so each item would be trained "
+                                f"{self.workers} times an epoch; split it per worker, or keep num_workers to 0 or 1")
+            self._done()
+        return batch
+
+    def _done(self) -> None:
+        self.first = None
+        if self.trainer._it is self:
+            self.trainer._it = self.inner
 
 
 class _FirstBatch:

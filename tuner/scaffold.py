@@ -58,6 +58,7 @@ class Fit:
     probes: list[Probe] = field(default_factory=list)
     epoch_size: int | None = None  # the samples an epoch holds, where a probe reported them
     bound: int | None = None  # the largest batch that leaves STEPS_PER_EPOCH steps per epoch
+    map_style: bool | None = None  # whether the loader sampled the dataset by index, where a probe ran
 
     @property
     def smallest(self) -> int | None:
@@ -85,6 +86,8 @@ def probe_batch(measure_one: Callable[[int], dict], *, device: str, max_memory_m
             bound = max(1, fit.epoch_size // STEPS_PER_EPOCH)
             fit.bound = bound - bound % 8 if bound >= 8 else bound  # a multiple of 8: the shapes kernels favour
             upper = min(upper, fit.bound)
+        if r.get("status") == "ok" and fit.map_style is None and "map_style" in r:
+            fit.map_style = bool(r["map_style"])
         peak = r.get("peak_device_memory_mb") if device == "cuda" else r.get("peak_host_memory_mb")
         step_ms = r.get("step_time_ms")
         if r.get("status") != "ok":
@@ -144,12 +147,14 @@ def batch_values(largest: int, smallest: int = 1) -> list[int]:
 
 
 def knob_lines(device: str, cores: int, bf16: bool, conv: bool, compiler: bool,
-               fused: bool = True, gpus: int = 1) -> list[tuple[str, object, str]]:
+               fused: bool = True, gpus: int = 1, workers_repeat: bool = False) -> list[tuple[str, object, str]]:
     """(knob, values, why) for this hardware, micro_batch_size excluded. GPU knobs only on
     a GPU; bf16 on a GPU only where it is supported; the fused optimizer where the
     workload's optimizer has a fused step (``fused``). With several GPUs the DataLoader
     workers go up to a GPU's share of the cores: a search runs a trial per GPU at once,
-    and a data-parallel run gives each rank that share."""
+    and a data-parallel run gives each rank that share. ``workers_repeat``: the dataset
+    is an iterable one that every worker reads whole (``tuner.data.workers_repeat``), so
+    at most one worker."""
     lines: list[tuple[str, object, str]] = []
     if device == "cuda":
         precisions = ["fp32"] + (["bf16"] if bf16 else []) + ["fp16"]
@@ -163,9 +168,13 @@ def knob_lines(device: str, cores: int, bf16: bool, conv: bool, compiler: bool,
     # with the step, and on several recorded 2-core landscapes (benchmarks/landscapes/)
     # as many workers as cores was the fastest split.
     workers = [0] + [w for w in (1, 2, 4, 8, 16) if w <= share]
-    lines.append(("num_workers", workers, f"up to the {cores} cores a trial can have" if share == cores else
-                  f"up to a GPU's share of the cores ({cores} over {gpus} GPUs: a trial per GPU at once, as a "
-                  f"data-parallel run's ranks)"))
+    if workers_repeat:
+        lines.append(("num_workers", [0, 1], "every worker yields the whole iterable dataset (it does not split "
+                      "its stream by get_worker_info()): more workers would train each item once more apiece"))
+    else:
+        lines.append(("num_workers", workers, f"up to the {cores} cores a trial can have" if share == cores else
+                      f"up to a GPU's share of the cores ({cores} over {gpus} GPUs: a trial per GPU at once, as a "
+                      f"data-parallel run's ranks)"))
     lines.append(("persistent_workers", [False, True], "only with num_workers > 0: no respawn per epoch"))
     if device == "cuda":
         lines += [("pin_memory", [False, True], "a GPU: page-locked buffers for the copies"),
@@ -291,8 +300,16 @@ def init_space(workload: str, workload_args: dict, out: Path, *, device: str = "
     unfused = apply.fused_optimizer_of(wl.make_optimizer(model.to(device).parameters()))
     if unfused:
         say(f"fused_optimizer left out: {unfused}")
+    repeat = False
+    if fit.map_style is False:  # only an iterable dataset can repeat in every worker
+        from tuner.data import workers_repeat
+
+        repeat = workers_repeat(wl.dataset())
+        if repeat:
+            say("num_workers held to [0, 1]: every DataLoader worker yields the whole iterable dataset; split "
+                "its stream by torch.utils.data.get_worker_info() to search more workers")
     lines = knob_lines(device, cores, bf16, apply.has_conv2d(model), shutil.which("cc") is not None
                        or shutil.which("gcc") is not None, fused=unfused is None,
-                       gpus=torch.cuda.device_count() if device == "cuda" else 1)
+                       gpus=torch.cuda.device_count() if device == "cuda" else 1, workers_repeat=repeat)
     return write_space(out, name=stem, workload=seen_from(workload, out), workload_args=workload_args, device=device,
                        fit=fit, lines=lines, trials=trials, cap_note=cap_note)
