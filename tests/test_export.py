@@ -176,3 +176,31 @@ def test_the_input_pipelines_knobs_reach_the_snippets(tmp_path):
     for fmt in ("hf", "lightning"):
         text = _snippet(tmp_path / fmt, fmt, config)
         assert "tuner.data.cached(train_dataset, workers=2)" in text and "augment_on=device" in text, text
+
+
+def test_the_yaml_export_says_where_each_knob_goes_in_a_loop_of_one_s_own(tmp_path, capsys):
+    """Every knob the config sets has a line of plain PyTorch in ``in_your_loop``, and the
+    DataLoader line is code that builds the loader: malloc_retain, set in the
+    environment, was in no export but the script and the framework snippets."""
+    import yaml
+
+    from tuner import knobs
+
+    config = {"precision": "bf16", "micro_batch_size": 16, "num_workers": 2, "persistent_workers": True,
+              "channels_last": True, "fused_optimizer": True, "torch_threads": 1, "malloc_retain": True,
+              "compile": "max-autotune-no-cudagraphs", "grad_accum_steps": 2}
+    folder = _results(tmp_path, "conv", {}, config)
+    assert main(["export", str(folder), "-o", str(tmp_path / "best.yaml")]) == 0
+    lines = yaml.safe_load((tmp_path / "best.yaml").read_text())["in_your_loop"]
+    said = "\n".join(lines)
+    for knob in set(config) - {"micro_batch_size", "num_workers", "persistent_workers"}:
+        assert f"{knob}=" in said, knob
+    assert " ".join(f"{k}={v}" for k, v in knobs.MALLOC_RETAIN_ENV.items()) in said
+    assert "torch.compile(model, mode='max-autotune-no-cudagraphs')" in said
+    call = next(x for x in lines if x.startswith("DataLoader(")).split(" (")[0]
+    loader = eval(call, {"DataLoader": __import__("torch").utils.data.DataLoader, "dataset": list(range(64))})
+    assert (loader.batch_size, loader.num_workers, loader.persistent_workers) == (16, 2, True)
+    # PyTorch's defaults: nothing to say
+    plain = _results(tmp_path / "plain", "conv", {}, {"micro_batch_size": 32})
+    assert main(["export", str(plain), "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["in_your_loop"] == []

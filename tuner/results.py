@@ -169,8 +169,70 @@ def export_payload(res: Results, row: dict) -> dict:
         "base_dir": res.meta.get("base_dir"),
         "hardware": row.get("hardware"),
         "notes": row.get("notes") or [],
+        # how each knob the config sets is set in the user's own loop: a knob set outside
+        # the code (malloc_retain's environment) is easy to miss, and its figure is not
+        # reached without it
+        "in_your_loop": in_your_loop(row["config"], gpu=bool((row.get("hardware") or {}).get("gpu")),
+                                     find_unused=any("find_unused_parameters" in n for n in row.get("notes") or [])),
         "search": str(res.path),
     }
+
+
+def in_your_loop(config: dict, *, gpu: bool, find_unused: bool = False) -> list[str]:
+    """One line of plain PyTorch per knob the config sets away from PyTorch's defaults:
+    where it goes in a training loop of one's own."""
+    from tuner import knobs
+
+    c = {**knobs.defaults(), **config}
+    away = {k for k, v in config.items() if knobs.defaults().get(k) != v}
+    dev = "cuda" if gpu else "cpu"
+    lines = []
+    if "precision" in away:
+        dtype = {"bf16": "torch.bfloat16", "fp16": "torch.float16"}.get(c["precision"])
+        if dtype:
+            lines.append(f"precision={c['precision']}: with torch.autocast({dev!r}, dtype={dtype}): around the "
+                         f"forward and the loss" + ("; scale the loss with torch.amp.GradScaler" if
+                                                    c["precision"] == "fp16" else ""))
+    loader = {"batch_size": c["micro_batch_size"], **knobs.loader_kwargs(c, dev)}
+    if away & {"micro_batch_size", "num_workers", "persistent_workers", "prefetch_factor", "pin_memory"}:
+        lines.append("DataLoader(dataset, " + ", ".join(f"{k}={v!r}" for k, v in loader.items())
+                     + ", shuffle=True, drop_last=True) (an IterableDataset: without shuffle)")
+    if "grad_accum_steps" in away:
+        lines.append(f"grad_accum_steps={c['grad_accum_steps']}: backward on loss / {c['grad_accum_steps']} for "
+                     f"{c['grad_accum_steps']} micro-batches, then one optimizer step")
+    if c["non_blocking"]:
+        lines.append("non_blocking=True: batch.to('cuda', non_blocking=True)")
+    if c["channels_last"]:
+        lines.append("channels_last=True: model.to(memory_format=torch.channels_last), and each 4-D input "
+                     "x.contiguous(memory_format=torch.channels_last)")
+    if c["fused_optimizer"]:
+        lines.append("fused_optimizer=True: fused=True to the optimizer (torch.optim.AdamW(params, fused=True))")
+    if c["activation_checkpointing"]:
+        lines.append("activation_checkpointing=True: torch.utils.checkpoint.checkpoint(block, x, "
+                     "use_reentrant=False) per block")
+    if c["compile"] != "off":
+        mode = "" if c["compile"] == "default" else f", mode={c['compile']!r}"
+        lines.append(f"compile={c['compile']}: model = torch.compile(model{mode}), after the steps above")
+    if c["torch_threads"]:
+        lines.append(f"torch_threads={c['torch_threads']}: torch.set_num_threads({c['torch_threads']}) at start")
+    if c["malloc_retain"]:
+        lines.append(f"malloc_retain=True: start the run with {_malloc_env()} in the environment (glibc reads "
+                     f"them at start; on a CPU this knob can be much of the figure)")
+    if c["cudnn_benchmark"]:
+        lines.append("cudnn_benchmark=True: torch.backends.cudnn.benchmark = True at start")
+    if c["tf32"]:
+        lines.append('tf32=True: torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True')
+    if c["batch_grouping"] == "by_source":
+        lines.append("batch_grouping=by_source: a batch_sampler whose batches each hold one source")
+    lines += _data_lines(c)
+    if c["world_size"] > 1:
+        hook = "" if c["ddp_comm_hook"] == "none" else f"; model.register_comm_hook(None, default_hooks.{c['ddp_comm_hook']}_hook)"
+        lines.append(f"world_size={c['world_size']}: torchrun --nproc_per_node {c['world_size']}; "
+                     f"DistributedDataParallel(model, bucket_cap_mb={c['ddp_bucket_cap_mb']}, "
+                     f"gradient_as_bucket_view={c['ddp_gradient_as_bucket_view']}, static_graph={c['ddp_static_graph']}, "
+                     f"find_unused_parameters={find_unused}){hook}"
+                     + ("; with model.no_sync() on accumulation micro-steps" if c["ddp_no_sync_accumulation"] else ""))
+    return lines
 
 
 def _header(payload: dict) -> list[str]:
@@ -391,7 +453,7 @@ def render(payloads: list[dict], fmt: str) -> str:
         return json.dumps(payloads[0] if len(payloads) == 1 else payloads, indent=2, default=str) + "\n"
     if fmt == "yaml":
         data: Any = payloads[0] if len(payloads) == 1 else payloads
-        return yaml.safe_dump(json.loads(json.dumps(data, default=str)), sort_keys=False)
+        return yaml.safe_dump(json.loads(json.dumps(data, default=str)), sort_keys=False, width=10_000)
     if fmt == "python":
         if len(payloads) > 1:
             raise UserError("--format python writes one script: pick one config (--device-model, or --pick best)")
