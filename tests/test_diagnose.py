@@ -141,3 +141,5 @@ def test_a_data_wait_just_under_the_input_bound_mark_is_not_called_small():
     assert "21%, under the 25% that makes it input-bound" in near.evidence
     small = diagnose({"status": "ok", "samples_per_sec": 1.0, "data_wait_fraction": 0.03, "hardware": hw})
     assert small.evidence == "data wait only 3%"
+    none = diagnose({"status": "ok", "samples_per_sec": 1.0, "data_wait_fraction": 0.004, "hardware": hw})
+    assert none.evidence == "data wait under 1%"  # not "only 0%"

@@ -160,7 +160,7 @@ def diagnose(record: dict, max_memory_mb: float | None = None) -> Diagnosis:
     else:
         verdict = "compute-bound"
         # "only" where the wait is small; a wait just under the input-bound mark is said as such
-        evidence = (f"data wait only {wait:.0%}" if wait < INPUT_BOUND / 2 else
+        evidence = ("data wait under 1%" if wait < 0.01 else f"data wait only {wait:.0%}" if wait < INPUT_BOUND / 2 else
                     f"data wait {wait:.0%}, under the {INPUT_BOUND:.0%} that makes it input-bound") \
             + (f", GPU busy {util:.0f}%" if util is not None else "")
         if c["precision"] == "fp32":

@@ -158,7 +158,7 @@ def write_report(res: Results) -> Path:
     best = res.best()
     lines = [f"# tuner report: {res.space.name}", ""]
     hw = (best or res.baseline or {}).get("hardware") or {}
-    lines.append(f"Workload `{res.space.workload}` {res.space.workload_args or ''}, objective **{metric}** "
+    lines.append(f"Workload `{res.space.workload}`{' ' + str(res.space.workload_args) if res.space.workload_args else ''}, objective **{metric}** "
                  f"({spec.OBJECTIVE_METRICS[metric]}), on {hw.get('gpu') or hw.get('cpu')} "
                  f"({hw.get('cpu_count')} CPUs), torch {hw.get('torch')}.")
     lines.append("")
