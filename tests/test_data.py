@@ -176,3 +176,9 @@ def test_an_iterable_dataset_that_every_worker_reads_whole_is_told_apart():
     assert not workers_repeat(Constant())  # no verdict: one item over and over
     assert not workers_repeat(Numbers(32))  # map-style: the sampler splits it
     assert not workers_repeat(Unsplit(1))  # too short to tell: one item per worker
+    # a batch object whose == gives a tensor (no truth value) cannot be told the same: no refusal, no error
+    from collections import UserDict
+
+    from tuner.data import same_items
+
+    assert not same_items(UserDict(x=torch.ones(3)), UserDict(x=torch.ones(3)))
