@@ -74,6 +74,28 @@ def unsplit_stream(size: int = 64, dim: int = 8) -> Workload:
     return Workload(model=lambda: nn.Linear(dim, 1), dataset=lambda: Unsplit(size, dim), loss=_mse)
 
 
+class SparseRec(nn.Module):
+    """A recommender's two embedding tables with sparse gradients, and a small MLP."""
+
+    def __init__(self):
+        super().__init__()
+        self.users, self.items = nn.Embedding(500, 8, sparse=True), nn.Embedding(800, 8, sparse=True)
+        self.mlp = nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 1))
+
+    def forward(self, u, i):
+        return self.mlp(torch.cat([self.users(u), self.items(i)], -1)).squeeze(-1)
+
+
+def sparse_embeddings(size: int = 512) -> Workload:
+    """Embeddings with sparse gradients under SGD: a step no fused optimizer takes."""
+    g = torch.Generator().manual_seed(0)
+    data = torch.utils.data.TensorDataset(torch.randint(0, 500, (size,), generator=g),
+                                          torch.randint(0, 800, (size,), generator=g), torch.rand(size, generator=g))
+    return Workload(model=SparseRec, dataset=lambda: data,
+                    loss=lambda m, b: nn.functional.mse_loss(m(b[0], b[1]), b[2]),
+                    optimizer=lambda p: torch.optim.SGD(p, lr=0.1))
+
+
 class Reopened(Stream):
     """A stream that costs ``open_s`` to open at each epoch (a file, a list of shards)."""
 

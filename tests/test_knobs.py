@@ -93,6 +93,22 @@ def test_fused_optimizer_without_fused_implementation():
         apply.apply_fused_optimizer(opt, True)
 
 
+def test_fused_optimizer_is_refused_for_a_model_with_sparse_gradients():
+    """No fused step takes sparse gradients (Embedding(sparse=True)): PyTorch raises at the
+    first step; the knob says so, naming the embeddings, before any step, and ``init``
+    leaves it out."""
+    from tests.fixture_workloads import SparseRec
+
+    model = SparseRec()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(UserError, match=r"^knob 'fused_optimizer': the model's users, items give sparse gradients"):
+        apply.apply_fused_optimizer(opt, True, model)
+    assert "give sparse gradients" in apply.fused_optimizer_of(opt, model)
+    assert apply.fused_optimizer_of(opt, torch.nn.Linear(2, 2)) is None
+    model.users.sparse = model.items.sparse = False  # dense gradients: the fused step takes them
+    assert apply.fused_optimizer_of(opt, model) is None
+
+
 def test_loader_kwargs():
     config = knobs.defaults() | {"num_workers": 2, "prefetch_factor": 4, "persistent_workers": True}
     assert knobs.loader_kwargs(config, "cpu") == {

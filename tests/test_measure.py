@@ -124,6 +124,25 @@ def test_a_config_whose_workers_each_yield_the_whole_stream_is_refused_naming_th
     assert split["status"] == "ok", split.get("reason")
 
 
+def test_sparse_gradients_refuse_the_fused_optimizer_and_the_diagnosis_does_not_advise_it():
+    """A model with sparse gradients: a fused config is refused in one line naming the knob
+    (it was 'raised RuntimeError: `_fused_sgd` does not support sparse gradients' at the
+    first step), and the record of an unfused one says no fused step applies, so the
+    diagnosis does not advise one."""
+    from tuner.diagnose import diagnose
+
+    r = _run("sparse_embeddings", {}, {"micro_batch_size": 32, "fused_optimizer": True})
+    assert r["status"] == "infeasible" and r["error_kind"] == "invalid", r
+    assert r["reason"].startswith("invalid config: knob 'fused_optimizer': the model's users, items give sparse")
+    plain = _run("sparse_embeddings", {}, {"micro_batch_size": 32})
+    assert plain["status"] == "ok" and plain["fused_step"] is False, plain.get("reason")
+    compute = {**plain, "data_wait_fraction": 0.0}  # the verdict that advises the fused step
+    assert diagnose(compute).verdict == "compute-bound"
+    assert not any("fused_optimizer" in line for line in diagnose(compute).recommendations)
+    assert any("fused_optimizer" in line for line in diagnose({**compute, "fused_step": True}).recommendations)
+    assert _run("linear", {}, {"micro_batch_size": 8})["fused_step"] is True  # dense gradients under AdamW
+
+
 def _plain_epochs(name: str, args: dict, config: dict, epochs: int = 2) -> float:
     """The user's own loop over whole epochs of fixture workload ``name`` (after 4
     untimed steps, or an untimed epoch with persistent workers), in a fresh process as the user's script runs: samples/sec. Not in pytest's

@@ -113,26 +113,39 @@ def apply_activation_checkpointing(model: torch.nn.Module, enabled: bool) -> int
     return wrapped
 
 
-def fused_optimizer_of(optimizer: torch.optim.Optimizer) -> str | None:
+def fused_optimizer_of(optimizer: torch.optim.Optimizer, model: torch.nn.Module | None = None) -> str | None:
     """Why ``fused_optimizer`` cannot apply to ``optimizer`` on its parameters' device
     (``init`` leaves the knob out then), or None: it can. The fused step is built as the
-    knob builds it, so a class or device without a fused kernel says so here, not in a
-    trial."""
+    knob builds it, so a class or device without a fused kernel, or a ``model`` with sparse
+    gradients, says so here, not in a trial."""
     try:
-        apply_fused_optimizer(optimizer, True)
+        apply_fused_optimizer(optimizer, True, model)
     except (UserError, RuntimeError, ValueError, TypeError) as exc:
         text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         return text.removeprefix("knob 'fused_optimizer': ")
     return None
 
 
-def apply_fused_optimizer(optimizer: torch.optim.Optimizer, fused: bool) -> torch.optim.Optimizer:
-    """Rebuild the user's optimizer with ``fused=True``, same class and hyperparameters."""
+def sparse_gradient_modules(model: torch.nn.Module) -> list[str]:
+    """The model's embeddings that give sparse gradients (``sparse=True``): no fused
+    optimizer step takes them."""
+    return [name or type(m).__name__ for name, m in model.named_modules()
+            if isinstance(m, torch.nn.Embedding | torch.nn.EmbeddingBag) and m.sparse]
+
+
+def apply_fused_optimizer(optimizer: torch.optim.Optimizer, fused: bool,
+                          model: torch.nn.Module | None = None) -> torch.optim.Optimizer:
+    """Rebuild the user's optimizer with ``fused=True``, same class and hyperparameters.
+    ``model``: where it has sparse gradients, refused before a step fails on them."""
     if not fused:
         return optimizer
     cls = type(optimizer)
     if "fused" not in optimizer.defaults:
         raise UserError(f"knob 'fused_optimizer': {cls.__name__} has no fused implementation")
+    sparse = sparse_gradient_modules(model) if model is not None else []
+    if sparse:
+        raise UserError(f"knob 'fused_optimizer': the model's {', '.join(sparse[:3])}{', ...' if len(sparse) > 3 else ''} "
+                        f"give sparse gradients (Embedding(sparse=True)), which no fused optimizer step takes")
     groups = [{k: v for k, v in g.items() if k not in ("fused", "foreach")}
               for g in optimizer.param_groups]
     accepted = inspect.signature(cls.__init__).parameters

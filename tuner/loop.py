@@ -146,7 +146,7 @@ class Trainer:
         # 4. the optimizer holds the eager module's parameters (compile shares them);
         self.optimizer = apply.apply_fused_optimizer(
             _call(lambda: workload.make_optimizer(model.parameters()), "optimizer"),
-            config["fused_optimizer"])
+            config["fused_optimizer"], model)
         self.autocast = apply.autocast_context(device, config["precision"])
         self.scaler = apply.grad_scaler(device, config["precision"])
         self.move = Mover(device, non_blocking=config["non_blocking"] and device.type == "cuda",

@@ -297,7 +297,7 @@ def init_space(workload: str, workload_args: dict, out: Path, *, device: str = "
         raise UserError(f"workload: {sizes} does not fit here: {last.why if last else 'no probe'} "
                         f"(the workload's own output: {log})")
     model = wl.model()
-    unfused = apply.fused_optimizer_of(wl.make_optimizer(model.to(device).parameters()))
+    unfused = apply.fused_optimizer_of(wl.make_optimizer(model.to(device).parameters()), model)
     if unfused:
         say(f"fused_optimizer left out: {unfused}")
     repeat = False

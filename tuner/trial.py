@@ -218,9 +218,14 @@ def workload_facts(workload: Any, trainer: Any) -> dict:
     from tuner import apply
     from tuner.hardware import describe
 
+    # whether the optimizer takes a fused step here (its class, its device, no sparse gradients)
+    try:
+        fused_step = trainer.config["fused_optimizer"] or apply.fused_optimizer_of(trainer.optimizer, trainer.model) is None
+    except Exception:  # an optimizer that cannot be rebuilt from its defaults: unknown
+        fused_step = None
     return {"has_groups": workload.groups is not None, "has_augment": workload.augment is not None,
             "map_style": trainer.sampler is not None, "has_conv2d": apply.has_conv2d(trainer.model),
-            "hardware": describe()}
+            "fused_step": fused_step, "hardware": describe()}
 
 
 def _check_hot_path(request: TrialRequest, trainer: Any, config: dict, notes: list[str]) -> Record:
