@@ -49,8 +49,9 @@ def test_a_deterministic_dataset_is_cached_and_read_back_equal():
 
 
 def test_a_random_dataset_and_an_iterable_one_are_refused_naming_the_cache():
-    with pytest.raises(CacheRefused, match=r"^dataset_cache: item \d+ differs between two reads"):
+    with pytest.raises(CacheRefused, match=r"^dataset_cache: item \d+ differs between two reads") as refused:
         cached(Decoded(16, 0.0, random=True))
+    assert refused.value.refusal == {"knob": "dataset_cache", "values": [True]}  # no other cached config runs
 
     class Stream(IterableDataset):
         def __iter__(self):

@@ -119,6 +119,7 @@ def test_a_config_whose_workers_each_yield_the_whole_stream_is_refused_naming_th
     assert r["status"] == "infeasible" and r["error_kind"] == "invalid", r
     assert r["reason"].startswith("invalid config: knob 'num_workers=2': every DataLoader worker yields the whole")
     assert "2 times an epoch" in r["reason"] and "\n" not in r["reason"]
+    assert r["refused"] == {"knob": "num_workers", "at_least": 2}  # a search runs no more such configs
     assert _run("unsplit_stream", {"size": 64}, {"micro_batch_size": 4, "num_workers": 1})["status"] == "ok"
     split = _run("stream", {"size": 64}, {"micro_batch_size": 4, "num_workers": 2})
     assert split["status"] == "ok", split.get("reason")
@@ -134,6 +135,7 @@ def test_sparse_gradients_refuse_the_fused_optimizer_and_the_diagnosis_does_not_
     r = _run("sparse_embeddings", {}, {"micro_batch_size": 32, "fused_optimizer": True})
     assert r["status"] == "infeasible" and r["error_kind"] == "invalid", r
     assert r["reason"].startswith("invalid config: knob 'fused_optimizer': the model's users, items give sparse")
+    assert r["refused"] == {"knob": "fused_optimizer", "values": [True]}
     plain = _run("sparse_embeddings", {}, {"micro_batch_size": 32})
     assert plain["status"] == "ok" and plain["fused_step"] is False, plain.get("reason")
     compute = {**plain, "data_wait_fraction": 0.0}  # the verdict that advises the fused step

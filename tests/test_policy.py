@@ -302,6 +302,41 @@ def test_a_config_that_would_hang_as_one_did_is_not_run():
     assert "precision" in names and "micro_batch_size" in names and "num_workers" not in names
 
 
+@pytest.mark.parametrize("refusal, refused", [
+    ({"knob": "channels_last", "values": [True]}, lambda c: c["channels_last"]),
+    ({"knob": "micro_batch_size", "at_least": 32}, lambda c: c["micro_batch_size"] >= 32),
+])
+def test_a_knob_value_a_trial_refused_is_not_run_again_nor_counted_in_the_budget(refusal, refused):
+    """A trial refused a value whatever the other knobs were (KnobRefused: a cache of a
+    random dataset, a fused step for sparse gradients, workers that each read a whole
+    stream): no other config with it is run, and the budget's configs are all ones that
+    ran. The sampler wasted a third of a 12-config search on them (conv, channels_last
+    refused: 4 of 12), and its pick read 0.86 of the best allowed config."""
+    knobs_ = {"precision": ["fp32", "bf16"], "num_workers": [0, 1, 2], "micro_batch_size": [16, 32, 64],
+              "channels_last": [False, True]}
+    space = _space(knobs=knobs_, budget={"trials": 12}, confirm={"top": 0})  # without the rule: 3 refused ran
+    policy = _policy(space)
+    base = policy.next(0.0)
+    policy.on_result(base, _measure(base))
+    while isinstance(task := policy.next(1.0), Task):
+        if refused(task.config):
+            record = {"status": "infeasible", "error_kind": "invalid", "config": dict(task.config),
+                      "samples_per_sec": None, "reason": "invalid config: refused here", "refused": refusal}
+        else:
+            record = _measure(task)
+        policy.on_result(task, record)
+    search = [r for r in policy.records if r["phase"] == "search"]
+    ran = [r for r in search if not r.get("skipped")]
+    assert sum(1 for r in ran if refused(r["config"])) == 1  # the one that found it out
+    assert sum(1 for r in ran if r["status"] == "ok") == 12 - 1  # the budget, less that one
+    for r in (r for r in search if r.get("skipped")):
+        assert refused(r["config"]) and r["error_kind"] == "invalid"
+        assert r["reason"].startswith(f"not run: {refusal['knob']}=") and "refused here" in r["reason"]
+    # a resumed search knows the refusal from its records
+    again = _policy(space, records=policy.records)
+    assert again._refused_like({**ran[0]["config"], refusal["knob"]: refusal.get("values", [64])[0]})
+
+
 def test_on_a_gpu_under_a_time_budget_eager_configs_are_searched_then_the_contenders_compiled():
     space = _space(knobs={"precision": ["fp32", "bf16"], "num_workers": [0, 1, 2], "compile": ["off", "default"]},
                    budget={"trials": 8, "time_s": 10_000})

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from tuner.errors import UserError
+from tuner.errors import KnobRefused, UserError
 from tuner.knobs import MALLOC_RETAIN_ENV, Context
 
 # the same thresholds as mallopt parameters, for a process already running (-1: no trim)
@@ -60,7 +60,7 @@ def apply_malloc_retain(enabled: bool) -> None:
         return
     libc = ctypes.CDLL(None)
     if not all(libc.mallopt(param, value) for param, value in _MALLOPT):
-        raise UserError("knob 'malloc_retain': glibc's mallopt refused the thresholds")
+        raise KnobRefused("knob 'malloc_retain': glibc's mallopt refused the thresholds", "malloc_retain", values=[True])
     os.environ.update(MALLOC_RETAIN_ENV)
 
 
@@ -141,11 +141,13 @@ def apply_fused_optimizer(optimizer: torch.optim.Optimizer, fused: bool,
         return optimizer
     cls = type(optimizer)
     if "fused" not in optimizer.defaults:
-        raise UserError(f"knob 'fused_optimizer': {cls.__name__} has no fused implementation")
+        raise KnobRefused(f"knob 'fused_optimizer': {cls.__name__} has no fused implementation", "fused_optimizer",
+                          values=[True])
     sparse = sparse_gradient_modules(model) if model is not None else []
     if sparse:
-        raise UserError(f"knob 'fused_optimizer': the model's {', '.join(sparse[:3])}{', ...' if len(sparse) > 3 else ''} "
-                        f"give sparse gradients (Embedding(sparse=True)), which no fused optimizer step takes")
+        raise KnobRefused(f"knob 'fused_optimizer': the model's {', '.join(sparse[:3])}{', ...' if len(sparse) > 3 else ''} "
+                          f"give sparse gradients (Embedding(sparse=True)), which no fused optimizer step takes",
+                          "fused_optimizer", values=[True])
     groups = [{k: v for k, v in g.items() if k not in ("fused", "foreach")}
               for g in optimizer.param_groups]
     accepted = inspect.signature(cls.__init__).parameters

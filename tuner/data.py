@@ -25,11 +25,14 @@ import torch
 from torch.utils import _pytree as pytree
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
-from tuner.errors import UserError
+from tuner.errors import KnobRefused
 
 
-class CacheRefused(UserError):
+class CacheRefused(KnobRefused):
     """The dataset cannot be cached as it is; the message says why, naming the cache."""
+
+    def __init__(self, message: str):
+        super().__init__(message, "dataset_cache", values=[True])
 
 
 def _leaf(v: Any) -> torch.Tensor:

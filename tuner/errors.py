@@ -21,6 +21,31 @@ class UserError(ValueError):
     """
 
 
+class KnobRefused(UserError):
+    """A knob's value that cannot apply to this workload, whatever the other knobs are
+    (a cache of a dataset whose items differ between reads, a fused step for sparse
+    gradients): ``values`` lists the refused values, ``at_least`` refuses every value
+    from it up. A search does not run another config with such a value."""
+
+    def __init__(self, message: str, knob: str, *, values: list | None = None, at_least: int | None = None):
+        super().__init__(message)
+        self.knob, self.values, self.at_least = knob, values, at_least
+
+    @property
+    def refusal(self) -> dict:
+        """What a record keeps of it (JSON): the knob and its refused values."""
+        return {"knob": self.knob, **({"values": self.values} if self.values is not None else {}),
+                **({"at_least": self.at_least} if self.at_least is not None else {})}
+
+
+def refuses(refusal: dict, config: dict) -> bool:
+    """Whether ``config`` has a value that ``refusal`` (``KnobRefused.refusal``) refuses."""
+    value = config.get(refusal["knob"])
+    if value in refusal.get("values", []):
+        return True
+    return refusal.get("at_least") is not None and isinstance(value, int) and value >= refusal["at_least"]
+
+
 class WorkloadError(RuntimeError):
     """The user's workload raised while it was being built or run."""
 

@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader, IterableDataset, Sampler
 
 from tuner import apply, knobs
 from tuner.batches import Mover
-from tuner.errors import UserError, WorkloadError
+from tuner.errors import KnobRefused, UserError, WorkloadError
 from tuner.workloads import Workload
 
 perf_counter = time.perf_counter
@@ -140,8 +140,8 @@ class Trainer:
         #    (as torchtitan does: compile after activation checkpointing);
         self.checkpointed_blocks = apply.apply_activation_checkpointing(model, config["activation_checkpointing"])
         if config["activation_checkpointing"] and self.checkpointed_blocks == 0:
-            raise UserError("knob 'activation_checkpointing': the model has no ModuleList or "
-                            "Sequential blocks to checkpoint")
+            raise KnobRefused("knob 'activation_checkpointing': the model has no ModuleList or "
+                              "Sequential blocks to checkpoint", "activation_checkpointing", values=[True])
         model.train()
         # 4. the optimizer holds the eager module's parameters (compile shares them);
         self.optimizer = apply.apply_fused_optimizer(
@@ -215,7 +215,8 @@ class Trainer:
         if isinstance(ds, IterableDataset) or not hasattr(ds, "__len__"):
             return DataLoader(ds, batch_size=bs, drop_last=True, collate_fn=collate, **kwargs), None
         if len(ds) < bs:
-            raise UserError(f"knob 'micro_batch_size={bs}' is larger than the dataset ({len(ds)} samples)")
+            raise KnobRefused(f"knob 'micro_batch_size={bs}' is larger than the dataset ({len(ds)} samples)",
+                              "micro_batch_size", at_least=bs)
         if cfg["batch_grouping"] == "by_source":
             groups = _call(lambda: self.workload.groups(ds), "groups")
             sampler = GroupedBatchSampler(groups, bs, seed=seed, rank=self.rank, world=self.world)
@@ -412,10 +413,11 @@ class _WorkerRepeatCheck:
             self._done()
         elif j == self.workers:
             if not same_items(self.first, batch):  # workers 0 and 1 began alike, and the stream moves on
-                raise UserError(f"knob 'num_workers={self.workers}': every DataLoader worker yields the whole "
-                                f"iterable dataset (it does not split its stream by "
-                                f"torch.utils.data.get_worker_info()), so each item would be trained "
-                                f"{self.workers} times an epoch; split it per worker, or keep num_workers to 0 or 1")
+                raise KnobRefused(f"knob 'num_workers={self.workers}': every DataLoader worker yields the whole "
+                                  f"iterable dataset (it does not split its stream by "
+                                  f"torch.utils.data.get_worker_info()), so each item would be trained "
+                                  f"{self.workers} times an epoch; split it per worker, or keep num_workers to 0 or 1",
+                                  "num_workers", at_least=2)
             self._done()
         return batch
 

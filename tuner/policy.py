@@ -33,7 +33,7 @@ from enum import Enum
 from typing import Any
 
 from tuner import knobs, spec
-from tuner.errors import UserError
+from tuner.errors import UserError, refuses
 from tuner.records import (
     Phase,
     Record,
@@ -382,6 +382,9 @@ class SearchPolicy:
         self.confirming: Confirming | None = None
         self.skipped: set[str] = set()  # configs not run: they would hang as one did
         self.hangs: list[tuple[dict, list[str], str]] = [hang for r in self.records if (hang := _hang(r))]
+        # knob values a trial refused whatever the other knobs (KnobRefused), with its reason
+        self.refusals: list[tuple[dict, str]] = [(r["refused"], r.get("reason") or "") for r in self.records
+                                                 if r.get("refused") and not r.get("skipped")]
         self.search_ended: str | None = None  # why the search proper started no more trials
         self.ended: str | None = None  # why the search has nothing more to measure (once it has not)
         # On a GPU under a time budget a compile costs several eager trials' time: the
@@ -454,19 +457,25 @@ class SearchPolicy:
             self.search_space(trial)
             config = self.space.derive({**self.space.fixed, **self._complete(trial.params)})
             key = self.canon(config)
+            again = key in self.skipped  # proposed before, and not run then
             self.tried.add(key)
             screen = self.board.screen() if key not in self.screened else None  # a retry is measured in full
             task = self._issue(Phase.SEARCH, config, now, screen=screen)
             self.trials[task.number] = trial
             hang = self._hangs_like(key)
-            why = hang or self._held_compiled(config)
+            refused = None if hang else self._refused_like(config)
+            why = hang or refused or self._held_compiled(config)
             if why is None:
                 self.asked += 1
                 return task
-            # a config that would hang as one measured did is not run: it would cost the
-            # wait that found the first one, and end the same way
+            # a config that would hang as one measured did, or has a value a trial refused,
+            # is not run: it would cost the wait (or the budget's place) that found the
+            # first one, and end the same way
             self.skipped.add(key)
-            self.on_result(task, {"status": Status.INFEASIBLE, "error_kind": "timeout" if hang else "held",
+            if again and refused:  # a refused config proposed again: out of the retry room, so proposals end
+                self.asked += 1
+            kind = "timeout" if hang else "invalid" if refused else "held"
+            self.on_result(task, {"status": Status.INFEASIBLE, "error_kind": kind,
                                   "config": dict(config), "samples_per_sec": None, "skipped": True, "reason": why})
         return None
 
@@ -515,6 +524,14 @@ class SearchPolicy:
         if tried >= self.budget or self.asked >= self.budget + retry_room(self.budget):
             return True
         return self.configs is not None and len(self.tried) >= self.configs
+
+    def _refused_like(self, config: dict) -> str | None:
+        """Why ``config`` is not run: it has a knob value a trial refused whatever the
+        other knobs were (``KnobRefused``), or None."""
+        for refusal, reason in self.refusals:
+            if refuses(refusal, config):
+                return f"not run: {refusal['knob']}={config.get(refusal['knob'])} is refused ({reason})"
+        return None
 
     def _hangs_like(self, key: str) -> str | None:
         """Why the config of ``key`` would hang as a measured one did (the same value of
@@ -623,6 +640,8 @@ class SearchPolicy:
             self.screened.add(self.canon(task.config))
         if (hang := _hang(rec)) is not None:
             self.hangs.append(hang)
+        if rec.get("refused") and not rec.get("skipped"):
+            self.refusals.append((rec["refused"], rec.get("reason") or ""))
         trial = self.trials.pop(task.number, None)
         if trial is not None:
             self._tell(trial, rec)

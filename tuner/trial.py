@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 
 import psutil
 
-from tuner.errors import UserError, WorkloadError
+from tuner.errors import KnobRefused, UserError, WorkloadError
 from tuner.records import Record, Status
 
 # Imported by the trial's process before its clock starts: torch, and torch._dynamo, which
@@ -342,7 +342,8 @@ def _child(conn: Any, request: TrialRequest, output: str | None = None) -> None:
         conn.send(("result", result))
     except BaseException as exc:  # every failure is a result
         kind, reason = classify(exc)
-        conn.send(("error", kind, reason, traceback.format_exc()))
+        # a knob's value refused whatever the other knobs: the search runs no other config with it
+        conn.send(("error", kind, reason, traceback.format_exc(), exc.refusal if isinstance(exc, KnobRefused) else None))
     finally:
         conn.close()
 
@@ -499,8 +500,8 @@ def _run_once(request: TrialRequest, timeout_s: float, progress: Callable[[str],
         elif msg[0] == "result":
             result = msg[1]
         else:
-            _, kind, reason, tb = msg
-            result = infeasible(kind, reason, request, traceback=tb)
+            _, kind, reason, tb, refused = msg
+            result = infeasible(kind, reason, request, traceback=tb, **({"refused": refused} if refused else {}))
     proc.join(10)
     if proc.is_alive():
         kill_tree(proc.pid)
