@@ -130,6 +130,7 @@ class Outcome(TypedDict, total=False):
     has_augment: bool  # the workload has a per-batch augment (augment_on)
     map_style: bool  # the dataset reads items by index (dataset_cache can apply)
     has_conv2d: bool  # the model has Conv2d layers (channels_last can matter)
+    fused_step: bool | None  # the optimizer takes a fused step here (fused_optimizer can apply)
     baseline: bool  # the plain PyTorch loop
     device: str
     hardware: dict
@@ -139,6 +140,8 @@ class Outcome(TypedDict, total=False):
     traceback: str
     hung_phase: str  # a hung trial: the last phase it reached (``settings.PHASES``)
     hung_wait_s: float  # and how long it waited there
+    refused: dict  # a knob value refused whatever the other knobs: {"knob", "values" or "at_least"}
+    skipped: bool  # not run: a config like one that hung, one with a refused value, or held back
 
 
 class Where(TypedDict, total=False):
