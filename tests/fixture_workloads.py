@@ -96,6 +96,16 @@ def sparse_embeddings(size: int = 512) -> Workload:
                     optimizer=lambda p: torch.optim.SGD(p, lr=0.1))
 
 
+def small_items(size: int = 20000, dim: int = 4) -> Workload:
+    """Items of a few numbers each, collated by the thousand in the training process: each
+    step makes thousands of Python objects, and the interpreter's full garbage collection
+    comes every few dozen steps. A tiny model: the step is mostly that."""
+    g = torch.Generator().manual_seed(0)
+    data = torch.utils.data.TensorDataset(torch.randn(size, dim, generator=g), torch.randn(size, 1, generator=g))
+    return Workload(model=lambda: nn.Sequential(nn.Linear(dim, 16), nn.ReLU(), nn.Linear(16, 1)),
+                    dataset=lambda: data, loss=_mse)
+
+
 class Reopened(Stream):
     """A stream that costs ``open_s`` to open at each epoch (a file, a list of shards)."""
 

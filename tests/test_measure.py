@@ -145,6 +145,25 @@ def test_sparse_gradients_refuse_the_fused_optimizer_and_the_diagnosis_does_not_
     assert _run("linear", {}, {"micro_batch_size": 8})["fused_step"] is True  # dense gradients under AdamW
 
 
+@ALONE
+@pytest.mark.slow
+def test_a_batch_of_many_small_items_reads_what_whole_epochs_of_it_get():
+    """Each step collates 1024 items of small tensors in the training process: thousands
+    of Python objects a step, so a full collection of the interpreter's heap comes every
+    few dozen steps and takes much of the time. Epochs are 19 steps, a tenth of a second:
+    windows of a fifth of an epoch (three steps) held one such collection or none, and the
+    figure of a workload like it read 0.45x to 1.8x a plain loop's. Windows of whole
+    epochs read what whole epochs get."""
+    config = {"micro_batch_size": 1024}
+    before = _plain_epochs("small_items", {}, config, epochs=30)
+    r = _run("small_items", {}, config,
+             measure={"warmup_steps": 3, "window_s": 0.5, "min_windows": 5, "max_windows": 8, "max_timed_s": 30.0})
+    plain = (before + _plain_epochs("small_items", {}, config, epochs=30)) / 2
+    assert r["status"] == "ok", r.get("reason")
+    assert r["window_steps"] > 20000 // 1024  # each window holds whole epochs
+    assert r["samples_per_sec"] == pytest.approx(plain, rel=0.1), (plain, r["samples_per_sec_windows"])
+
+
 def _plain_epochs(name: str, args: dict, config: dict, epochs: int = 2) -> float:
     """The user's own loop over whole epochs of fixture workload ``name`` (after 4
     untimed steps, or an untimed epoch with persistent workers), in a fresh process as the user's script runs: samples/sec. Not in pytest's

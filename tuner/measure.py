@@ -255,6 +255,14 @@ class WindowPlan:
         """Once: the first undisturbed window sizes the windows (a disturbed one would
         size them to the disturbance)."""
         self.sized = True
+        if self.room and self.room * wall / steps < self.settings.window_s / 4:
+            # Windows of a fifth of an epoch would be a small part of window_s: an epoch
+            # of a few fast steps then runs whole inside each window, boundaries and all,
+            # as a user's run of many such epochs does. Windows of a few steps each read
+            # the interpreter's periodic costs (a full garbage collection every few dozen
+            # steps) and the timing's own by chance: a dataset of small tensors read 0.45x
+            # to 1.8x its own script that way, and 1.0x in windows of many epochs.
+            self.room = 0
         fit = self.whole_cycles(self.settings.window_s * steps / max(wall, 1e-6))
         if not self.steps / 1.5 <= fit <= self.steps * 1.5:
             say(f"warm-up read {self.est * 1e3:.1f} ms per step, the first window "
@@ -401,9 +409,17 @@ def _timed_windows(trainer: Trainer, settings: MeasureSettings, plan: WindowPlan
         if m.nonfinite:
             t.nonfinite = True
             break
-        capped = len(t.rates) >= settings.max_windows or t.timed_s >= settings.max_timed_s
+        # However short its windows (an epoch of a few steps holds five of a few steps
+        # each), the timed phase lasts at least half of min_windows windows of window_s:
+        # a cost that comes every few dozen steps (a full collection of the interpreter's
+        # heap, where each step makes thousands of objects) is then in the figure at its
+        # rate, not in or out of a fraction of a second of windows by chance.
+        short = t.timed_s < 0.5 * settings.min_windows * settings.window_s
+        capped = (len(t.rates) >= settings.max_windows and not short) or t.timed_s >= settings.max_timed_s
         done = windows_verdict(t.rates, screen, min_windows=settings.min_windows, target_error=settings.target_error,
                                screen_windows=settings.screen_windows, capped=capped, steady=steady_enough())
+        if done == "enough" and short and t.timed_s < settings.max_timed_s:
+            done = None
         if done == "screened":
             t.screened = True
             say(f"screened out: {max(t.rates[SCREEN_SKIP:]):.1f} samples/s cannot reach {screen['below']:.1f}")
