@@ -211,8 +211,7 @@ def in_your_loop(config: dict, *, gpu: bool, find_unused: bool = False) -> list[
         lines.append("activation_checkpointing=True: torch.utils.checkpoint.checkpoint(block, x, "
                      "use_reentrant=False) per block")
     if c["compile"] != "off":
-        mode = "" if c["compile"] == "default" else f", mode={c['compile']!r}"
-        lines.append(f"compile={c['compile']}: model = torch.compile(model{mode}), after the steps above")
+        lines.append(f"compile={c['compile']}: model = {_compile_call(c)}, after the steps above")
     if c["torch_threads"]:
         lines.append(f"torch_threads={c['torch_threads']}: torch.set_num_threads({c['torch_threads']}) at start")
     if c["malloc_retain"]:
@@ -349,6 +348,12 @@ def _data_lines(c: dict) -> list[str]:
     return lines
 
 
+def _compile_call(c: dict) -> str:
+    """The torch.compile call of the config's mode, as a user writes it."""
+    mode = "" if c["compile"] == "default" else f", mode={c['compile']!r}"
+    return f"torch.compile(model{mode})"
+
+
 def _malloc_env() -> str:
     from tuner import knobs
 
@@ -390,8 +395,7 @@ def lightning_kwargs(payload: dict) -> tuple[dict, dict, list[str]]:
     if c["fused_optimizer"]:
         code.append("# fused_optimizer: pass fused=True to the optimizer in configure_optimizers()")
     if c["compile"] != "off":
-        mode = "" if c["compile"] == "default" else f", mode={c['compile']!r}"
-        code.append(f"model = torch.compile(model{mode})  # the LightningModule, before trainer.fit")
+        code.append(f"model = {_compile_call(c)}  # the LightningModule, before trainer.fit")
     if c["batch_grouping"] == "by_source":
         code.append("# batch_grouping=by_source: a batch_sampler whose batches each hold one source")
     code += [f"# {line}" for line in _data_lines(c)]
