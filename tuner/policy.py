@@ -380,7 +380,7 @@ class SearchPolicy:
         self.configs = self._distinct_configs()
         self.stage = Stage.BASELINE
         self.confirming: Confirming | None = None
-        self.skipped: set[str] = set()  # configs not run: they would hang as one did
+        self.skipped: set[str] = set()  # configs not run: they would hang as one did, a value is refused, or held
         self.hangs: list[tuple[dict, list[str], str]] = [hang for r in self.records if (hang := _hang(r))]
         # knob values a trial refused whatever the other knobs (KnobRefused), with its reason
         self.refusals: list[tuple[dict, str]] = [(r["refused"], r.get("reason") or "") for r in self.records
