@@ -82,19 +82,14 @@ def check_cacheable(dataset: Any, sample: int = 8) -> None:
                                f"part to Workload(augment=...), which runs per batch after the cache")
 
 
-def repeats_per_worker(first: Any, other_worker: Any, first_worker_next: Any) -> bool:
-    """Whether an iterable dataset yields its whole stream in every DataLoader worker
-    (it does not split it by ``torch.utils.data.get_worker_info()``): the first items of
-    two workers are the same while one worker's first two differ. A stream of identical
-    items tells nothing and reads as split."""
-    return same_items(first, other_worker) and not same_items(first, first_worker_next)
-
-
 def workers_repeat(dataset: Any) -> bool:
     """Read an iterable dataset's first items through two DataLoader workers and tell
-    whether each worker yields the whole stream (``repeats_per_worker``): with it, every
-    worker added trains each item once more per epoch. False for a map-style dataset (the
-    loader's sampler splits it) and for a stream too short to tell."""
+    whether each worker yields the whole stream (it does not split it by
+    ``torch.utils.data.get_worker_info()``): the first items of the two workers are the
+    same while one worker's first two differ (a stream of identical items tells nothing
+    and reads as split). Every worker added would then train each item once more per
+    epoch. False for a map-style dataset (the loader's sampler splits it) and for a
+    stream too short to tell."""
     if not isinstance(dataset, IterableDataset):
         return False
     # items in the loader's order: worker 0's first, worker 1's first, worker 0's second
@@ -105,7 +100,8 @@ def workers_repeat(dataset: Any) -> bool:
         return False
     finally:
         del it  # its workers end here
-    return repeats_per_worker(*items)
+    first, other_worker, first_worker_next = items
+    return same_items(first, other_worker) and not same_items(first, first_worker_next)
 
 
 def item_bytes(item: Any) -> int:

@@ -17,10 +17,12 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+from torch.utils import _pytree as pytree
 from torch.utils.data import DataLoader, IterableDataset, Sampler
 
 from tuner import apply, knobs
 from tuner.batches import Mover
+from tuner.data import same_items
 from tuner.errors import KnobRefused, UserError, WorkloadError
 from tuner.workloads import Workload
 
@@ -389,7 +391,7 @@ def _call(fn: Any, what: str) -> Any:
 
 class _WorkerRepeatCheck:
     """The first epoch's iterator of an iterable dataset read by ``workers`` >= 2, until it
-    tells whether every worker yields the whole stream (as ``tuner.data.repeats_per_worker``:
+    tells whether every worker yields the whole stream (as ``tuner.data.workers_repeat``:
     batches 0 and 1, the first of workers 0 and 1 in the loader's round-robin order, are
     the same, and batch ``workers``, worker 0's second, differs): the config would then train each item
     ``workers`` times an epoch, and its figure would not be the user's training. Then the
@@ -401,10 +403,6 @@ class _WorkerRepeatCheck:
         self.first: Any = None
 
     def __next__(self) -> Any:
-        from torch.utils import _pytree as pytree
-
-        from tuner.data import same_items
-
         batch = next(self.inner)
         j, self.seen = self.seen, self.seen + 1
         if j == 0:  # a copy: the step may change its batch in place
