@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 from pathlib import Path
@@ -29,7 +28,7 @@ from common import stamp
 # the very hog the disturbance test starts (tests/helpers.py), from the repository's root
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.helpers import hog_from_first_window  # noqa: E402
-from tuner.hardware import describe  # noqa: E402
+from tuner.hardware import describe, usable_cores  # noqa: E402
 from tuner.trial import make_request, run_isolated  # noqa: E402
 
 MEASURE = {"warmup_steps": 3, "window_s": 0.5, "min_windows": 6, "max_windows": 8, "max_timed_s": 30}
@@ -51,7 +50,7 @@ def main() -> None:
     ap.add_argument("--hog-s", type=float, default=4.0)
     ap.add_argument("--out", default="benchmarks/out/hog.json")
     args = ap.parse_args()
-    config = {"micro_batch_size": 32, "torch_threads": os.cpu_count(), "num_workers": 0}
+    config = {"micro_batch_size": 32, "torch_threads": usable_cores(), "num_workers": 0}
     rounds = []
     for i in range(args.rounds):
         runs = {"quiet_before": measure(args.workload, config, MEASURE, None)}

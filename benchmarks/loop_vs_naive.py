@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import time
 from pathlib import Path
@@ -31,6 +30,7 @@ from common import stamp
 from torch.utils.data import default_collate
 
 from tuner import apply, knobs
+from tuner.hardware import usable_cores
 from tuner.loop import Trainer, synchronize
 from tuner.trial import make_request, run_isolated
 from tuner.workloads import load_workload
@@ -146,7 +146,7 @@ def run(workload: str, args: dict, repeats: int, out: Path) -> dict:
         limit, prep = 1.0 / compute, None
         limit_kind = "compute-only ceiling (data on the device)"
     else:
-        cores = os.cpu_count() or 1
+        cores = usable_cores()
         prep = prep_seconds_per_sample(workload, args)
         compute = compute_seconds_per_sample(workload, args, config, device, threads=1)
         limit = cores / (prep + compute)

@@ -52,10 +52,11 @@ def main() -> None:
     from common import stamp
     from torch.utils.data import DataLoader
 
+    from tuner.hardware import usable_cores
     from tuner.localray import is_ray_worker, start_local_ray, tuner_processes
     from tuner.workloads import load_workload
 
-    cores = os.cpu_count() or 1
+    cores = usable_cores()
     # as a search whose trials have one rank starts it: no dashboard head process
     start_local_ray(log_to_driver=False, logging_level="ERROR", num_cpus=cores, state_api=False)
     time.sleep(3)  # the raylet starts its agents and an idle worker in the background

@@ -578,7 +578,9 @@ def measure_settings(a: argparse.Namespace) -> dict:
     disturbed, and the flag could not single out a round that something else disturbed."""
     measure = json.loads(a.measure or "{}")
     if a.concurrent:
-        cpus = os.cpu_count() or 1
+        from tuner.hardware import usable_cores
+
+        cpus = usable_cores()
         measure.setdefault("max_interference", min(1.0, (1 + 0.1 * cpus) / cpus))
     return measure
 

@@ -122,6 +122,7 @@ def one(state: str, window_s: float) -> dict:
     import ray
     from ray import tune
 
+    from tuner.hardware import usable_cores
     from tuner.hostload import wait_while_timed
     from tuner.localray import start_local_ray, tuner_processes
 
@@ -158,7 +159,7 @@ def one(state: str, window_s: float) -> dict:
         callbacks.append(Hush())
     tuner_processes(local=True)  # the daemons at SCHED_IDLE, as in a search
     storage = Path(os.environ.get("TMPDIR", "/tmp")) / f"tuner_cpu_{os.getpid()}"
-    trial = tune.with_resources(trainable, {"CPU": os.cpu_count() or 1})
+    trial = tune.with_resources(trainable, {"CPU": usable_cores()})
     res = tune.Tuner(trial, param_space={"driver": os.getpid(), "window_s": window_s, "hush": hush},
                      tune_config=tune.TuneConfig(num_samples=1),
                      run_config=tune.RunConfig(storage_path=str(storage), verbose=0, callbacks=callbacks)).fit()

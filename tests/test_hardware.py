@@ -1,8 +1,14 @@
 """What a result was measured on (tuner/hardware.py) and the peak FLOP/s table."""
 
+import os
+import subprocess
+import sys
+
+import pytest
 import torch
 
-from tuner.hardware import cpu_bf16, cpu_has_bf16, describe, nvml_status, pick_device
+from tuner.hardware import cpu_bf16, cpu_has_bf16, describe, nvml_status, pick_device, usable_cores
+from tuner.hostload import machine_cpu
 
 
 def test_describe_names_the_machine_and_versions():
@@ -32,3 +38,37 @@ def test_gpu_peak_table_matches_whole_model_names():
              "NVIDIA H200": "H200", "NVIDIA A100-SXM4-80GB": "A100", "Tesla V100-SXM2-32GB": "V100",
              "NVIDIA GeForce RTX 4090": "RTX 4090", "NVIDIA A10G": None, "Tesla T4": "T4"}
     assert {n: gpu_model_key(n) for n in names} == names
+
+
+BOUND = pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or (os.cpu_count() or 1) < 2,
+                           reason="needs CPU affinity (Linux) and 2 cores")
+
+
+@BOUND
+@pytest.mark.slow
+def test_a_process_bound_to_some_cores_plans_for_those_and_its_local_ray_counts_them():
+    """A Slurm allocation or ``taskset`` leaves a process some of a node's cores; Ray counts
+    the machine's (it reads a cgroup's quota, not the affinity), so a local search planned
+    its trials' threads for every core. Bound to core 0 here: one core everywhere."""
+    code = ("import ray; from tuner.hardware import describe, usable_cores; "
+            "from tuner.localray import start_local_ray; from tuner.apply import context_for; import torch; "
+            "start_local_ray(log_to_driver=False, state_api=False); "
+            "print(usable_cores(), describe()['cpu_count'], describe()['machine_cpu_count'], "
+            "int(ray.cluster_resources()['CPU']), context_for(torch.device('cpu')).cpu_count); ray.shutdown()")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180,
+                         preexec_fn=lambda: os.sched_setaffinity(0, {0}))
+    assert out.returncode == 0, out.stderr[-2000:]
+    usable, recorded, machine, ray_cpus, ctx = map(int, out.stdout.split()[-5:])
+    assert usable == recorded == ray_cpus == ctx == 1 and machine == os.cpu_count()
+    assert usable_cores() == len(os.sched_getaffinity(0))  # unbound: its own cores
+
+
+def test_the_cpu_time_of_some_cores_is_theirs_alone():
+    whole, every = machine_cpu(), machine_cpu(frozenset(range(os.cpu_count() or 1)))
+    assert whole and every
+    # the per-CPU lines add up to the machine's line (read a moment apart: within 1 s a core)
+    assert all(abs(a - b) <= (os.cpu_count() or 1) for a, b in zip(whole, every, strict=True))
+    if (os.cpu_count() or 1) > 1:
+        one = machine_cpu(frozenset({0}))
+        assert one[0] + one[1] < 0.75 * (whole[0] + whole[1])
+    assert machine_cpu(frozenset({10**6})) is None  # no such CPU: nothing to read

@@ -371,6 +371,35 @@ def test_cpu_hog_mid_measurement_is_detected():
     assert loud["disturbed"] or all(c is not None and c <= limit for c in outside), outside
 
 
+@ALONE
+@pytest.mark.slow
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or (os.cpu_count() or 1) < 2,
+                    reason="needs CPU affinity (Linux) and 2 cores")
+def test_a_trial_bound_to_some_cores_is_not_disturbed_by_load_on_the_others():
+    """A Slurm allocation or ``taskset`` gives a trial some of a node's cores, and other
+    jobs the rest. Read over the whole machine, a trial bound to core 0 beside a hog on
+    core 1 saw a core of other load and no idle core: every window was redone, and the
+    figure marked disturbed. Its own cores hold no other load."""
+    import multiprocessing as mp
+
+    from tests.helpers import spin
+
+    mine = os.sched_getaffinity(0)
+    hog = mp.get_context("spawn").Process(target=spin, args=(300,), daemon=True)
+    hog.start()
+    try:
+        os.sched_setaffinity(hog.pid, {1})
+        os.sched_setaffinity(0, {0})  # the trial's process inherits it
+        r = _run("burn", config={"micro_batch_size": 128})
+    finally:
+        os.sched_setaffinity(0, mine)
+        hog.terminate()
+        hog.join()
+    assert r["status"] == "ok", r.get("reason")
+    assert r["hardware"]["cpu_count"] == 1
+    assert not r["disturbed"] and r["interference_cores"] < 0.5, (r["interference_cores"], r["disturbed"])
+
+
 def test_a_window_the_hypervisor_took_a_quarter_of_the_machine_from_is_disturbed():
     """Steal time (a neighbour on the host) halved window figures here at 0.6 of 2 cores;
     0.02-0.3 is this VM's ordinary level and must not redo windows."""

@@ -23,12 +23,12 @@ _MALLOPT = ((-3, int(MALLOC_RETAIN_ENV["MALLOC_MMAP_THRESHOLD_"])), (-1, -1))  #
 
 def context_for(device: torch.device, has_groups: bool = False, has_augment: bool = False) -> Context:
     """The Context of this process's hardware."""
-    from tuner.hardware import cpu_has_bf16
+    from tuner.hardware import cpu_has_bf16, usable_cores
 
     bf16_ok = True
     if device.type == "cuda":
         bf16_ok = torch.cuda.is_bf16_supported()
-    return Context(device=device.type, cpu_count=os.cpu_count() or 1,
+    return Context(device=device.type, cpu_count=usable_cores(),
                    has_groups=has_groups, has_augment=has_augment, bf16_ok=bf16_ok, fp16_ok=True,
                    bf16_native=device.type != "cpu" or cpu_has_bf16())
 

@@ -58,7 +58,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     spec.check_workload(space)
     request = _bench_request(space, args)
     _check_cache(space, request.config)
-    for over in spec.beyond_cores({k: [v] for k, v in request.config.items()}, os.cpu_count() or 1):
+    from tuner.hardware import usable_cores
+
+    for over in spec.beyond_cores({k: [v] for k, v in request.config.items()}, usable_cores()):
         print(f"note: {over}: this config oversubscribes the cores", file=sys.stderr)
     progress = None if args.json or not sys.stderr.isatty() else _progress_line
     timeout_s = args.timeout or space.model.budget.trial_timeout_s
@@ -647,8 +649,6 @@ def _stop_on_signals() -> Callable[[], None]:
     that cleanup runs: trials ended, the results folder's lock released. Ray Tune's own
     Ctrl-C handler is turned off: it would end the Tune loop quietly and let the search
     go on to its confirm rounds."""
-    import os
-
     os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
 
     def stop(signum: int, frame: Any) -> None:

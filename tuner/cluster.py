@@ -180,6 +180,7 @@ def other_load(seconds: float = 1.0) -> tuple[float, str]:
 
     import psutil
 
+    from tuner.hardware import affinity
     from tuner.hostload import machine_cpu
 
     me = {os.getpid(), *(c.pid for c in psutil.Process().children(recursive=True))}
@@ -189,9 +190,10 @@ def other_load(seconds: float = 1.0) -> tuple[float, str]:
             p.cpu_percent(None)
         except psutil.Error:
             pass
-    before = machine_cpu()
+    cores = affinity()  # a process bound to some cores is disturbed by the load on those alone
+    before = machine_cpu(cores)
     time.sleep(seconds)
-    after = machine_cpu()
+    after = machine_cpu(cores)
     busy = (after[0] - before[0]) / seconds if before and after else 0.0
     use = []
     for p in procs:
@@ -210,7 +212,7 @@ def doctor(address: str | None = None, out: Any = None) -> int:
 
     import torch
 
-    from tuner.hardware import cpu_bf16, nvml_status
+    from tuner.hardware import cpu_bf16, nvml_status, usable_cores
 
     lines: list[tuple[str, str, str]] = []
 
@@ -247,7 +249,10 @@ def doctor(address: str | None = None, out: Any = None) -> int:
     cc = shutil.which(os.environ.get("CC", "")) or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
     check("compile", cc is not None, f"C compiler {cc}" if cc else "no C compiler: torch.compile cannot build kernels",
           "install gcc (apt-get install gcc) or leave compile: off")
-    check("cpus", True, f"{os.cpu_count()} CPUs")
+    cores = usable_cores()
+    check("cpus", True, f"{cores} CPUs" if cores == os.cpu_count() else
+          f"{cores} of the machine's {os.cpu_count()} CPUs are this process's (its CPU affinity or cgroup quota): "
+          "trials plan threads and workers for those")
     busy, names = other_load()
     check("other load", busy < 0.25, f"{busy:.2f} cores busy outside this command" + (f" ({names})" if names else ""),
           "a search measures best on a quiet machine: stop that load, or raise measure.max_interference")

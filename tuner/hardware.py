@@ -72,6 +72,27 @@ def nvml_status() -> tuple[bool, str]:
         return False, f"no NVIDIA driver ({type(exc).__name__})"
 
 
+def usable_cores() -> int:
+    """The cores this process can run on: the machine's, narrowed by its CPU affinity
+    (``taskset``, a Slurm allocation, a cpuset) and by its cgroup's CPU quota (``docker
+    --cpus``, a Kubernetes limit), as joblib counts them (``LOKY_MAX_CPU_COUNT`` narrows
+    it too). A process on 8 of a node's 64 cores that planned threads and workers for 64
+    would oversubscribe its 8."""
+    import joblib
+
+    return max(1, joblib.cpu_count())
+
+
+def affinity() -> frozenset[int] | None:
+    """The CPUs this process may run on, where that is fewer than the machine's (None: all
+    of them, or a platform that does not say)."""
+    try:
+        cpus = frozenset(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return None
+    return cpus if cpus and len(cpus) < (os.cpu_count() or 0) else None
+
+
 @lru_cache(maxsize=1)
 def describe() -> dict:
     """Hardware and software of this process: host, CPU, GPU, versions."""
@@ -80,7 +101,8 @@ def describe() -> dict:
     info = {
         "hostname": socket.gethostname(),
         "cpu": _cpu_model(),
-        "cpu_count": os.cpu_count(),
+        "cpu_count": usable_cores(),  # what the trials plan threads and workers for
+        "machine_cpu_count": os.cpu_count(),
         "host_memory_mb": _host_memory_mb(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "cpu_bf16": cpu_bf16(),

@@ -23,8 +23,12 @@ if TYPE_CHECKING:
 _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
-def machine_cpu() -> tuple[float, float, float] | None:
-    """(busy, idle, stolen) CPU-seconds of the whole machine since boot, from /proc/stat.
+def machine_cpu(cpus: frozenset[int] | None = None) -> tuple[float, float, float] | None:
+    """(busy, idle, stolen) CPU-seconds since boot of the CPUs ``cpus`` (None: the whole
+    machine), from /proc/stat. A process bound to some of a node's cores (a Slurm
+    allocation, ``taskset``) passes its own (``hardware.affinity``): the jobs on the
+    others do not share its cores, and on a full node they would leave it no idle core
+    to tell their load from its own.
 
     Stolen: time a hypervisor gave to other VMs. It is recorded apart and does not make
     a window disturbed: on a loaded VM it grows with the trial's own load, and measuring
@@ -32,10 +36,17 @@ def machine_cpu() -> tuple[float, float, float] | None:
     """
     try:
         with open("/proc/stat") as f:
-            fields = [int(x) for x in f.readline().split()[1:]]
+            if cpus is None:
+                rows = [f.readline().split()]
+            else:
+                rows = [r for r in (line.split() for line in f)
+                        if r and r[0].startswith("cpu") and r[0][3:].isdigit() and int(r[0][3:]) in cpus]
+        fields = [sum(col) for col in zip(*([int(x) for x in (r[1:] + ["0"] * 8)[:8]] for r in rows), strict=True)]
     except (OSError, ValueError):
         return None
-    user, nice, system, idle, iowait, irq, softirq, steal = (fields + [0] * 8)[:8]
+    if not fields:
+        return None
+    user, nice, system, idle, iowait, irq, softirq, steal = fields
     return (user + nice + system + irq + softirq) / _CLK_TCK, (idle + iowait) / _CLK_TCK, steal / _CLK_TCK
 
 
@@ -249,19 +260,21 @@ class LoadMeter:
 
     def __init__(self, probe: TreeProbe, nvml: NvmlSampler | None = None):
         self.probe, self.nvml = probe, nvml
-        self.cpus = os.cpu_count() or 1
+        from tuner.hardware import affinity, usable_cores
+
+        self.cpus, self.cpuset = usable_cores(), affinity()  # the cores this trial can have
         self._start: tuple | None = None
 
     def start(self) -> None:
         self.probe.refresh_peers()
-        machine, t0 = machine_cpu(), time.perf_counter()
+        machine, t0 = machine_cpu(self.cpuset), time.perf_counter()
         self._start = (machine, t0, self.probe.cpu_split_s(), self.probe.observers_cpu_s())
 
     def stop(self, wall_s: float) -> Load | None:
         if self._start is None or self._start[0] is None or wall_s <= 0:
             return None
         (busy0, idle0, steal0), t0, split0, obs0 = self._start
-        now = machine_cpu()
+        now = machine_cpu(self.cpuset)
         if now is None:
             return None
         span = max(wall_s, time.perf_counter() - t0)  # what the machine's figures cover

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.errors import UserError
+from tuner.hardware import usable_cores
 
 
 @contextlib.contextmanager
@@ -181,6 +182,9 @@ def start_local_ray(state_api: bool = True, **kwargs: Any) -> None:
     import ray
 
     kwargs.setdefault("include_dashboard", False)
+    # Ray counts a cgroup's CPU quota but not the process's CPU affinity: on 8 cores of a
+    # 64-core node (Slurm, taskset) it would plan trials, and their threads, for 64
+    kwargs.setdefault("num_cpus", usable_cores())
     # a new Ray, never one found on the machine: `ray start` or a Cluster left its address
     # file behind (a stale one, once its cluster died, failed every local search here)
     kwargs.setdefault("address", "local")

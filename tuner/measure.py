@@ -35,7 +35,7 @@ from typing import NamedTuple
 
 import torch
 
-from tuner.hardware import peak_flops
+from tuner.hardware import peak_flops, usable_cores
 from tuner.hostload import Load, LoadMeter, TreeProbe, hushed, ray_workers_beside
 from tuner.loop import Trainer, synchronize
 from tuner.nvml import NvmlSampler
@@ -116,7 +116,7 @@ def _stage_rates(trainer: Trainer, steady: float, wait_fraction: float) -> dict:
     this machine's cores as the search's model reads them (``knobs.Context.cpu_count``):
     more workers than cores load at most ``cores`` at once."""
     compute, load = stage_rates(steady, wait_fraction, getattr(trainer.loader, "num_workers", 0) or 0,
-                                os.cpu_count())
+                                usable_cores())
     return {"compute_samples_per_sec": compute, "load_samples_per_sec_per_process": load}
 
 

@@ -146,6 +146,10 @@ def batch_values(largest: int, smallest: int = 1) -> list[int]:
     return sorted(values)
 
 
+def _cores(n: int) -> str:
+    return "1 core" if n == 1 else f"{n} cores"
+
+
 def knob_lines(device: str, cores: int, bf16: bool, conv: bool, compiler: bool,
                fused: bool = True, gpus: int = 1, workers_repeat: bool = False) -> list[tuple[str, object, str]]:
     """(knob, values, why) for this hardware, micro_batch_size excluded. GPU knobs only on
@@ -172,7 +176,7 @@ def knob_lines(device: str, cores: int, bf16: bool, conv: bool, compiler: bool,
         lines.append(("num_workers", [0, 1], "every worker yields the whole iterable dataset (it does not split "
                       "its stream by get_worker_info()): more workers would train each item once more apiece"))
     else:
-        lines.append(("num_workers", workers, f"up to the {cores} cores a trial can have" if share == cores else
+        lines.append(("num_workers", workers, f"up to the {_cores(cores)} a trial can have" if share == cores else
                       f"up to a GPU's share of the cores ({cores} over {gpus} GPUs: a trial per GPU at once, as a "
                       f"data-parallel run's ranks)"))
     lines.append(("persistent_workers", [False, True], "only with num_workers > 0: no respawn per epoch"))
@@ -188,7 +192,7 @@ def knob_lines(device: str, cores: int, bf16: bool, conv: bool, compiler: bool,
             lines.append(("fused_optimizer", [False, True], "the optimizer has a fused CPU step; "
                                                              "PyTorch's default steps each parameter in turn"))
         lines.append(("torch_threads", sorted({1, max(1, cores // 2), cores}),
-                      f"intra-op threads share the {cores} cores with the DataLoader workers"))
+                      f"intra-op threads share the {_cores(cores)} with the DataLoader workers"))
     from tuner.knobs import GLIBC
 
     if GLIBC:
@@ -258,13 +262,13 @@ def init_space(workload: str, workload_args: dict, out: Path, *, device: str = "
     import torch
 
     from tuner import apply
-    from tuner.hardware import cpu_has_bf16, describe, pick_device
+    from tuner.hardware import cpu_has_bf16, describe, pick_device, usable_cores
     from tuner.trial import make_request, resolve_config, run_isolated
 
     device = pick_device(device)
     wl = resolve_config(make_request(workload=workload, workload_args=workload_args,
                                      base_dir=str(Path.cwd()), device="cpu")).workload
-    cores = os.cpu_count() or 1
+    cores = usable_cores()
     bf16 = torch.cuda.is_bf16_supported() if device == "cuda" else cpu_has_bf16()
     cap_note = ""
     if device == "cuda" and max_memory_mb is None:

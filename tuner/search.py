@@ -155,7 +155,7 @@ def _search(space: spec.Space, out: Path, progress: Progress, ray_start_s: float
     m = space.model
     shape = cluster_shape()
     device, cpus_per_trial, gpus_per_trial, concurrent = plan_resources(space, shape)
-    ctx, cuda_there = trial_context(space, device, gpus_per_trial, shape)
+    ctx, cuda_there = trial_context(space, device, gpus_per_trial, shape, progress.note)
     for over in space.beyond_cores(ctx.cpu_count):
         progress.note(f"{over}: configs with them oversubscribe the cores, and are measured as written")
     if device == "cuda":
@@ -237,7 +237,8 @@ def check_hot_path(summary: dict, job: TrialJob, cpus_per_trial: Callable[[dict]
         return {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
 
 
-def trial_context(space: spec.Space, device: str, gpus_per_trial: int, shape: dict) -> tuple[knobs.Context, bool]:
+def trial_context(space: spec.Space, device: str, gpus_per_trial: int, shape: dict,
+                  note: Callable[[str], None]) -> tuple[knobs.Context, bool]:
     """The knob context of the machines the trials run on, and whether their GPUs are
     CUDA's (logical GPUs are not: their ranks talk over gloo): the device kind, the cores,
     whether the workload has sources, and what bf16 does there, asked of a trial node
@@ -245,7 +246,8 @@ def trial_context(space: spec.Space, device: str, gpus_per_trial: int, shape: di
     a wasted trial; a CPU without bf16 in hardware runs it several times slower than
     fp32, and that one trial would make the search's model blame every other knob of its
     start). Asked first: the worker that answers measures the baseline next, and its start
-    overlaps this driver's import of the workload."""
+    overlaps this driver's import of the workload. A node where Ray counts more CPUs than
+    a trial's process can use gets a ``note``."""
     import ray
 
     from tuner.workloads import load_workload
@@ -256,9 +258,14 @@ def trial_context(space: spec.Space, device: str, gpus_per_trial: int, shape: di
     workload = load_workload(m.workload, m.workload_args, space.base_dir)
     bf16_ok, bf16_native, cuda_there = True, True, False
     if device == "cuda":
-        bf16_ok, cuda_there = ray.get(facts)
+        bf16_ok, cuda_there, usable = ray.get(facts)
     else:
-        bf16_native = ray.get(facts)
+        bf16_native, usable = ray.get(facts)
+    if usable < shape["max_node_cpus"]:
+        # a `ray start` in a Slurm allocation or a container counts the node's cores
+        note(f"Ray counts {shape['max_node_cpus']} CPUs on a node where a trial's process can use {usable} "
+             f"(its CPU affinity or cgroup quota): trials plan threads and workers for cores they do not have; "
+             f"start Ray there with --num-cpus {usable}")
     for name, values in space.domain.items():  # a GPU knob searched on CPUs is a wasted trial
         if knobs.KNOBS[name].gpu_only and device != "cuda" and len(values) > 1:
             raise UserError(f"knobs.{name}: a GPU knob, but this search runs on CPUs; remove it or fix it")
@@ -266,23 +273,27 @@ def trial_context(space: spec.Space, device: str, gpus_per_trial: int, shape: di
                          has_augment=workload.augment is not None, bf16_ok=bf16_ok, bf16_native=bf16_native), cuda_there
 
 
-def _gpu_facts() -> tuple[bool, bool]:
-    """On the GPU a trial gets: (bf16 supported, CUDA there at all). Logical GPUs (Ray's
-    num_gpus on a CPU machine, as the tests declare) have no CUDA: bf16 runs on the CPU,
-    and the ranks of a multi-rank trial talk over gloo, not NCCL."""
+def _gpu_facts() -> tuple[bool, bool, int]:
+    """On the GPU a trial gets: (bf16 supported, CUDA there at all, the cores a trial's
+    process can use). Logical GPUs (Ray's num_gpus on a CPU machine, as the tests declare)
+    have no CUDA: bf16 runs on the CPU, and the ranks of a multi-rank trial talk over
+    gloo, not NCCL."""
     import torch
 
+    from tuner.hardware import usable_cores
+
     if not torch.cuda.is_available():
-        return True, False
-    return bool(torch.cuda.is_bf16_supported()), True
+        return True, False, usable_cores()
+    return bool(torch.cuda.is_bf16_supported()), True, usable_cores()
 
 
-def _cpu_facts() -> bool:
-    """On a trial node's CPU: whether it runs bf16 in hardware. A plain function, because
-    Ray's remote() takes functions and classes, not the lru_cache wrapper."""
-    from tuner.hardware import cpu_has_bf16
+def _cpu_facts() -> tuple[bool, int]:
+    """On a trial node's CPU: (whether it runs bf16 in hardware, the cores a trial's
+    process can use). A plain function, because Ray's remote() takes functions and
+    classes, not the lru_cache wrapper."""
+    from tuner.hardware import cpu_has_bf16, usable_cores
 
-    return cpu_has_bf16()
+    return cpu_has_bf16(), usable_cores()
 
 
 def summarize(space: spec.Space, records: list[dict], baseline: dict, *, describe_cluster: dict,
