@@ -35,7 +35,12 @@ for stage in "$@"; do
     setup)
       nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
       python3 -c "import torch, ray, optuna; print('torch', torch.__version__, 'ray', ray.__version__, 'optuna', optuna.__version__, 'cuda', torch.cuda.is_available())"
-      python3 -m tuner doctor 2>&1 | tee "$OUT/doctor.log" ;;
+      python3 -m tuner doctor 2>&1 | tee "$OUT/doctor.log"
+      # SMT: PyTorch's own default intra-op threads (physical cores, where there are fewer
+      # than logical ones) against the cores a trial gets by default (the logical ones)
+      { lscpu | grep -E "^(CPU\(s\)|Thread|Core|Socket)"; env -u OMP_NUM_THREADS -u MKL_NUM_THREADS python3 -c \
+        "import torch, joblib; print('torch default threads', torch.get_num_threads(), 'usable cores', joblib.cpu_count())"; \
+      } 2>&1 | tee "$OUT/threads.log" ;;
     tests)
       python3 -m pytest -q -s -p no:cacheprovider tests/test_gpu.py 2>&1 | tee "$OUT/test_gpu.log" ;;
     search)  # each space in SPACES; results kept outside $OUT, the records copied in

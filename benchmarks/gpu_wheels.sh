@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Wheels for the lent GPU machine (Python 3.12, no package registry there): what the
-# tuner needs beyond that machine's image (Ray, Optuna, pydantic and their own needs),
+# tuner needs beyond that machine's image (Ray, Optuna, pydantic, joblib and their own needs),
 # into .whl/ (ignored by git; carried with the device tool's `carry: [".whl"]`).
 set -eu
 plat=(--only-binary=:all: --python-version 3.12 --implementation cp)
@@ -10,7 +10,7 @@ done
 mkdir -p .whl /tmp/gpu-wheels
 python3 -m pip download -q --no-deps "${plat[@]}" -d /tmp/gpu-wheels ray==2.60.0 optuna==5.0.0 pydantic==2.14.4 \
   pydantic-core==2.50.5 annotated-types typing-inspection typing-extensions alembic sqlalchemy mako colorlog \
-  jsonschema jsonschema-specifications referencing rpds-py tensorboardx
+  jsonschema jsonschema-specifications referencing rpds-py tensorboardx joblib
 for w in /tmp/gpu-wheels/*.whl; do
   case $w in */ray-*) ;; *) cp "$w" .whl/ ;; esac
 done

@@ -349,6 +349,41 @@ def _sleepy_search(tmp_path, cluster, name: str, rest: str) -> list[dict]:
     return [r for r in _records(tmp_path / "r" / name) if r["phase"] == "search"]
 
 
+@pytest.mark.parametrize("user_threads", ["1", None])
+def test_a_trial_without_torch_threads_runs_the_threads_the_user_s_own_run_gets(tmp_path, ray_local, monkeypatch,
+                                                                                 user_threads):
+    """The baseline (a plain PyTorch loop) and any config that leaves ``torch_threads``
+    unset run with the user's threads: the OMP_NUM_THREADS the search started with, else
+    PyTorch's own choice (physical cores, where there are fewer than logical ones), at
+    most the CPUs the trial reserved. Ray gives its workers an OMP_NUM_THREADS of its own;
+    the trials took the reserved CPUs, whatever the user had set."""
+    import os
+
+    if user_threads:
+        monkeypatch.setenv("OMP_NUM_THREADS", user_threads)
+        expected = 1
+    else:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+        fresh = subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
+                               capture_output=True, text=True, check=True,
+                               env={k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")})
+        expected = min(2, int(fresh.stdout))  # ray_local's 2 CPUs, each trial's alone
+    space = _space(tmp_path, f"""\
+        name: threads
+        workload: {FIXTURES}:sleepy
+        workload_args: {{step_s: 0.01}}
+        knobs:
+          micro_batch_size: [4, 8]
+        sampler: grid
+        budget: {{trials: 2}}
+        confirm: {{top: 0}}
+        """)
+    run_search(space, results_root=tmp_path / "r", quiet=True)
+    records = _records(tmp_path / "r" / "threads")
+    assert {r["phase"] for r in records} >= {"baseline", "search"}
+    assert [r["intra_op_threads"] for r in records] == [expected] * len(records), records
+
+
 def test_the_tuner_s_own_processes_are_ray_s_daemons_and_agents_and_not_its_workers(ray_local):
     """The CPU they use beside a trial is reported as the tuner's own, and they run at a
     lower priority than the trial. Ray's agents take a "ray::" title as its workers do:

@@ -121,6 +121,7 @@ def submit(space: spec.Space, address: str, results_dir: str, *, follow: bool = 
     """Submit the search as a Ray Job; returns the exit status for the CLI."""
     out = sys.stdout if out is None else out  # at call time: a replaced sys.stdout is honoured
     import tuner
+    from tuner.remote import SUBMITTED_ENV
 
     client = _client(address, out)
     staging = Path(tempfile.mkdtemp(prefix="tuner-job-"))
@@ -129,7 +130,7 @@ def submit(space: spec.Space, address: str, results_dir: str, *, follow: bool = 
         entry = (f"python -m tuner run {name} --address auto --results-dir {results_dir} "
                  f"--name {space.model.name} --quiet")
         runtime_env = {"working_dir": str(staging), "py_modules": [str(Path(tuner.__file__).parent)],
-                       "env_vars": {"PYTHONUNBUFFERED": "1"}}
+                       "env_vars": {"PYTHONUNBUFFERED": "1", SUBMITTED_ENV: "1"}}
         try:
             job_id = retrying(lambda: client.submit_job(entrypoint=entry, runtime_env=runtime_env,
                                                         metadata={"tuner_search": space.model.name}),

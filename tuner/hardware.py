@@ -77,9 +77,15 @@ def usable_cores() -> int:
     (``taskset``, a Slurm allocation, a cpuset) and by its cgroup's CPU quota (``docker
     --cpus``, a Kubernetes limit), as joblib counts them (``LOKY_MAX_CPU_COUNT`` narrows
     it too). A process on 8 of a node's 64 cores that planned threads and workers for 64
-    would oversubscribe its 8."""
-    import joblib
-
+    would oversubscribe its 8. (A cluster's nodes may lack joblib, which the tuner's own
+    install brings: there, the affinity alone.)"""
+    try:
+        import joblib
+    except ImportError:
+        try:
+            return max(1, len(os.sched_getaffinity(0)))
+        except (AttributeError, OSError):
+            return max(1, os.cpu_count() or 1)
     return max(1, joblib.cpu_count())
 
 

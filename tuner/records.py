@@ -126,6 +126,7 @@ class Outcome(TypedDict, total=False):
     config: dict  # every knob, resolved on the trial's device
     notes: list[str]  # knobs held at their default, and why
     nice: int
+    intra_op_threads: int  # torch.get_num_threads() in the trial: the knob's, or the user's default
     has_groups: bool
     has_augment: bool  # the workload has a per-batch augment (augment_on)
     map_style: bool  # the dataset reads items by index (dataset_cache can apply)

@@ -39,6 +39,24 @@ class TrialJob:
     compile_root: str | None = None  # one inductor cache per compile group under it
     hush_dir: str | None = None  # where a trial in its timed windows says so (``measure.hushed``)
     nice: int = 0  # the driver's niceness: trials run at it, not at Ray's worker niceness
+    user_threads: str | None = None  # the driver's OMP_NUM_THREADS: the user's runs read it
+
+
+# Set in a submitted search's environment: its driver runs under Ray's job supervisor, whose
+# OMP_NUM_THREADS is Ray's (1), not a user's.
+SUBMITTED_ENV = "TUNER_SUBMITTED"
+
+
+def user_threads() -> str | None:
+    """The OMP_NUM_THREADS the user started this search with, which their own runs read
+    (``TrialJob.user_threads``); None where they set none, or in a submitted Ray job."""
+    return None if os.environ.get(SUBMITTED_ENV) else os.environ.get("OMP_NUM_THREADS")
+
+
+def _threads_env(job: TrialJob) -> dict:
+    """The trial's OMP_NUM_THREADS where the user started the search with one; else none,
+    and PyTorch chooses in the trial as in the user's own run (``TrialRequest.threads_cap``)."""
+    return {"OMP_NUM_THREADS": job.user_threads} if job.user_threads else {}
 
 
 def _compile_cache(knob_config: dict, job: TrialJob) -> str | None:
@@ -75,9 +93,8 @@ def measure_config(knob_config: dict, job: TrialJob, baseline: bool = False, scr
     trial this measures for, when that is not this process."""
     from tuner.trial import make_request, run_isolated
 
-    env = {}
+    env = _threads_env(job)
     cpus = job.cpus_per_trial(knob_config)
-    env["OMP_NUM_THREADS"] = str(int(cpus))
     visible = placement.visible if placement else os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
         env["CUDA_VISIBLE_DEVICES"] = visible
@@ -89,7 +106,8 @@ def measure_config(knob_config: dict, job: TrialJob, baseline: bool = False, scr
                            seed=job.seed, env=env,
                            observers=[os.getpid(), *([placement.holder] if placement else []), *job.observers],
                            screen=screen,
-                           compile_cache=_compile_cache(knob_config, job), nice=job.nice)
+                           compile_cache=_compile_cache(knob_config, job), nice=job.nice,
+                           threads_cap=int(cpus))
     started = time.time()
     world = int(knob_config.get("world_size", 1))
     if world > 1:
@@ -146,13 +164,14 @@ def check_configs(configs: dict[str, tuple[dict, bool]], job: TrialJob) -> dict:
     # every rank runs the same user code: one rank is checked
     named = [(name, {**config, "world_size": 1}, baseline) for name, (config, baseline) in configs.items()]
     first = named[0][1]
-    env = {"OMP_NUM_THREADS": str(int(job.cpus_per_trial(first)))}
+    env = _threads_env(job)
     if os.environ.get("CUDA_VISIBLE_DEVICES") is not None:
         env["CUDA_VISIBLE_DEVICES"] = os.environ["CUDA_VISIBLE_DEVICES"]
     request = replace(make_request(workload=job.workload, workload_args=job.workload_args,
                                    base_dir=job.base_dir, config=first, baseline=named[0][2],
                                    device=job.device, measure=job.measure, run=job.run, seed=job.seed,
-                                   env=env, compile_cache=_compile_cache(first, job), nice=job.nice),
+                                   env=env, compile_cache=_compile_cache(first, job), nice=job.nice,
+                                   threads_cap=int(job.cpus_per_trial(first))),
                       check_hot_path=True, also_check=[(c, b) for _, c, b in named[1:]])
     record = run_isolated(request, timeout_s=job.trial_timeout_s * len(named))
     if record.get("status") != "ok" or not record.get("hot_path"):

@@ -51,7 +51,7 @@ from tuner.records import (
     with_speedups,
     writer_lock,
 )
-from tuner.remote import TrialJob
+from tuner.remote import TrialJob, user_threads
 from tuner.study import Recorder, open_journal, writable_results
 from tuner.tables import Progress
 
@@ -170,6 +170,7 @@ def _search(space: spec.Space, out: Path, progress: Progress, ray_start_s: float
         trial_timeout_s=m.budget.trial_timeout_s, constraints=m.constraints,
         cpus_per_trial=cpus_per_trial, gpus_per_rank=gpus_per_trial,
         spread_ranks=m.resources.spread_ranks, ddp_backend="nccl" if cuda_there else "gloo",
+        user_threads=user_threads(),
         observers=tuner_processes(local=local_ray),
         # One inductor cache per compile group, per node, for this search (kept for resume).
         compile_root=os.path.join(tempfile.gettempdir(), "tuner-compile-" + hashlib.sha1(

@@ -67,6 +67,10 @@ class TrialRequest:
     seed: int = 0
     env: dict = field(default_factory=dict)
     """Environment of the trial's process (OMP_NUM_THREADS, CUDA_VISIBLE_DEVICES)."""
+    threads_cap: int | None = None
+    """The CPUs the trial reserved: its intra-op threads, where the torch_threads knob does
+    not set them, are PyTorch's own default in the environment the search started from
+    (``env``'s OMP_NUM_THREADS where that had one), at most these. None: as started."""
     isolate_compile_cache: bool = True
     """Without ``compile_cache``: a cold inductor cache of the trial's own."""
     observers: list = field(default_factory=list)
@@ -91,13 +95,14 @@ def make_request(*, workload: str, workload_args: dict | None = None, base_dir: 
                  device: str = "auto", measure: dict | None = None, run: dict | None = None,
                  seed: int = 0, env: dict | None = None, isolate_compile_cache: bool = True,
                  observers: list[int] | None = None, screen: dict | None = None,
-                 compile_cache: str | None = None, nice: int | None = None) -> TrialRequest:
+                 compile_cache: str | None = None, nice: int | None = None,
+                 threads_cap: int | None = None) -> TrialRequest:
     """A ``TrialRequest``, with its mappings copied (the caller's may change later)."""
     return TrialRequest(workload=workload, workload_args=dict(workload_args or {}), base_dir=base_dir,
                         config=dict(config or {}), baseline=baseline, strict=strict, device=device,
                         measure=dict(measure or {}), run=dict(run or {}), seed=seed, env=dict(env or {}),
                         isolate_compile_cache=isolate_compile_cache, observers=list(observers or []),
-                        screen=screen, compile_cache=compile_cache, nice=nice)
+                        screen=screen, compile_cache=compile_cache, nice=nice, threads_cap=threads_cap)
 
 
 class Resolved(NamedTuple):
@@ -208,7 +213,8 @@ def execute(request: TrialRequest, progress: Callable[[str], None] | None = None
     if not metrics["loss_finite"]:
         status, reason = Status.INFEASIBLE, metrics.pop("reason")
     return {"status": status, "reason": reason, **metrics, "config": config, "notes": notes,
-            "nice": os.getpriority(os.PRIO_PROCESS, 0), **workload_facts(workload, trainer),
+            "nice": os.getpriority(os.PRIO_PROCESS, 0), "intra_op_threads": torch.get_num_threads(),
+            **workload_facts(workload, trainer),
             "baseline": request.baseline, "device": str(device)}
 
 
@@ -324,18 +330,27 @@ def _child(conn: Any, request: TrialRequest, output: str | None = None) -> None:
         os.dup2(fd, 2)
         os.close(fd)
     os.environ.update(request.env)
+    torch_chose = request.threads_cap is not None and "OMP_NUM_THREADS" not in request.env \
+        and "torch" not in sys.modules
+    if torch_chose:  # Ray's own variable, not the user's: PyTorch chooses, as in the user's run
+        os.environ.pop("OMP_NUM_THREADS", None)
     # A spawned child may inherit its parent's start method; put back the platform
     # default so DataLoader workers start as in the user's own script.
     mp.set_start_method(mp.get_all_start_methods()[0], force=True)
     for name in _PRELOAD:
         importlib.import_module(name)
-    if "OMP_NUM_THREADS" in request.env:
-        # The trial's default thread count is the CPUs it reserved (the torch_threads knob
-        # still overrides it), set as a call too: the variable is read once, by whatever
-        # first started torch's pool.
+    if request.threads_cap is not None:
+        # The trial's default thread count (the torch_threads knob still overrides it) is
+        # the user's: the variable they started with, else PyTorch's own choice (the
+        # physical cores, where there are fewer than logical ones), at most the CPUs the
+        # trial reserved; set as a call too, since the variable is read once, as torch loads.
         import torch
 
-        torch.set_num_threads(max(1, int(request.env["OMP_NUM_THREADS"])))
+        given = request.env.get("OMP_NUM_THREADS", "")
+        users = int(given) if given.isdigit() else torch.get_num_threads() if torch_chose else request.threads_cap
+        threads = max(1, min(request.threads_cap, users))
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+        torch.set_num_threads(threads)
     try:
         result = execute(request, progress=lambda msg: conn.send(("progress", msg)),
                          phase=lambda name: conn.send(("phase", name)))
