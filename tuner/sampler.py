@@ -440,7 +440,9 @@ def _ei(mu: float, sd: float, top: float) -> float:
 
 def oversubscription(config: dict, cores: int | None, use: LoaderUse | None = None) -> float:
     """Intra-op threads that DataLoader workers leave without a core of their own, as a
-    fraction of the cores (threads unset: PyTorch takes every core). Workers tolerate
+    fraction of the cores (threads unset: read as every core, the most a trial's default
+    takes; it takes fewer where the user's OMP_NUM_THREADS or PyTorch's physical-core
+    count says so, which this model does not see). Workers tolerate
     sharing cores; a multi-threaded op stalls at its barriers while one of its threads
     waits for a core. The workers take the cores they were measured to use (``use``),
     else one each."""
