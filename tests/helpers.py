@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -81,3 +83,12 @@ def pipeline_rate(config: dict, cores: int, per_process: float) -> tuple[float, 
         return rate, rate / per_process
     rate = min(step, per_process * workers)
     return rate, 1 - rate / step
+
+
+def torch_default_threads() -> int:
+    """The intra-op threads PyTorch chooses in a fresh process of this machine with no
+    OMP_NUM_THREADS or MKL_NUM_THREADS set: what a user's own run gets."""
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    out = subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
+                         capture_output=True, text=True, check=True, env=env)
+    return int(out.stdout)

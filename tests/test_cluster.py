@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import FIXTURES, space_lines
+from tests.helpers import FIXTURES, space_lines, torch_default_threads
 from tuner.trial import kill_tree
 
 
@@ -156,11 +156,8 @@ def test_submit_to_a_running_head_with_token_auth(ray_head, tmp_path):
     assert summary["trials"] == 2 and summary["best"]["config"]["micro_batch_size"] in (4, 8)
     # the job's driver runs with the OMP_NUM_THREADS Ray gives its job supervisor; the
     # trials run with PyTorch's own threads, at most the head's 2 CPUs, as a user's run would
-    fresh = subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"], text=True,
-                           capture_output=True, check=True,
-                           env={k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")})
     threads = {r["intra_op_threads"] for r in map(json.loads, (out / "trials.jsonl").read_text().splitlines())}
-    assert threads == {min(2, int(fresh.stdout))}, threads
+    assert threads == {min(2, torch_default_threads())}, threads
 
 
 @pytest.mark.slow

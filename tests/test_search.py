@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import FIXTURES, space_lines
+from tests.helpers import FIXTURES, space_lines, torch_default_threads
 from tuner import spec
 from tuner.search import run_search
 
@@ -357,17 +357,12 @@ def test_a_trial_without_torch_threads_runs_the_threads_the_user_s_own_run_gets(
     PyTorch's own choice (physical cores, where there are fewer than logical ones), at
     most the CPUs the trial reserved. Ray gives its workers an OMP_NUM_THREADS of its own;
     the trials took the reserved CPUs, whatever the user had set."""
-    import os
-
     if user_threads:
         monkeypatch.setenv("OMP_NUM_THREADS", user_threads)
         expected = 1
     else:
         monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-        fresh = subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
-                               capture_output=True, text=True, check=True,
-                               env={k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")})
-        expected = min(2, int(fresh.stdout))  # ray_local's 2 CPUs, each trial's alone
+        expected = min(2, torch_default_threads())  # ray_local's 2 CPUs, each trial's alone
     space = _space(tmp_path, f"""\
         name: threads
         workload: {FIXTURES}:sleepy
