@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 import psutil
 
+from tuner.hardware import affinity, usable_cores
 from tuner.settings import HUSH_ENV
 
 if TYPE_CHECKING:
@@ -260,8 +261,6 @@ class LoadMeter:
 
     def __init__(self, probe: TreeProbe, nvml: NvmlSampler | None = None):
         self.probe, self.nvml = probe, nvml
-        from tuner.hardware import affinity, usable_cores
-
         self.cpus, self.cpuset = usable_cores(), affinity()  # the cores this trial can have
         self._start: tuple | None = None
 
