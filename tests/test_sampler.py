@@ -232,6 +232,30 @@ def test_a_thread_count_held_fixed_shares_the_cores_with_the_searched_workers():
     assert unset._row({"num_workers": 2})[unset.over] == pytest.approx(0.5)  # every core to threads
 
 
+def test_threads_left_unset_are_read_as_the_threads_the_trials_ran_with():
+    """A space that leaves torch_threads to the user's default: before a trial reported
+    its threads, the model reads every core (the most a default takes); once trials
+    reported ``intra_op_threads`` (the user's OMP_NUM_THREADS=1 here, or the physical cores
+    PyTorch picks on an SMT host), it reads those, and workers that fit beside them leave
+    no thread without a core."""
+    from tuner.sampler import InteractionModel, oversubscription, unset_threads
+
+    domain = {"num_workers": [0, 4, 8]}
+    done = [({"num_workers": 0}, 100.0), ({"num_workers": 4}, 150.0)]
+    trials = [({"num_workers": 0}, {"samples_per_sec": 100.0, "intra_op_threads": 1.0}),
+              ({"num_workers": 4}, {"samples_per_sec": 150.0, "intra_op_threads": 1.0}),
+              ({"num_workers": 4, "torch_threads": 16}, {"samples_per_sec": 90.0, "intra_op_threads": 16.0})]
+    assert unset_threads(trials) == 1  # the trial that set 16 threads is not the default
+    assert unset_threads([(c, {"samples_per_sec": f["samples_per_sec"]}) for c, f in trials]) is None
+    before = InteractionModel(domain, done, 1.0, cores=16)
+    after = InteractionModel(domain, done, 1.0, cores=16, unset_threads=unset_threads(trials))
+    assert before._row({"num_workers": 8})[before.over] == pytest.approx(0.5)  # 16 threads + 8 workers
+    assert after._row({"num_workers": 8})[after.over] == 0.0
+    smt = {"num_workers": 12}  # 8 physical of 16 logical cores: 8 threads and 12 workers overrun them
+    assert oversubscription(smt, 16, unset=8) == pytest.approx(4 / 16)
+    assert oversubscription({**smt, "torch_threads": 2}, 16, unset=8) == 0.0  # a set count is the count
+
+
 def test_workers_that_wait_leave_their_cores_to_the_threads_in_the_model():
     """The term for threads without a core counts the cores the workers were measured to
     use: two workers waiting on a disk (a tenth of a core between them) leave two threads

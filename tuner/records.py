@@ -323,7 +323,7 @@ def objective_values(record: dict, objective: Any) -> dict[str, float]:
 LOGGED_METRICS = ("samples_per_sec", "steady_samples_per_sec", "samples_per_sec_spread", "step_time_ms",
                   "data_wait_fraction", "peak_host_memory_mb", "peak_device_memory_mb", "compile_s",
                   "epoch_overhead_s", "projected_run_s", "mfu", "gpu_util_pct", "gpu_power_w", "joules_per_sample",
-                  "trial_cpu_cores", "loader_cpu_cores")
+                  "trial_cpu_cores", "loader_cpu_cores", "intra_op_threads")
 
 
 def logged_metrics(record: dict) -> dict[str, float]:

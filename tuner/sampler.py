@@ -95,6 +95,7 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         self.grow_batch = grow_batch and self.throughput and len(self.domain.get("micro_batch_size", ())) > 1
         self.fallback = optuna.samplers.TPESampler(seed=seed)
         self._plans: dict[int, dict | None] = {}
+        self._unset: int | None = None  # the threads a config without torch_threads ran with
 
     def advice_first(self) -> None:
         """Measure the second start (the guides' advice) before the first (PyTorch's
@@ -143,6 +144,7 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         figures = [({**self.fixed, **self._complete(t.params)}, t.user_attrs) for t in trials
                    if t.state == TrialState.COMPLETE]
         use = loader_use(figures) if self.cores else None
+        self._unset = unset_threads(figures) if self.cores else None
         pipe = pipeline(figures, self.cores) if self.throughput else None
         for start, split in zip(self.starts, self.split, strict=True):
             if self.canonical(start) in seen:
@@ -164,7 +166,8 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         retry = self._screened_contender(full, done, number, use, pipe)
         if retry is not None:
             return retry
-        model = InteractionModel(self.domain, done, self.sign, self.cores, fixed=self.fixed, use=use, pipeline=pipe)
+        model = InteractionModel(self.domain, done, self.sign, self.cores, fixed=self.fixed, use=use, pipeline=pipe,
+                                 unset_threads=self._unset)
         # Expected improvement over the model's own figure for the best config measured
         # so far: the best single figure is the luckiest draw of several, and chasing it
         # under-explores (the plug-in incumbent of noisy EI).
@@ -269,14 +272,15 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         candidates = [d for d in done if d[2] and measured[k := self.canonical(d[0])] == 1 and planned[k] <= 1]
         if not candidates:
             return None
-        model = InteractionModel(self.domain, full, self.sign, self.cores, fixed=self.fixed, use=use, pipeline=pipe)
+        model = InteractionModel(self.domain, full, self.sign, self.cores, fixed=self.fixed, use=use, pipeline=pipe,
+                                 unset_threads=self._unset)
         known = {(k, _hashable(c[k])) for c, *_ in full for k in self.domain}
 
         def predicted(d: tuple) -> float:
             if all((k, _hashable(d[0][k])) in known for k in self.domain):
                 return model.predict(d[0])
             told = InteractionModel(self.domain, [*full, d], self.sign, self.cores, fixed=self.fixed, use=use,
-                                    pipeline=pipe)
+                                    pipeline=pipe, unset_threads=self._unset)
             return told.predict(d[0])
 
         scores = [predicted(d) for d in candidates]
@@ -339,6 +343,10 @@ class InteractionModel:
     penalties are noise² / prior variance, pairs shrunk ``pair_ridge / ridge`` times
     harder than single knobs, ``noise`` the scale of the posterior's spread (log units).
 
+    ``unset_threads``: the threads a config without ``torch_threads`` ran with (as the
+    module's ``unset_threads`` reads them from the trials), for the oversubscription term;
+    None reads every core.
+
     ``done``: (config, value, screened[, data wait]) tuples. A screened figure (a few
     windows) weighs ``screened_weight``. Infeasible trials (objective 0 or the minimize
     penalty) count as much worse than the worst feasible one, so their values are avoided.
@@ -351,9 +359,11 @@ class InteractionModel:
 
     def __init__(self, domain: dict[str, list], done: list[tuple], sign: float, cores: int | None = None, *,
                  fixed: dict | None = None, use: LoaderUse | None = None, pipeline: Pipeline | None = None,
-                 ridge: float = 0.3, pair_ridge: float = 1.5, screened_weight: float = 0.3, noise: float = 0.1):
+                 unset_threads: int | None = None, ridge: float = 0.3, pair_ridge: float = 1.5,
+                 screened_weight: float = 0.3, noise: float = 0.1):
         names = list(domain)
         self.cores, self.fixed, self.use, self.pipeline = cores, dict(fixed or {}), use, pipeline
+        self.unset_threads = unset_threads
         if pipeline is not None:
             done = [(d[0], pipeline.step_rate(d[1], d[3] if len(d) > 3 else None), *d[2:]) for d in done]
         self.columns: dict[tuple, int] = {}
@@ -415,7 +425,7 @@ class InteractionModel:
             if i is not None:
                 row[i] = 1.0
         if self.over is not None:
-            row[self.over] = oversubscription({**self.fixed, **config}, self.cores, self.use)
+            row[self.over] = oversubscription({**self.fixed, **config}, self.cores, self.use, self.unset_threads)
         return row
 
     def predict(self, config: dict) -> float:
@@ -438,22 +448,33 @@ def _ei(mu: float, sd: float, top: float) -> float:
     return (mu - top) * _phi_cdf(z) + sd * _phi_pdf(z)
 
 
-def oversubscription(config: dict, cores: int | None, use: LoaderUse | None = None) -> float:
+def oversubscription(config: dict, cores: int | None, use: LoaderUse | None = None,
+                     unset: int | None = None) -> float:
     """Intra-op threads that DataLoader workers leave without a core of their own, as a
-    fraction of the cores (threads unset: read as every core, the most a trial's default
-    takes; it takes fewer where the user's OMP_NUM_THREADS or PyTorch's physical-core
-    count says so, which this model does not see). Workers tolerate
-    sharing cores; a multi-threaded op stalls at its barriers while one of its threads
-    waits for a core. The workers take the cores they were measured to use (``use``),
-    else one each."""
+    fraction of the cores. Threads unset run the user's own default (their OMP_NUM_THREADS,
+    else PyTorch's choice: the physical cores), which a trial reports (``unset``, from
+    ``unset_threads``); before one has, they are read as every core, the most a trial's
+    default takes. Workers tolerate sharing cores; a multi-threaded op stalls at its
+    barriers while one of its threads waits for a core. The workers take the cores they
+    were measured to use (``use``), else one each."""
     if not cores:
         return 0.0
-    threads = config.get("torch_threads") or cores
+    threads = config.get("torch_threads") or unset or cores
     if threads <= 1:
         return 0.0
     workers = int(config.get("num_workers") or 0)
     busy = use.cores(workers) if use is not None else workers
     return max(0.0, threads + busy - cores) / cores
+
+
+def unset_threads(trials: list[tuple[dict, dict]]) -> int | None:
+    """The intra-op threads the trials without ``torch_threads`` ran with (the records'
+    ``intra_op_threads``: the user's OMP_NUM_THREADS, else PyTorch's own choice, at most
+    the CPUs the trial reserved), from measured trials ((config, figures) pairs); None
+    before one reported them."""
+    seen = [int(f["intra_op_threads"]) for c, f in trials
+            if not c.get("torch_threads") and (f.get("intra_op_threads") or 0) >= 1]
+    return round(statistics.median(seen)) if seen else None
 
 
 @dataclass(frozen=True)
