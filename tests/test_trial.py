@@ -58,6 +58,23 @@ def test_a_trial_runs_in_a_fresh_interpreter_its_caller_started(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_trial_s_process_ends_with_its_result_and_its_workers_with_it(tmp_path):
+    """Once the result is sent, the process ends without the interpreter's teardown (a
+    second per trial with torch imported), so a workload's thread that never ends does not
+    hold it to the driver's limit on joining it; its DataLoader workers end with it."""
+    import psutil
+
+    pids = tmp_path / "workers.txt"
+    r = _run("lingering_thread", {"pid_file": str(pids)},
+             {"micro_batch_size": 8, "num_workers": 2, "persistent_workers": True})
+    assert r["status"] == "ok", r.get("reason")
+    assert r["trial_wall_s"] < 10  # the driver joins a process for 10 s before it kills it
+    workers = {int(p) for p in pids.read_text().split()}
+    assert len(workers) == 2
+    assert not [p for p in workers if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+
+
+@pytest.mark.slow
 def test_oom_raise_and_hang_are_results_with_reasons():
     oom = _run("oom_above", {"max_batch": 16}, {"micro_batch_size": 32})
     assert oom["status"] == "infeasible" and oom["error_kind"] == "oom"

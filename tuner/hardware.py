@@ -82,10 +82,7 @@ def usable_cores() -> int:
     try:
         import joblib
     except ImportError:
-        try:
-            return max(1, len(os.sched_getaffinity(0)))
-        except (AttributeError, OSError):
-            return max(1, os.cpu_count() or 1)
+        return len(affinity() or ()) or max(1, os.cpu_count() or 1)
     return max(1, joblib.cpu_count())
 
 

@@ -361,6 +361,32 @@ def _child(conn: Any, request: TrialRequest, output: str | None = None) -> None:
         conn.send(("error", kind, reason, traceback.format_exc(), exc.refusal if isinstance(exc, KnobRefused) else None))
     finally:
         conn.close()
+        _exit_now()
+
+
+def _exit_now() -> None:
+    """End the trial's process once its result is sent, without the interpreter's
+    teardown: with torch imported, freeing every module and object took about a second
+    per trial (longer with a workload's large heap), which the driver waited out before
+    the next trial, and a workload's non-daemon thread could keep it alive. What the
+    teardown would do that matters is done here: the output flushed, and the process's
+    own children ended (DataLoader and compile workers), as multiprocessing's exit handler
+    ends daemonic ones; its resource tracker is left to see the process go and release
+    what it tracks."""
+    import logging
+    from multiprocessing import resource_tracker
+
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    logging.shutdown()
+    tracker = getattr(resource_tracker._resource_tracker, "_pid", None)
+    try:
+        children = [c for c in psutil.Process().children(recursive=True) if c.pid != tracker]
+    except psutil.Error:
+        children = []
+    _end(children, grace_s=3)
+    os._exit(0)
 
 
 def kill_tree(pid: int) -> None:
@@ -370,11 +396,20 @@ def kill_tree(pid: int) -> None:
         procs = root.children(recursive=True) + [root]
     except psutil.Error:
         return
+    _end(procs)
+
+
+def _end(procs: list[psutil.Process], grace_s: float = 0.0) -> None:
+    """End ``procs``: with a grace, asked to (SIGTERM), then killed if still there after
+    it; without one, killed at once; either way waited for (up to 5 s after a kill)."""
     for p in procs:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
+        with contextlib.suppress(psutil.Error):
+            p.terminate() if grace_s else p.kill()
+    if grace_s:
+        procs = psutil.wait_procs(procs, timeout=grace_s)[1]
+        for p in procs:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
     psutil.wait_procs(procs, timeout=5)
 
 
