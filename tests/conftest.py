@@ -57,10 +57,6 @@ def pytest_configure(config: pytest.Config) -> None:
             and config.getoption("testrunuid", None) is None:
         # chosen here rather than by xdist, so that the controller knows the folder to remove
         config.option.testrunuid = uuid.uuid4().hex
-        # xdist hands tests out a few at a time, not in chunks of a quarter of a worker's
-        # share: a chunk is the worker's to run, and a chunk of scenarios left the other
-        # worker idle for minutes at the end
-        config.option.maxschedchunk = 1
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
@@ -85,13 +81,16 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
         _held.pop().__exit__(None, None, None)
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     if os.environ.get("PYTEST_XDIST_WORKER"):
-        # the `alone` tests first: xdist hands each worker a run of consecutive tests to
-        # start with, so they run in a row on one worker, which keeps the machine between
-        # them, and the other worker waits once rather than before each of them; the quick
-        # tests last, so that the two workers end within seconds of each other rather than
-        # one of them waiting out the other's last scenario
+        # the `alone` tests are one group (`--dist loadgroup`, pyproject's addopts; a module
+        # whose tests share a costly fixture marks them a group of its own): one worker runs
+        # them in a row, keeping the machine between them, and the other waits once rather
+        # than before each of them; the quick tests last, so that the two workers end within
+        # seconds of each other rather than one of them waiting out the other's last scenario
+        for item in filter(_alone, items):
+            item.add_marker(pytest.mark.xdist_group("alone"))
         items.sort(key=lambda item: (not _alone(item), item.get_closest_marker("slow") is None))
 
 

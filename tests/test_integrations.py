@@ -21,7 +21,8 @@ from tests.helpers import FIXTURES, space_lines
 from tuner import spec
 from tuner.search import run_search
 
-pytestmark = pytest.mark.slow
+# one worker runs these tests (`--dist loadgroup`), so that their module's search runs once
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("integrations")]
 
 
 @pytest.fixture(scope="module")

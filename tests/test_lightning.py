@@ -1,6 +1,7 @@
 """tuner.lightning: a Workload from a real LightningModule and LightningDataModule, whose
 training_step runs inside the module that compile and DDP wrap."""
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -9,11 +10,13 @@ import textwrap
 import pytest
 import torch
 
-L = pytest.importorskip("lightning")
+from tests.helpers import space_lines
+from tuner.errors import UserError, WorkloadError
+from tuner.lightning import lightning_workload
 
-from tests.helpers import space_lines  # noqa: E402
-from tuner.errors import UserError, WorkloadError  # noqa: E402
-from tuner.lightning import lightning_workload  # noqa: E402
+# found, not imported: importing lightning takes seconds, which each xdist worker would
+# spend collecting (the tests import it where they run)
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("lightning") is None, reason="lightning is not installed")
 
 MODULE = '''\
 import lightning as L

@@ -153,15 +153,21 @@ def test_a_batch_of_many_small_items_reads_what_whole_epochs_of_it_get():
     few dozen steps and takes much of the time. Epochs are 19 steps, a tenth of a second:
     windows of a fifth of an epoch (three steps) held one such collection or none, and the
     figure of a workload like it read 0.45x to 1.8x a plain loop's. Windows of whole
-    epochs read what whole epochs get."""
+    epochs read what whole epochs get.
+
+    Whole epochs of it still move by a fifth or more from one run to the next on a 2-core
+    VM, the plain loop's as much as the measurement's: how long a collection takes depends
+    on the whole heap of the process. So the rate is held to the plain loop's two runs
+    within a factor of 1.5 either way, which the 0.45x-1.8x of windows that split epochs
+    falls outside of; that each window holds whole epochs is checked exactly."""
     config = {"micro_batch_size": 1024}
     before = _plain_epochs("small_items", {}, config, epochs=30)
     r = _run("small_items", {}, config,
              measure={"warmup_steps": 3, "window_s": 0.5, "min_windows": 5, "max_windows": 8, "max_timed_s": 30.0})
-    plain = (before + _plain_epochs("small_items", {}, config, epochs=30)) / 2
+    low, high = sorted((before, _plain_epochs("small_items", {}, config, epochs=30)))
     assert r["status"] == "ok", r.get("reason")
     assert r["window_steps"] > 20000 // 1024  # each window holds whole epochs
-    assert r["samples_per_sec"] == pytest.approx(plain, rel=0.1), (plain, r["samples_per_sec_windows"])
+    assert low / 1.5 <= r["samples_per_sec"] <= high * 1.5, (low, high, r["samples_per_sec_windows"])
 
 
 def _plain_epochs(name: str, args: dict, config: dict, epochs: int = 2) -> float:
@@ -266,9 +272,12 @@ def test_many_workers_input_bound_agrees_with_whole_epochs_of_a_plain_loop(persi
         plain = max(plain, _plain_epochs("slow_data", args, config, epochs=1))
     assert r["samples_per_sec"] == pytest.approx(plain, rel=0.07)
     assert r["epoch_overhead_from"] == "windows"
-    # 8 workers x 8 samples per 160 ms: no steady window can beat 400 samples/s. Windows
-    # that were not whole rounds of the workers read 417 here (the CI run that failed).
-    assert r["steady_samples_per_sec"] <= 400 * 1.01
+    # 8 workers x 8 samples per 160 ms: over whole rounds nothing beats 400 samples/s.
+    # Windows that were not whole rounds of the workers read about 4% over it. Whole
+    # rounds still move by a few ms at their edges (a training process held up just
+    # after a window starts shortens that window: the workers sleep on regardless), and
+    # on a loaded machine that reads up to 2% over, hence the margin.
+    assert r["steady_samples_per_sec"] <= 400 * 1.03
 
 
 def test_dataloader_workers_memory_is_in_the_peak():
