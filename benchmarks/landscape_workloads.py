@@ -1050,3 +1050,51 @@ def distill(size: int = 4096, image: int = 40, crop: int = 32, classes: int = 10
 
     return Workload(model=lambda: Distilled(width, classes), dataset=lambda: Swatches(size, image, crop, classes),
                     loss=loss)
+
+
+class Tiles(Swatches):
+    """Textured tiles made on each read: a random crop and flip, a brightness and contrast
+    jitter, normalised per image (an augmentation pipeline's cheap per-sample work)."""
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        g, label = torch.Generator().manual_seed(i), i % self.classes
+        phase = torch.rand(3, 1, 1, generator=g) * 6.28
+        img = torch.cos((1 + label) * self.xs + phase) * torch.sin((2 + label) * self.ys - phase)
+        img = _crop_flip(img, self.image, self.crop, g)
+        img = img * (0.7 + 0.6 * torch.rand((), generator=g)) + 0.2 * torch.rand((), generator=g)
+        return ((img - img.mean()) / (img.std() + 1e-6)).contiguous(), label
+
+
+class InvertedResidual(nn.Module):
+    """MobileNetV2's block: a 1x1 expansion, a 3x3 depthwise conv, a 1x1 projection; the
+    input added back where the shapes match."""
+
+    def __init__(self, cin: int, cout: int, stride: int, expand: int):
+        super().__init__()
+        mid = cin * expand
+        self.body = nn.Sequential(
+            nn.Conv2d(cin, mid, 1, bias=False), nn.BatchNorm2d(mid), nn.ReLU6(),
+            nn.Conv2d(mid, mid, 3, stride=stride, padding=1, groups=mid, bias=False), nn.BatchNorm2d(mid), nn.ReLU6(),
+            nn.Conv2d(mid, cout, 1, bias=False), nn.BatchNorm2d(cout))
+        self.skip = stride == 1 and cin == cout
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.body(x) if self.skip else self.body(x)
+
+
+def mobilenet(size: int = 4096, image: int = 72, crop: int = 64, classes: int = 10, width: int = 16) -> Workload:
+    """A MobileNetV2-style net: depthwise-separable convolutions, whose depthwise layers move
+    much memory for little arithmetic (unlike the dense convolutions of the other conv
+    workloads), with BatchNorm after every conv."""
+
+    def model():
+        blocks, cin = [], width
+        for cout, stride in ((width, 1), (2 * width, 2), (2 * width, 1), (4 * width, 2), (4 * width, 1),
+                             (8 * width, 2)):
+            blocks.append(InvertedResidual(cin, cout, stride, expand=4))
+            cin = cout
+        return nn.Sequential(nn.Conv2d(3, width, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(width),
+                             nn.ReLU6(), *blocks, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, classes))
+
+    return Workload(model=model, dataset=lambda: Tiles(size, image, crop, classes),
+                    loss=lambda model, batch: nn.functional.cross_entropy(model(batch[0]), batch[1]))

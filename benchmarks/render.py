@@ -21,7 +21,9 @@ WHAT = {  # what each benchmark answers, in one line
     "gpu": "On a GPU: the GPU tests, bench against a plain loop, and a search on GPT-2 124M and ResNet-50",
     "search_replay": "How good the search's pick is, replayed on recorded landscapes, against stock searches",
     "search_budget": "The search under `--time-budget`, replayed on a landscape's recorded trial walls",
+    "many_cores": "The search on 8 to 64 cores: synthetic input pipelines (no machine measured), the same judge",
     "search_cost": "The tuner against stock Ray Tune + OptunaSearch, live",
+    "trial_overhead": "What a trial costs beyond its windows: its process's start and its end",
     "loop_vs_naive": "The pick against the plain PyTorch loop and the best config of the grid",
     "truth_default": "bench against a user's own loop and a real Trainer, at default settings",
     "framework_speed": "The exports in the frameworks users paste them into: rates and speed-ups",
@@ -98,6 +100,22 @@ def _generic(data: Any, prefix: str = "", depth: int = 0, lines: list | None = N
     return lines
 
 
+def _trial_overhead(data: dict) -> list[str]:
+    t = data["teardown"]
+    out = [f"Trials of the built-in conv workload with a short measure ({data['measure']['min_windows']}-"
+           f"{data['measure']['max_windows']} windows of {data['measure']['window_s']} s), one after another as a "
+           "search runs them; medians. `start`: the spawn to the process's first message (interpreter, imports, "
+           "request); `measure`: to its last window (model and DataLoader built, warm-up, windows); `end`: to "
+           "the driver holding an ended process; `fixed`: start and end over the wall.", "",
+           "| config | trials | start s | measure s | end s | wall s | fixed |", "|---|---|---|---|---|---|---|"]
+    out += [f"| {r['config']} | {r['trials']} | {r['start_s']:.2f} | {r['measure_s']:.2f} | {r['end_s']:.2f} | "
+            f"{r['wall_s']:.2f} | {r['fixed_share']:.0%} |" for r in data["rows"]]
+    return out + ["", f"The interpreter's teardown with torch imported, which a trial's process skips "
+                      f"(`tuner.trial._exit_now`): {t['teardown_s']:.2f} s ({t['with_teardown_s']:.2f} s "
+                      f"against {t['with_os_exit_s']:.2f} s ending in `os._exit`, medians of {t['rounds']} "
+                      "rounds, interleaved)."]
+
+
 def _search_replay(data: dict) -> list[str]:
     budgets = data["budgets"]
     out = [f"The replay drives the search policy itself (`tuner.policy.SearchPolicy`), one search per count of "
@@ -111,7 +129,10 @@ def _search_replay(data: dict) -> list[str]:
            f"pick's noise alone, where the best configs are all measured (a sampler that measures fewer of "
            f"them can read a higher 10th percentile: fewer near-equal contenders to confuse). "
            f"`tuner: best measured` is the best config the tuner measured in full: below it, the pick lost to "
-           f"noise; below 1, the search never measured the best configs in full.", ""]
+           f"noise; below 1, the search never measured the best configs in full. A landscape marked \"cores used not "
+           f"recorded\" was recorded before trials reported the cores they and their DataLoader workers used: "
+           f"replayed, the starts that split the cores keep the threads their worker counts leave, where a "
+           f"live search gives them the threads its workers' measured cores leave.", ""]
     held = {n for n, info in data["landscapes"].items() if info.get("held_out")}
     for title, names in (("Landscapes the search's rules were chosen on", [n for n in data["results"] if n not in held]),
                          ("Held out: recorded after the rules of their commit were frozen, no constant or rule "
@@ -138,8 +159,9 @@ def _search_replay(data: dict) -> list[str]:
         info = data["landscapes"][name]
         judged = f"; judged by {info['judge']}" if info.get("judge") else ""
         tag = "; held out" if info.get("held_out") else ""
+        cores = "; cores used not recorded" if info.get("cores_recorded") is False else ""
         out += [f"**{name}** ({info['configs']} configs, repeat CV {info['repeat_cv']:.3f}; "
-                f"{_machine(info)}, measured {info.get('measured')}{judged}{tag})", "",
+                f"{_machine(info)}, measured {info.get('measured')}{judged}{tag}{cores})", "",
                 "| strategy | " + " | ".join(f"{b} configs" for b in budgets) + " |",
                 "|---|" + "---|" * len(budgets)]
         for strategy, row in strategies.items():
@@ -259,6 +281,34 @@ def _search_budget(data: dict) -> list[str]:
                    f"{r['time_s']:.0f} | {r['trials']} | {r['configs_median']:.0f} ({r['configs_min']}) | "
                    f"{r['measurements_median']:.0f} | {r['wall_s_median']:.0f} ({r['wall_s_max']:.0f}) | "
                    f"{r['pick_median']:.3f} ({r['pick_p10']:.3f}) | {ended} |")
+    return out
+
+
+def _many_cores(data: dict) -> list[str]:
+    strategies = list(next(iter(data["summary"].values())))
+    out = [f"Synthetic landscapes (`benchmarks/many_cores.py`: Amdahl's law for the threads, a loading cost "
+           f"per sample, threads and busy workers beyond the cores slowing both stages), each config's windows "
+           f"noisy by {data['window_cv']:.0%} and its trials by {data['trial_cv']:.0%}; {data['trials']} configs "
+           f"a search, {data['seeds']} seeds a scenario. The pipelines have the shape the sampler's model of "
+           "the stages assumes, so this checks that its reasoning holds at any core count, not that the "
+           "physics are a real machine's. Pick / best, by core count and whether the space searches the "
+           "threads (unset: PyTorch's, every core): the mean over the scenarios of the median and the 10th "
+           "percentile over the seeds, and the worst scenario's median.", "",
+           "| cores, threads | " + " | ".join(f"{st}: median, p10, worst" for st in strategies) + " |",
+           "|---|" + "---|" * len(strategies)]
+    for name, figures in data["summary"].items():
+        out.append(f"| {name} | " + " | ".join(
+            f"{v['mean_median']:.3f}, {v['mean_p10']:.3f}, {v['min_median']:.3f}" for v in figures.values()) + " |")
+    weak = [r for r in data["scenarios"] if r["tuner"]["median"] < 0.97 or r["tuner"]["p10"] < 0.9]
+    if weak:
+        out += ["", "Scenarios where the tuner's median reads below 0.97 or its 10th percentile below 0.90 "
+                "(loading: the loading's cores at the fastest step, over the machine's; p: the step's parallel "
+                "share):", "", "| cores | threads | loading | p | bf16 factor | barrier | " + " | ".join(
+                    f"{st} median (p10)" for st in strategies) + " |", "|---|---|---|---|---|---|" + "---|" *
+                len(strategies)]
+        out += [f"| {r['cores']} | {r['threads']} | {r['loading_share']} | {r['parallel']} | {r['bf16_factor']} | "
+                f"{r['barrier']} | " + " | ".join(f"{r[st]['median']:.3f} ({r[st]['p10']:.3f})" for st in strategies)
+                + " |" for r in weak]
     return out
 
 
@@ -624,6 +674,8 @@ def render() -> str:
                   f"Measured {_when(path, data)} on {_machine(data)}; "
                   f"`{data.get('command') or f'python benchmarks/{path.stem}.py'}`.", ""]
         special = {"search_replay": _search_replay, "search_budget": _search_budget, "search_cost": _search_cost, "truth_default": _truth_default,
+                   "trial_overhead": _trial_overhead,
+                   "many_cores": _many_cores,
                    "framework_speed": _framework_speed, "framework_overhead": _framework_overhead,
                    "anatomy": _anatomy, "gpu": _gpu, "restart_trace": _restart_trace,
                    "hotpath_pairs": _hotpath_pairs, "cache_pairs": _cache_pairs,

@@ -718,10 +718,14 @@ def budget_replays(names: list[str], budgets: list[float], trials: list[int], se
 
 
 def _landscape_facts(name: str) -> dict:
-    landscape = _load(name)[0]
+    landscape, _, ctx = _load(name)
     return {"measured": landscape.get("measured"), "hardware": landscape["hardware"],
             "configs": len(landscape["grid"]), "repeat_cv": repeat_cv(landscape), "judge": judge(name),
-            "held_out": bool(landscape.get("held_out")), "rules_at": landscape.get("rules_at")}
+            "held_out": bool(landscape.get("held_out")), "rules_at": landscape.get("rules_at"),
+            # on a CPU, whether its trials reported the cores they and their workers used:
+            # without them the replay never gives the split starts the threads those cores leave
+            "cores_recorded": any(g.get("loader_cpu_cores") is not None for g in landscape["grid"])
+            if ctx.device == "cpu" else None}
 
 
 def _add(out: Path, names: list[str], table: dict, wall_s: float, strategies: list[str]) -> None:

@@ -39,6 +39,26 @@ def linear(size: int = 64, dim: int = 8, lr: float = 0.1) -> Workload:
                     optimizer=lambda p: torch.optim.SGD(p, lr=lr))
 
 
+def lingering_thread(size: int = 64, pid_file: str = "") -> Workload:
+    """A linear regression whose dataset starts a non-daemon thread that never ends (a
+    library's background thread, say): an interpreter's exit waits for it for good. Each
+    process that collates a batch (the DataLoader's workers) appends its id to ``pid_file``."""
+    import os
+    import threading
+
+    def dataset():
+        threading.Thread(target=threading.Event().wait, daemon=False).start()
+        return Numbers(size)
+
+    def collate(items):
+        if pid_file:
+            with open(pid_file, "a") as f:
+                f.write(f"{os.getpid()}\n")
+        return torch.utils.data.default_collate(items)
+
+    return Workload(model=lambda: nn.Linear(8, 1), dataset=dataset, loss=_mse, collate=collate)
+
+
 class Stream(torch.utils.data.IterableDataset):
     """``size`` samples as a stream (no ``len``), split among the DataLoader's workers."""
 

@@ -433,23 +433,43 @@ def test_a_resumed_study_keeps_the_figures_the_sampler_reads():
     assert all(t.user_attrs["loader_cpu_cores"] == 0.25 and t.user_attrs["samples_per_sec"] > 0 for t in trials)
 
 
-@pytest.mark.parametrize("per_process", [20.0, 60.0, 100.0, 1000.0])
-def test_on_16_cores_the_search_finds_the_split_its_pipeline_needs(per_process):
-    """A 16-core machine (the policy is told so) and a synthetic pipeline: the step's rate
-    grows with the intra-op threads and the batch and falls where threads and workers
-    overrun the cores; each loading process delivers ``per_process`` samples/s, so the
-    workers it takes range from all of them (20) to hardly any (1000). No 2-core rule
-    knows the answer: the starts and the model of the pipeline's stages, fed each trial's
-    data wait, find the best config within 12 configs at every loading rate."""
-    import itertools
+def test_the_threads_a_trial_ran_with_reach_the_sampler_through_optuna():
+    """A space that leaves the threads unset: each record's ``intra_op_threads`` (what the
+    user's default gave the trial) reaches Optuna with its figures, and the guided sampler
+    reads the unset threads as those, not as every core."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    policy = SearchPolicy(_space(knobs={"num_workers": [0, 4, 8], "micro_batch_size": [32, 64]}),
+                          knobs.Context(device="cpu", cpu_count=16))
+    now = 0.0
+    while sum(r.get("phase") == "search" for r in policy.records) < 3:
+        task = policy.next(now)
+        assert isinstance(task, Task), task
+        policy.on_result(task, {**_measure(task), "intra_op_threads": 1})
+        now += 5.0
+    policy.next(now)  # the sampler plans the next config from the three
+    trials = policy.study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
+    assert [t.user_attrs["intra_op_threads"] for t in trials] == [1.0, 1.0, 1.0]
+    assert policy.study.sampler._unset == 1
 
-    cores = 16
+
+@pytest.mark.parametrize(("cores", "threads", "per_process"),
+                         [(16, True, 20.0), (16, True, 60.0), (16, True, 100.0), (16, True, 1000.0),
+                          (64, False, 20.0), (64, False, 200.0), (64, False, 2000.0)])
+def test_on_many_cores_the_search_finds_the_split_its_pipeline_needs(cores, threads, per_process):
+    """A machine of many cores (the policy is told so) and a synthetic pipeline: the step's
+    rate grows with the intra-op threads and the batch and falls where threads and workers
+    overrun the cores; each loading process delivers ``per_process`` samples/s, so the
+    workers it takes range from all of them to hardly any. No 2-core rule knows the answer:
+    the starts and the model of the pipeline's stages, fed each trial's data wait, find the
+    best config within 12 configs at every loading rate, with the threads searched or left
+    to PyTorch (every core, which the workers then share)."""
+    import itertools
 
     def measure(c: dict) -> tuple[float, float]:  # (samples/s, data wait)
         return pipeline_rate(c, cores, per_process)
 
-    knob_values = {"micro_batch_size": [32, 64, 128], "num_workers": [0, 2, 4, 8, 12],
-                   "torch_threads": [1, 2, 4, 8, 16]}
+    knob_values = {"micro_batch_size": [32, 64, 128], "num_workers": [0, 2, 4, 8, 12] if threads else [0, 2, 4, 8, 16, 32],
+                   **({"torch_threads": [1, 2, 4, 8, 16]} if threads else {})}
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     policy = SearchPolicy(_space(knobs=knob_values, budget={"trials": 12}),
                           knobs.Context(device="cpu", cpu_count=cores, bf16_native=False))

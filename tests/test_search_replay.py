@@ -97,3 +97,19 @@ def test_a_picks_shortfall_is_told_as_lost_in_the_rounds_or_no_contender_and_hel
     held = {p.stem for p in sr.LANDSCAPES.glob("*.json") if sr._load(p.stem)[0].get("held_out")}
     assert held and replayed and not held & set(replayed)
     assert "lstm" in replayed and "mean median 1.0000" in capsys.readouterr().out
+
+
+def test_a_cpu_landscape_says_whether_its_trials_reported_the_cores_they_used():
+    """Replayed without the cores its trials and their workers used, a landscape cannot show
+    the split starts taking the threads those cores leave: the page marks it."""
+    import render
+
+    facts = {name: sr._landscape_facts(name)["cores_recorded"] for name in ("files_stages", "files_xeon", "gpu_resnet50")}
+    assert facts == {"files_stages": True, "files_xeon": False, "gpu_resnet50": None}  # a GPU has no split starts
+    info = {"configs": 1, "repeat_cv": 0.0, "hardware": {"cpu": "x", "cpu_count": 2}, "measured": "now"}
+    data = {"budgets": [12], "seeds": 1, "gp_seeds": 1, "results": {}, "landscapes": {}}
+    for name, recorded in facts.items():
+        data["landscapes"][name] = {**info, "cores_recorded": recorded}
+        data["results"][name] = {"tuner": {"12": {"median": 1.0, "p10": 1.0}}}
+    marked = [line.split("**")[1] for line in render._search_replay(data) if "cores used not recorded)" in line]
+    assert marked == ["files_xeon"]
