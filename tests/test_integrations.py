@@ -183,3 +183,15 @@ def test_dashboard_without_a_study_is_a_clear_error(tmp_path):
     out = subprocess.run([sys.executable, "-m", "tuner", "dashboard", str(tmp_path / "empty")],
                          capture_output=True, text=True)
     assert out.returncode != 0 and "optuna.journal" in out.stderr
+
+
+def test_this_module_s_tests_are_one_group_for_xdist(request):
+    """Under `-n` with `--dist loadgroup` (pyproject's addopts) xdist sends a group's tests
+    to one worker by the `@group` it appends to their node ids. A pytest whose node ids it
+    cannot append to (9.2, beside xdist 3.8) ran this module's search once per worker and
+    the `alone` tests on both workers, each waiting the other out: nothing failed, the
+    suite only slowed. This says so where it happens."""
+    if not getattr(request.config.option, "loadgroup", False):  # set in xdist's workers
+        pytest.skip("not run by xdist workers under --dist loadgroup")
+    assert request.node.nodeid.endswith("@integrations"), (
+        f"pytest {pytest.__version__} node ids carry no xdist group: {request.node.nodeid}")
