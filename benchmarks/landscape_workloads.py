@@ -1098,3 +1098,86 @@ def mobilenet(size: int = 4096, image: int = 72, crop: int = 64, classes: int = 
 
     return Workload(model=model, dataset=lambda: Tiles(size, image, crop, classes),
                     loss=lambda model, batch: nn.functional.cross_entropy(model(batch[0]), batch[1]))
+
+
+_WORDS = ("a", "the", "red", "blue", "green", "small", "large", "striped", "dotted", "round", "square", "cat", "dog",
+          "car", "tree", "house", "boat", "bird", "on", "under", "beside", "near", "grass", "water", "road", "sky",
+          "sitting", "running", "parked", "flying", "old", "new", "bright", "dark", "two", "three", "with", "and")
+
+
+class Captioned(Dataset):
+    """Image-text pairs, as a CLIP-style pipeline reads them: each read draws an image (a
+    random blend of waves), crops and flips it, and writes a caption of 6-40 words that
+    a Python tokenizer (lower-casing, splitting, a hashed vocabulary) turns into ids."""
+
+    def __init__(self, size: int, image: int, crop: int, vocab: int):
+        self.size, self.image, self.crop, self.vocab = size, image, crop, vocab
+        self.ys, self.xs = _grid(image)
+
+    def __len__(self) -> int:
+        return self.size
+
+    def _tokens(self, text: str) -> torch.Tensor:
+        ids = [1 + (sum(ord(c) * 31 ** j for j, c in enumerate(w)) % (self.vocab - 1))
+               for w in text.lower().replace(",", " ").split()]
+        return torch.tensor(ids, dtype=torch.long)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        g = torch.Generator().manual_seed(i)
+        freq, phase = torch.rand(3, 2, generator=g) * 6, torch.rand(3, 1, 1, generator=g) * 6.28
+        img = torch.sin(freq[:, :1, None] * self.xs + freq[:, 1:, None] * self.ys + phase)
+        top, left = (int(v) for v in torch.randint(0, self.image - self.crop + 1, (2,), generator=g))
+        img = img[:, top:top + self.crop, left:left + self.crop]
+        if torch.rand((), generator=g) < 0.5:
+            img = img.flip(-1)
+        n = int(torch.randint(6, 41, (), generator=g))
+        picks = torch.randint(0, len(_WORDS), (n,), generator=g).tolist()
+        text = " ".join(_WORDS[p].capitalize() if k % 7 == 0 else _WORDS[p] for k, p in enumerate(picks))
+        return img.contiguous(), self._tokens(text)
+
+
+def pad_captions(items: list) -> tuple[torch.Tensor, torch.Tensor]:
+    """The batch's images stacked and its captions padded to the longest (0 pads)."""
+    images, tokens = zip(*items, strict=True)
+    return torch.stack(images), nn.utils.rnn.pad_sequence(list(tokens), batch_first=True)
+
+
+class DualEncoder(nn.Module):
+    """A conv image tower and a transformer text tower (padding masked, mean-pooled) into
+    one embedding space."""
+
+    def __init__(self, vocab: int, width: int, dim: int, heads: int):
+        super().__init__()
+        self.image = nn.Sequential(
+            nn.Conv2d(3, width, 3, stride=2, padding=1), nn.BatchNorm2d(width), nn.ReLU(),
+            nn.Conv2d(width, 2 * width, 3, stride=2, padding=1), nn.BatchNorm2d(2 * width), nn.ReLU(),
+            nn.Conv2d(2 * width, 4 * width, 3, stride=2, padding=1), nn.BatchNorm2d(4 * width), nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4 * width, dim))
+        self.embed = nn.Embedding(vocab, dim, padding_idx=0)
+        self.position = nn.Parameter(torch.zeros(64, dim))
+        self.text = nn.TransformerEncoder(nn.TransformerEncoderLayer(dim, heads, 2 * dim, dropout=0.0,
+                                                                     batch_first=True), 2)
+        self.scale = nn.Parameter(torch.tensor(2.6))
+
+    def forward(self, images: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        pad = tokens == 0
+        t = self.text(self.embed(tokens) + self.position[: tokens.shape[1]], src_key_padding_mask=pad)
+        t = (t * ~pad[..., None]).sum(1) / (~pad).sum(1, keepdim=True)
+        return (nn.functional.normalize(self.image(images), dim=1), nn.functional.normalize(t, dim=1),
+                self.scale.exp())
+
+
+def captions(size: int = 4096, image: int = 56, crop: int = 48, vocab: int = 4096, width: int = 24,
+             dim: int = 96, heads: int = 4) -> Workload:
+    """CLIP-style contrastive pretraining on image-caption pairs: two towers, the
+    symmetric InfoNCE loss over the batch."""
+
+    def loss(model, batch):
+        images, tokens = batch
+        a, b, scale = model(images, tokens)
+        logits = scale * a @ b.T
+        target = torch.arange(len(a), device=logits.device)
+        return (nn.functional.cross_entropy(logits, target) + nn.functional.cross_entropy(logits.T, target)) / 2
+
+    return Workload(model=lambda: DualEncoder(vocab, width, dim, heads),
+                    dataset=lambda: Captioned(size, image, crop, vocab), loss=loss, collate=pad_captions)
