@@ -1181,3 +1181,74 @@ def captions(size: int = 4096, image: int = 56, crop: int = 48, vocab: int = 409
 
     return Workload(model=lambda: DualEncoder(vocab, width, dim, heads),
                     dataset=lambda: Captioned(size, image, crop, vocab), loss=loss, collate=pad_captions)
+
+
+class Shapes(Dataset):
+    """Detection scenes: a noisy background with 1-12 filled rectangles of random size,
+    colour and class drawn on it, each with its box; flipped half the time. The boxes
+    are a list of varied length per image."""
+
+    def __init__(self, size: int, image: int, classes: int):
+        self.size, self.image, self.classes = size, image, classes
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        g = torch.Generator().manual_seed(i)
+        s = self.image
+        img = 0.2 * torch.randn(3, s, s, generator=g)
+        n = int(torch.randint(1, 13, (), generator=g))
+        boxes = []
+        for _ in range(n):
+            w, h = (int(v) for v in torch.randint(s // 10, s // 3, (2,), generator=g))
+            x, y = int(torch.randint(0, s - w, (), generator=g)), int(torch.randint(0, s - h, (), generator=g))
+            label = int(torch.randint(0, self.classes, (), generator=g))
+            img[:, y:y + h, x:x + w] = torch.rand(3, 1, 1, generator=g) * (1 + label) / self.classes
+            boxes.append([x / s, y / s, (x + w) / s, (y + h) / s, label])
+        target = torch.tensor(boxes)
+        if torch.rand((), generator=g) < 0.5:
+            img = img.flip(-1)
+            target[:, [0, 2]] = 1 - target[:, [2, 0]]
+        return img, target
+
+
+def box_lists(items: list) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """The images stacked; the boxes kept as a list (each image has its own number)."""
+    images, targets = zip(*items, strict=True)
+    return torch.stack(images), list(targets)
+
+
+def detect(size: int = 4096, image: int = 64, classes: int = 4, width: int = 24) -> Workload:
+    """A one-stage detector on a grid (as YOLO and CenterNet assign boxes): a conv backbone
+    to a grid of stride 8, each cell predicting objectness, class and box; the targets
+    are built in the loss, per image, from each box's centre cell."""
+    cells = image // 8
+
+    def block(cin: int, cout: int, stride: int = 1) -> list:
+        return [nn.Conv2d(cin, cout, 3, stride=stride, padding=1, bias=False), nn.BatchNorm2d(cout), nn.SiLU()]
+
+    def model():
+        return nn.Sequential(*block(3, width, 2), *block(width, width), *block(width, 2 * width, 2),
+                             *block(2 * width, 2 * width), *block(2 * width, 4 * width, 2),
+                             *block(4 * width, 4 * width), nn.Conv2d(4 * width, 5 + classes, 1))
+
+    def loss(model, batch):
+        images, targets = batch
+        out = model(images)  # (batch, 5 + classes, cells, cells)
+        obj = torch.zeros(out.shape[0], cells, cells, device=out.device)
+        box_loss, cls_loss, hits = out.new_zeros(()), out.new_zeros(()), 0
+        for b, t in enumerate(targets):
+            t = t.to(out.device)
+            cx, cy = (t[:, 0] + t[:, 2]) / 2, (t[:, 1] + t[:, 3]) / 2
+            gx, gy = (cx * cells).long().clamp(0, cells - 1), (cy * cells).long().clamp(0, cells - 1)
+            obj[b, gy, gx] = 1.0
+            pred = out[b, :, gy, gx].T.float()  # (boxes, 5 + classes)
+            wanted = torch.stack([cx * cells - gx, cy * cells - gy, t[:, 2] - t[:, 0], t[:, 3] - t[:, 1]], 1)
+            box_loss = box_loss + nn.functional.smooth_l1_loss(pred[:, 1:5].sigmoid(), wanted, reduction="sum")
+            cls_loss = cls_loss + nn.functional.cross_entropy(pred[:, 5:], t[:, 4].long(), reduction="sum")
+            hits += len(t)
+        obj_loss = nn.functional.binary_cross_entropy_with_logits(out[:, 0].float(), obj)
+        return obj_loss + (box_loss + cls_loss) / max(hits, 1)
+
+    return Workload(model=model, dataset=lambda: Shapes(size, image, classes), loss=loss, collate=box_lists)
