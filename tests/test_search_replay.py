@@ -113,3 +113,18 @@ def test_a_cpu_landscape_says_whether_its_trials_reported_the_cores_they_used():
         data["results"][name] = {"tuner": {"12": {"median": 1.0, "p10": 1.0}}}
     marked = [line.split("**")[1] for line in render._search_replay(data) if "cores used not recorded)" in line]
     assert marked == ["files_xeon"]
+
+
+def test_repeat_s_band_is_set_by_the_judged_best_not_a_lucky_first_figure():
+    """A best first figure of 100 whose repeats read 80 and 84: the judged best is the
+    mean of its three (88), above any other config's figure, so configs within 0.9 of 88
+    (79.2 and up) are the contenders that need their repeats, not those within 0.9 of 100."""
+    grid = [{"config": {"b": b}, "samples_per_sec": v} for b, v in ((1, 100.0), (2, 86.0), (3, 80.0), (4, 70.0))]
+    landscape = {"grid": grid}
+    assert sr._judged_best(landscape) == 100.0  # before its repeats, the first figure stands
+    landscape["repeats"] = [{"config": {"b": 1}, "samples_per_sec": [100.0, 80.0, 84.0]}]
+    assert sr._judged_best(landscape) == 88.0
+    landscape["repeats"].append({"config": {"b": 2}, "samples_per_sec": [86.0, 96.0, 94.0]})
+    assert sr._judged_best(landscape) == 92.0  # a contender's mean above the first best's
+    landscape["repeats"].append({"config": {"b": 3}, "samples_per_sec": [80.0, None, 70.0]})
+    assert sr._judged_best(landscape) == 92.0  # a failed repeat is left out of its mean
