@@ -1126,10 +1126,7 @@ class Captioned(Dataset):
         g = torch.Generator().manual_seed(i)
         freq, phase = torch.rand(3, 2, generator=g) * 6, torch.rand(3, 1, 1, generator=g) * 6.28
         img = torch.sin(freq[:, :1, None] * self.xs + freq[:, 1:, None] * self.ys + phase)
-        top, left = (int(v) for v in torch.randint(0, self.image - self.crop + 1, (2,), generator=g))
-        img = img[:, top:top + self.crop, left:left + self.crop]
-        if torch.rand((), generator=g) < 0.5:
-            img = img.flip(-1)
+        img = _crop_flip(img, self.image, self.crop, g)
         n = int(torch.randint(6, 41, (), generator=g))
         picks = torch.randint(0, len(_WORDS), (n,), generator=g).tolist()
         text = " ".join(_WORDS[p].capitalize() if k % 7 == 0 else _WORDS[p] for k, p in enumerate(picks))

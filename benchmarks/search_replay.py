@@ -200,11 +200,17 @@ def repeat(space_path: Path, within: float = REPEAT_BAND) -> Path:
 
 def _judged_best(landscape: dict) -> float:
     """The best config's rate as the judge would take it once the configs near it have
-    their repeats: a repeated config's mean figure, another's first."""
-    means = {json.dumps(r["config"], sort_keys=True): statistics.mean(f)
-             for r in landscape.get("repeats", []) if (f := [x for x in r["samples_per_sec"] if x])}
-    return max((means.get(json.dumps(g["config"], sort_keys=True), g["samples_per_sec"] or 0.0)
-                for g in landscape["grid"]), default=0.0)
+    their repeats (``rates_by``)."""
+    return max(rates_by(landscape, lambda c: json.dumps(c, sort_keys=True)).values(), default=0.0)
+
+
+def rates_by(landscape: dict, key: Callable[[dict], Any]) -> dict:
+    """Each config's rate under ``key`` of its config: the mean of its figures where it was
+    repeated (failed repeats left out), its first figure otherwise."""
+    first = {key(g["config"]): g["samples_per_sec"] or 0.0 for g in landscape["grid"]}
+    means = {key(r["config"]): statistics.mean(f) for r in landscape.get("repeats", [])
+             if (f := [x for x in r["samples_per_sec"] if x])}
+    return {k: means.get(k, v) for k, v in first.items()}
 
 
 def context(space: spec.Space, hardware: dict | None = None) -> knobs.Context:
@@ -241,13 +247,13 @@ def judged_rates(landscape: dict, canon: Canonical, ss: SearchSpace) -> tuple[di
     (``repeat``), a config's rate is their mean; otherwise every config's is its first
     figure (means for a few and first figures for the rest would judge the two kinds
     differently)."""
-    first = {canon(ss.active(g["config"])): g["samples_per_sec"] or 0.0 for g in landscape["grid"]}
-    repeated = {canon(ss.active(r["config"])): [x for x in r["samples_per_sec"] if x]
-                for r in landscape.get("repeats", [])}
+    key = lambda c: canon(ss.active(c))  # noqa: E731
+    first = {key(g["config"]): g["samples_per_sec"] or 0.0 for g in landscape["grid"]}
+    repeated = {key(r["config"]) for r in landscape.get("repeats", []) if any(r["samples_per_sec"])}
     best = max(first.values())
-    if not all(repeated.get(k) for k, v in first.items() if v >= REPEAT_BAND * best):
+    if not all(k in repeated for k, v in first.items() if v >= REPEAT_BAND * best):
         return first, "first figures"
-    return {k: statistics.mean(repeated[k]) if repeated.get(k) else v for k, v in first.items()}, "means"
+    return rates_by(landscape, key), "means"
 
 
 class Machine:
