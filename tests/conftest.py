@@ -101,3 +101,14 @@ def restore_threads():
     n = torch.get_num_threads()
     yield
     torch.set_num_threads(n)
+
+
+@pytest.fixture
+def temp_dir() -> Iterator[Path]:
+    """A process's temp dir (``TMPDIR``) for a test that checks what a run leaves there, at
+    a short path: multiprocessing binds its sockets in it, and a socket's path has at most
+    107 characters, which pytest's ``tmp_path`` under xdist comes close to (a worker there
+    could not bind and hung)."""
+    folder = Path(tempfile.mkdtemp(prefix="tuner-"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)

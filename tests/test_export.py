@@ -144,7 +144,9 @@ def test_the_exported_data_parallel_script_exits_cleanly_with_the_cores_busy(tmp
 
 
 def _torchrun(script, cwd, *args, wait=True):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script), *args]
+    # its logs in the test's folder: by default torchrun makes a temp dir per run and leaves it
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           "--log-dir", str(cwd / "torchrun"), str(script), *args]
     if not wait:
         # stderr to a file: runs read one after another must not block on a full pipe
         return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(cwd / "stderr", "w"), cwd=cwd)

@@ -132,21 +132,23 @@ def test_init_keeps_the_workload_s_own_output_out_of_its_probe_lines(tmp_path):
     assert run.returncode == 0, run.stderr
     said = run.stdout + run.stderr
     assert said.count("NOISE-OUT") <= 1 and said.count("NOISE-ERR") <= 1, said
-    log = Path(re.search(r"the workload's own output: (\S+?)\)", said).group(1))
+    log = Path(re.search(r"the workload's own output: (\S+?),", said).group(1))
     probes = said.count("micro_batch_size=")
     assert probes >= 3 and log.read_text().count("NOISE-OUT") >= probes - 1, (probes, log.read_text())
     assert log.read_text().count("NOISE-ERR") == log.read_text().count("NOISE-OUT")
     log.unlink()
 
 
-def test_init_holds_workers_to_one_where_each_would_yield_the_whole_stream(tmp_path):
+def test_init_holds_workers_to_one_where_each_would_yield_the_whole_stream(tmp_path, temp_dir):
     """An iterable dataset that does not split itself among the DataLoader's workers: the
     space searches 0 or 1 worker, and init says why; a stream that splits gets the cores."""
     out = tmp_path / "space.yaml"
     run = subprocess.run([sys.executable, "-m", "tuner", "init", ref("unsplit_stream"), "--workload-args",
                           "{size: 256}", "--device", "cpu", "-o", str(out)], capture_output=True, text=True,
-                         timeout=600)
+                         timeout=600, env={**os.environ, "TMPDIR": str(temp_dir)})
     assert run.returncode == 0, run.stderr
+    # a workload that writes nothing leaves no log of its output in the temp dir
+    assert not list(temp_dir.glob("tuner-init-*")), list(temp_dir.iterdir())
     assert "num_workers held to [0, 1]: every DataLoader worker yields the whole iterable dataset" in run.stdout + run.stderr
     assert spec.load(out).model.knobs["num_workers"] == [0, 1]
     line = next(x for x in out.read_text().splitlines() if x.lstrip().startswith("num_workers"))

@@ -124,20 +124,24 @@ def test_a_trial_launched_at_ray_s_worker_niceness_runs_at_the_users():
 
 
 @pytest.mark.slow
-def test_a_trial_that_stops_stepping_is_hung_by_its_progress_not_the_time_limit(monkeypatch):
+def test_a_trial_that_stops_stepping_is_hung_by_its_progress_not_the_time_limit(monkeypatch, temp_dir):
     """Its DataLoader worker blocks for good after a few batches: recorded after
     max(STALL_MIN_S, 10x its slowest step gap), not at the 300 s limit. The floor is
     lowered to 5 s here (the parent process applies it): the rule, not the 30 s, is what
-    is checked."""
+    is checked. The killed worker's multiprocessing temp dir (its listener for handing
+    batches over), which its own exit would have removed, is removed too: the trial has
+    a temp dir of its own here, so that what is left there is the trial's."""
     from tuner import trial
     from tuner.trial import STALL_MIN_S, stall_limit
 
     assert stall_limit([]) is None and stall_limit([0.1, 0.2]) == STALL_MIN_S and stall_limit([5.0]) == 50.0
     monkeypatch.setattr(trial, "STALL_MIN_S", 5.0)
     assert stall_limit([0.1, 0.2]) == 5.0
-    r = _run("stalls", {"after": 60}, {"micro_batch_size": 8, "num_workers": 1}, timeout=300)
+    r = _run("stalls", {"after": 60}, {"micro_batch_size": 8, "num_workers": 1}, timeout=300,
+             env={"TMPDIR": str(temp_dir)})
     assert r["error_kind"] == "timeout" and r["reason"].startswith("hung: no step for"), r.get("reason")
     assert 5.0 <= float(r["reason"].split("for ")[1].split(" s")[0]) < 15 and r["trial_wall_s"] < 30
+    assert not list(temp_dir.glob("pymp-*"))
 
 
 @pytest.mark.slow

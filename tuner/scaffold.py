@@ -292,14 +292,19 @@ def init_space(workload: str, workload_args: dict, out: Path, *, device: str = "
         return run_isolated(req, timeout_s=timeout_s, retries=0, output=str(log))
 
     say(f"probing micro-batch sizes on {device} ({precision}), each in a fresh process "
-        f"(the workload's own output: {log})")
-    fit = probe_batch(measure_one, device=device, max_memory_mb=max_memory_mb, max_step_s=max_step_s,
-                      upper=upper, say=say)
+        f"(the workload's own output: {log}, kept if it writes any)")
+    try:
+        fit = probe_batch(measure_one, device=device, max_memory_mb=max_memory_mb, max_step_s=max_step_s,
+                          upper=upper, say=say)
+    finally:
+        wrote = log.exists() and log.stat().st_size > 0
+        if not wrote:  # an empty file in the temp dir per init tells the user nothing
+            log.unlink(missing_ok=True)
     if fit.largest is None:
         last = fit.probes[-1] if fit.probes else None
         sizes = "micro_batch_size=1" if not last or last.batch == 1 else f"no micro_batch_size from 1 to {last.batch}"
-        raise UserError(f"workload: {sizes} does not fit here: {last.why if last else 'no probe'} "
-                        f"(the workload's own output: {log})")
+        raise UserError(f"workload: {sizes} does not fit here: {last.why if last else 'no probe'}"
+                        + (f" (the workload's own output: {log})" if wrote else ""))
     model = wl.model()
     unfused = apply.fused_optimizer_of(wl.make_optimizer(model.to(device).parameters()), model)
     if unfused:

@@ -401,16 +401,35 @@ def kill_tree(pid: int) -> None:
 
 def _end(procs: list[psutil.Process], grace_s: float = 0.0) -> None:
     """End ``procs``: with a grace, asked to (SIGTERM), then killed if still there after
-    it; without one, killed at once; either way waited for (up to 5 s after a kill)."""
+    it; without one, killed at once; either way waited for (up to 5 s after a kill).
+    The multiprocessing temp dirs of those that are gone are removed: their own exit
+    handler, which would have, does not run."""
+    temp_dirs = {p.pid: _mp_temp_dirs(p) for p in procs}
     for p in procs:
         with contextlib.suppress(psutil.Error):
             p.terminate() if grace_s else p.kill()
+    gone: list[psutil.Process] = []
     if grace_s:
-        procs = psutil.wait_procs(procs, timeout=grace_s)[1]
+        gone, procs = psutil.wait_procs(procs, timeout=grace_s)
         for p in procs:
             with contextlib.suppress(psutil.Error):
                 p.kill()
-    psutil.wait_procs(procs, timeout=5)
+    gone += psutil.wait_procs(procs, timeout=5)[0]
+    for p in gone:
+        for folder in temp_dirs[p.pid]:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _mp_temp_dirs(proc: psutil.Process) -> set[str]:
+    """The ``pymp-*`` folders of ``proc``'s listening sockets: multiprocessing makes one per
+    process that shares file descriptors (a DataLoader worker handing batches over), and
+    only that process's exit handler removes it, which a killed process never runs."""
+    try:
+        sockets = proc.net_connections(kind="unix")
+    except psutil.Error:
+        return set()
+    folders = {os.path.dirname(s.laddr) for s in sockets if isinstance(s.laddr, str) and s.laddr}
+    return {f for f in folders if os.path.basename(f).startswith("pymp-")}
 
 
 def infeasible(kind: str, reason: str, request: TrialRequest, **extra: Any) -> Record:
