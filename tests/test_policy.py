@@ -504,3 +504,35 @@ def test_on_a_gpu_the_third_config_is_the_best_start_at_the_largest_batch_its_me
     third = {k: searched[2][k] for k in ("precision", "num_workers", "micro_batch_size")}
     # 64 samples: 6,400 MB of 10,000 fits in 80%; 12,800 does not
     assert (third == {**{k: advice[k] for k in third}, "micro_batch_size": 64}) is grown
+
+
+def test_a_config_with_more_ranks_is_costed_at_its_own_world_size_s_walls():
+    """A trial of two ranks pays their processes' start (Ray Train's controller and
+    workers) on top of the work: here 20 s against 5 s, and two ranks read 10% slower, so
+    that most trials have one. The search proper costs the config it chose at the trials
+    of its world size (as a compiled one at its compile mode's) before it starts it: where
+    it does not fit, the search proper ends there and the time goes to the confirm round.
+    Costed at a typical trial's 5 s, a late two-rank trial took the confirm round's room.
+    Only the first trial of two ranks has no walls of its kind to be costed at."""
+    def rate_of(config: dict) -> float:
+        return (100.0 * (1 + 0.05 * config["num_workers"]) * (1 + config["micro_batch_size"] / 320)
+                * (0.9 if config["world_size"] == 2 else 1.0))
+
+    for time_s in range(40, 200, 3):
+        space = _space(knobs={"num_workers": [0, 1, 2], "micro_batch_size": [16, 32, 64],
+                              "precision": ["fp32", "bf16"], "world_size": [1, 2]},
+                       budget={"trials": 12, "time_s": time_s}, confirm={"top": 2})
+        policy, now = _policy(space), 0.0
+        while not isinstance(decision := policy.next(now), Done):
+            assert isinstance(decision, Task), decision
+            config = {"num_workers": 0, "micro_batch_size": 32, "world_size": 1, **decision.config}
+            wall = 20.0 if config["world_size"] == 2 else 5.0
+            now += wall
+            policy.on_result(decision, {"status": "ok", "config": dict(decision.config), "trial_wall_s": wall,
+                                        "samples_per_sec": rate_of(config), "samples_per_sec_error": 0.01,
+                                        "screened": False})
+        assert now <= time_s, (time_s, now)
+        ranks = [r["config"].get("world_size", 1) for r in policy.records if r["phase"] == "search"]
+        first_of_its_kind = ranks[-1] not in ranks[:-1]
+        assert 2 in ranks or time_s < 60, (time_s, ranks)
+        assert any(r.get("confirm_round") for r in policy.records) or first_of_its_kind, (time_s, ranks)

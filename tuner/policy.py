@@ -235,15 +235,24 @@ def median_wall(records: list[dict]) -> float | None:
 
 def expected_wall(records: list[dict], config: dict) -> float | None:
     """What measuring ``config`` costs, known before it runs: the median wall of its own
-    full measurements; else of the trials in its compile mode (a compiled trial pays its
-    compile on top of an eager one's wall: on a GPU, several eager trials' time); else
-    of any trial."""
+    full measurements; else of the trials of its kind, its compile mode and its world
+    size (a compiled trial pays its compile on top of an eager one's wall: on a GPU,
+    several eager trials' time; a trial of several ranks pays their processes' start);
+    else of its compile mode's; else of any trial."""
     own = own_wall(records, config)
     if own is not None:
         return own
-    mode = config.get("compile") or "off"
-    same = median_wall([r for r in records if ((r.get("config") or {}).get("compile") or "off") == mode])
-    return same if same is not None else median_wall(records)
+    kind = _kind(config)
+    for same in (lambda k: k == kind, lambda k: k[0] == kind[0], lambda k: True):
+        wall = median_wall([r for r in records if same(_kind(r.get("config") or {}))])
+        if wall is not None:
+            return wall
+    return None
+
+
+def _kind(config: dict) -> tuple[str, int]:
+    """What sets a trial's cost beyond its steps: its compile mode and its ranks."""
+    return config.get("compile") or "off", config.get("world_size") or 1
 
 
 def own_wall(records: list[dict], config: dict | None) -> float | None:
@@ -466,6 +475,12 @@ class SearchPolicy:
             refused = None if hang else self._refused_like(config)
             why = hang or refused or self._held_compiled(config)
             if why is None:
+                if not self.clock.trial_fits(now, self.records, self.metric, config=config):
+                    # its kind of trial (compiled, several ranks) costs more than a typical
+                    # one, which the check above took: the time goes to the confirm round
+                    self._withdraw(task)
+                    self.search_ended = "time budget spent"
+                    return None
                 self.asked += 1
                 return task
             # a config that would hang as one measured did, or has a value a trial refused,
@@ -478,6 +493,15 @@ class SearchPolicy:
             self.on_result(task, {"status": Status.INFEASIBLE, "error_kind": kind,
                                   "config": dict(config), "samples_per_sec": None, "skipped": True, "reason": why})
         return None
+
+    def _withdraw(self, task: Task) -> None:
+        """Take back a search task decided but not started: Optuna is told its trial
+        failed (a resumed search may propose the config again)."""
+        self.in_flight.pop(task.number, None)
+        self.tried.discard(self.canon(task.config))
+        trial = self.trials.pop(task.number, None)
+        if trial is not None:
+            self.study.tell(trial, state=_optuna_state("FAIL"))
 
     def _held_compiled(self, config: dict) -> str | None:
         """Why a compiled config is not run in the search (compile_late); its eager twin
