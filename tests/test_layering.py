@@ -66,7 +66,8 @@ def test_show_export_report_run_without_ray_or_torch(tmp_path):
 def test_the_process_that_runs_trials_never_imports_torch(tmp_path):
     """The worker that measures (the baseline's, to which Tune's trials hand their
     configs) only hands each config to a fresh process: importing torch itself (about a
-    second) would hold up a search's first measurement."""
+    second) would hold up a search's first measurement. Outside Ray it starts no Ray to
+    learn its node."""
     code = (
         "import sys\n"
         "from tests.helpers import FAST_MEASURE, ref\n"
@@ -80,6 +81,8 @@ def test_the_process_that_runs_trials_never_imports_torch(tmp_path):
         "assert record['status'] == 'ok' and record['samples_per_sec'] > 0, record\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
         "assert 'ray.tune' not in sys.modules, 'ray.tune was imported'\n"
+        "import ray\n"
+        "assert not ray.is_initialized(), 'outside Ray, measuring started one'\n"
         "print('ok')\n")
     r = _python(code)
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-2000:]

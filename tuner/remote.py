@@ -119,13 +119,13 @@ def measure_config(knob_config: dict, job: TrialJob, baseline: bool = False, scr
         record = run_isolated(request, timeout_s=job.trial_timeout_s)
     record.update(started_at=started, ended_at=time.time())
     record.pop("traceback", None)
-    try:
-        import ray
+    import ray
 
+    if ray.is_initialized():
         record["node"] = ray.get_runtime_context().get_node_id()
         record["node_ip"] = ray.util.get_node_ip_address()
         record["gpu_ids"] = placement.gpu_ids if placement else [str(g) for g in ray.get_gpu_ids()]
-    except Exception:  # outside Ray (tests of this function)
+    else:  # outside Ray (tests of this function), where asking for the node would start a Ray
         record["node"], record["gpu_ids"] = None, []
     record["cpus_reserved"] = cpus if world == 1 else world * knobs.process_cpus(knob_config)
     record["compile_group"] = compile_group_key(knob_config, job.workload, job.workload_args)
