@@ -252,7 +252,7 @@ def _export_round_trip_through_bench(out, space, exported):
     # reads up to ~10% above trials measured inside a search on this VM, which slows under
     # sustained load (benchmarks/truth.py: Tune trial / bench 0.84-0.98); and this test is
     # not `alone`, so the test beside it can load the bench's trial more than it loaded
-    # the search's (a CI run read 0.898 of the search's figures)
+    # the search's
     assert min(values) * 0.85 <= again["samples_per_sec"] <= max(values) * 1.10
 
 
