@@ -495,13 +495,9 @@ class SearchPolicy:
         return None
 
     def _withdraw(self, task: Task) -> None:
-        """Take back a search task decided but not started: Optuna is told its trial
-        failed (a resumed search may propose the config again)."""
-        self.in_flight.pop(task.number, None)
+        """Take back a search task decided but not started: not tried, and given up."""
         self.tried.discard(self.canon(task.config))
-        trial = self.trials.pop(task.number, None)
-        if trial is not None:
-            self.study.tell(trial, state=_optuna_state("FAIL"))
+        self._give_up(task)
 
     def _held_compiled(self, config: dict) -> str | None:
         """Why a compiled config is not run in the search (compile_late); its eager twin
@@ -683,11 +679,16 @@ class SearchPolicy:
         if self.sink is not None:
             self.sink(rec)
         if not retried:
-            self.in_flight.pop(task.number, None)
-            trial = self.trials.pop(task.number, None)
-            if trial is not None:
-                self.study.tell(trial, state=_optuna_state("FAIL"))
+            self._give_up(task)
         return rec
+
+    def _give_up(self, task: Task) -> None:
+        """A task that will bring no record: out of flight, and its Optuna trial told it
+        failed (a resumed search may propose the config again)."""
+        self.in_flight.pop(task.number, None)
+        trial = self.trials.pop(task.number, None)
+        if trial is not None:
+            self.study.tell(trial, state=_optuna_state("FAIL"))
 
     def _tell(self, trial: Any, rec: dict) -> None:
         """Optuna is told a search record: its objective values, and its figures, status
