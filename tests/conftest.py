@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-# The suite runs two tests at a time (`pytest -n 2`): most of its tests wait on Ray, on
-# subprocesses or on sleeping trials, and leave the cores half idle. A test whose
-# assertions need a quiet machine (a rate against a reference, a window's disturbance,
-# ranks that load every core) is marked `alone`: it has the machine to itself while the
-# other worker waits. The other tests' searches take their `measure:` from
-# `tests.helpers.space_lines`, which counts no window as disturbed: the test beside them
-# is load they do not check.
+# The suite runs three tests at a time (`pytest -n 3`): most of its tests wait on Ray, on
+# subprocesses or on sleeping trials, and two at a time left the 2 cores idle more than
+# half the time. A test whose assertions need a quiet machine (a rate against a
+# reference, a window's disturbance, ranks that load every core) is marked `alone`: it
+# has the machine to itself while the other workers wait. The other tests' searches take
+# their `measure:` from `tests.helpers.space_lines`, which counts no window as disturbed:
+# the tests beside them are load they do not check.
 
 
 @contextmanager
@@ -86,9 +86,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     if os.environ.get("PYTEST_XDIST_WORKER"):
         # the `alone` tests are one group (`--dist loadgroup`, pyproject's addopts; a module
         # whose tests share a costly fixture marks them a group of its own): one worker runs
-        # them in a row, keeping the machine between them, and the other waits once rather
-        # than before each of them; the quick tests last, so that the two workers end within
-        # seconds of each other rather than one of them waiting out the other's last scenario
+        # them in a row, keeping the machine between them, and the others wait once rather
+        # than before each of them; the quick tests last, so that the workers end within
+        # seconds of each other rather than one of them waiting out another's last scenario
         for item in filter(_alone, items):
             item.add_marker(pytest.mark.xdist_group("alone"))
         items.sort(key=lambda item: (not _alone(item), item.get_closest_marker("slow") is None))

@@ -25,7 +25,7 @@ UNDISTURBED = {"max_interference": 1.0, "max_steal": 1.0}
 def space_lines(hot_path: bool = False, **settings: float) -> str:
     """The suite's lines of a space.yaml for a test's search or bench: ``measure:`` with
     FAST_MEASURE and ``settings``, and no window counted as disturbed by the load beside
-    it, which under ``pytest -n 2`` is another test's (tests/conftest.py), not what these
+    it, which under ``pytest -n 3`` is other tests' (tests/conftest.py), not what these
     tests check; no hot-path check after a search unless ``hot_path`` (a fresh process
     and a few steps of the baseline and the pick: test_search's end-to-end test checks it)."""
     return ("measure: " + json.dumps({**FAST_MEASURE, **UNDISTURBED, **settings}) + "\n"

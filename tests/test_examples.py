@@ -16,8 +16,8 @@ EXAMPLES = Path(__file__).parent.parent / "examples"
 
 def _space(tmp_path: Path, name: str) -> Path:
     """The example's space, its workload by absolute path, the suite's short windows, no
-    window counted as disturbed by the load beside it (under ``pytest -n 2``: another
-    test's), and no confirm rounds or hot-path check (test_search's): the search, the pick
+    window counted as disturbed by the load beside it (under ``pytest -n 3``: other
+    tests'), and no confirm rounds or hot-path check (test_search's): the search, the pick
     and its export are what is checked here."""
     data = yaml.safe_load((EXAMPLES / name / "space.yaml").read_text())
     data["workload"] = str(EXAMPLES / name / data["workload"])

@@ -144,7 +144,7 @@ def test_faulty_trials_are_recorded_and_the_search_finishes(tmp_path, ray_local,
           precision: [fp32, fp16]
         sampler: grid
         baseline: {{micro_batch_size: 16}}
-        budget: {{trials: 6, trial_timeout_s: 12}}
+        budget: {{trials: 6, trial_timeout_s: 20}}
         confirm: {{top: 0}}
         """)
     # the driver's temporary folders in one of the test's own: a search run beside this one
@@ -582,7 +582,10 @@ def test_a_trial_hung_at_its_first_batch_costs_seconds_and_its_like_are_not_run(
     """DataLoader workers that block for good at their start, in a search over the worker
     count: the hung trial is found idle before its first step, the configs that differ
     from it only in knobs that cannot matter to a loader's hang are not run, and the search
-    picks its winner within two minutes (the trial limit alone would have cost five)."""
+    picks its winner in less than the trial limit alone would have cost (five minutes).
+    The idle wait is what the rule sets, and is checked to the second; the bounds on the
+    walls are loose, since a trial's start (torch imported, the workload built, its
+    workers spawned) takes what the tests beside it leave of the cores."""
     space = _space(tmp_path, f"""\
         name: hangs
         workload: {FIXTURES}:hangs_in_workers
@@ -596,14 +599,14 @@ def test_a_trial_hung_at_its_first_batch_costs_seconds_and_its_like_are_not_run(
         """)
     t0 = time.time()
     summary = run_search(space, results_root=tmp_path / "r", quiet=True)
-    assert time.time() - t0 < 120
+    assert time.time() - t0 < 240
     records = _records(tmp_path / "r" / "hangs")
     hung = [r for r in records if r.get("hung_phase")]
     assert len(hung) == 1 and hung[0]["config"]["num_workers"] == 2
     assert hung[0]["hung_phase"] == "waiting for the first batch" and "idle" in hung[0]["reason"]
     from tuner.trial import IDLE_S
 
-    assert IDLE_S <= hung[0]["hung_wait_s"] < IDLE_S + 15 and hung[0]["trial_wall_s"] < IDLE_S + 30
+    assert IDLE_S <= hung[0]["hung_wait_s"] < IDLE_S + 15 and hung[0]["trial_wall_s"] < 150  # the limit: 300
     # the other config with 2 workers differs from it in the fused optimizer alone
     skipped = [r for r in records if r.get("skipped")]
     assert len(skipped) == 1 and skipped[0]["config"]["num_workers"] == 2, records
