@@ -146,7 +146,9 @@ def test_faulty_trials_are_recorded_and_the_search_finishes(tmp_path, ray_local,
         baseline: {{micro_batch_size: 16}}
         budget: {{trials: 6, trial_timeout_s: 20}}
         confirm: {{top: 0}}
-        """)
+        """)  # the limit ends the trials that hang; the others, their starts slowed by the tests
+    # beside this one, must end within it
+    #
     # the driver's temporary folders in one of the test's own: a search run beside this one
     # (another test run, a developer's own) makes its own in the shared /tmp
     own_tmp = tmp_path / "tmp"
