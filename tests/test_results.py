@@ -407,10 +407,11 @@ def test_a_results_disk_that_fills_mid_search_is_one_line_and_keeps_what_was_mea
         out = disk / "full"
 
         def fill() -> None:
-            with open(disk / "filler", "wb") as f:
-                with contextlib.suppress(OSError):
-                    while True:
-                        f.write(b"\0" * 65536)
+            # unbuffered: a buffered file keeps the tail of its last partial write, and its
+            # close, flushing that to the full disk, raises ENOSPC again
+            with contextlib.suppress(OSError), open(disk / "filler", "wb", buffering=0) as f:
+                while True:
+                    f.write(b"\0" * 65536)
 
         code, err, kept = _search_broken_after_two_trials(_space_file(tmp_path, "full", 6, "confirm: {top: 0}\n"),
                                                           out, fill)
