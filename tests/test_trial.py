@@ -137,12 +137,13 @@ def test_a_trial_that_stops_stepping_is_hung_by_its_progress_not_the_time_limit(
     assert stall_limit([]) is None and stall_limit([0.1, 0.2]) == STALL_MIN_S and stall_limit([5.0]) == 50.0
     monkeypatch.setattr(trial, "STALL_MIN_S", 5.0)
     assert stall_limit([0.1, 0.2]) == 5.0
-    r = _run("stalls", {"after": 60}, {"micro_batch_size": 8, "num_workers": 1}, timeout=300,
+    limit_s = 300
+    r = _run("stalls", {"after": 60}, {"micro_batch_size": 8, "num_workers": 1}, timeout=limit_s,
              env={"TMPDIR": str(temp_dir)})
     assert r["error_kind"] == "timeout" and r["reason"].startswith("hung: no step for"), r.get("reason")
     # the stall is checked to the second; the whole trial, its start included, only against
     # the limit (its start takes what the tests beside it leave of the cores)
-    assert 5.0 <= float(r["reason"].split("for ")[1].split(" s")[0]) < 15 and r["trial_wall_s"] < 150
+    assert 5.0 <= float(r["reason"].split("for ")[1].split(" s")[0]) < 15 and r["trial_wall_s"] < limit_s / 2
     assert not list(temp_dir.glob("pymp-*"))
 
 
