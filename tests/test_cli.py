@@ -1,5 +1,6 @@
 """The command line as a user meets it: real subprocesses, exit codes, one-line errors."""
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -368,3 +369,45 @@ def test_bench_fits_the_advice_around_what_was_set(tmp_path):
     assert config["torch_threads"] == spec.threads_left([1, 2], 0, os.cpu_count())
     with pytest.raises(UserError, match="persistent_workers"):
         bench_request(space, {"num_workers": 0, "persistent_workers": True})
+
+
+@pytest.mark.parametrize("length, command, says", [
+    # over the sockets' limit for DataLoader workers: refused before Ray, nothing written
+    (120, ["run", "space.yaml", "--results-dir", "results"],
+     "error: num_workers: DataLoader workers cannot hand batches over: set TMPDIR to a shorter folder"),
+    # within the workers' limit, over Ray's (its session folder adds to TMPDIR)
+    (70, ["run", "space.yaml", "--results-dir", "results"],
+     "error: cannot start a local Ray: set RAY_TMPDIR (or TMPDIR) to a shorter folder"),
+    # a config that holds workers, measured in its own process: refused there, not hung
+    (120, ["bench", "space.yaml", "--set", "num_workers=1", "--timeout", "120"],
+     "error: invalid config: knob 'num_workers=1': DataLoader workers cannot hand batches over: set TMPDIR"),
+])
+def test_a_temp_folder_too_long_for_sockets_is_one_line_that_names_tmpdir(temp_dir, length, command, says):
+    """A TMPDIR too long for a Unix socket's path: Ray cannot start, and DataLoader workers
+    wait for ever for their first batch. Each is one line that says which variable to
+    shorten and shows its path, exit 2, in seconds (not a trial hung until its limit, nor
+    an internal error), with nothing measured and no process left behind."""
+    import os
+
+    import psutil
+
+    tmpdir = temp_dir / ("t" * (length - len(str(temp_dir)) - 1))
+    tmpdir.mkdir()
+    (temp_dir / "space.yaml").write_text("name: t\nworkload: conv\nworkload_args: {size: 64}\n"
+                                         "knobs:\n  num_workers: [0, 1]\n" + FAST)
+    env = {**{k: v for k, v in os.environ.items() if k != "RAY_TMPDIR"}, "TMPDIR": str(tmpdir)}
+    started = time.time()
+    r = subprocess.run([sys.executable, "-m", "tuner", *command], capture_output=True, text=True, cwd=temp_dir,
+                       timeout=180, env=env)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and says in lines[-1] and str(tmpdir) in lines[-1], r.stderr
+    assert [ln for ln in lines if ln.startswith("error:")] == lines[-1:] and "Traceback" not in r.stderr
+    assert time.time() - started < 60  # the trial's limit is 120 s
+    trials = temp_dir / "results" / "t" / "trials.jsonl"
+    assert not trials.exists() or trials.read_text() == ""
+    left = []
+    for proc in psutil.process_iter(["cmdline"]):
+        with contextlib.suppress(psutil.Error):
+            if any(str(tmpdir) in part for part in proc.info["cmdline"] or []):
+                left.append(proc.info["cmdline"])
+    assert not left

@@ -182,6 +182,24 @@ def test_doctor_says_plainly_there_is_no_gpu():
     assert any("compile" in ln for ln in lines) and any("cpus" in ln for ln in lines)
 
 
+def test_doctor_says_when_the_temp_folder_leaves_dataloader_workers_no_room(temp_dir):
+    """DataLoader workers hand batches over through sockets under TMPDIR: the doctor checks
+    there is room for their paths, and where there is not, says to shorten it."""
+    import os
+
+    tmpdir = temp_dir / ("t" * 100)
+    tmpdir.mkdir()
+    lines = {}
+    for name, env in (("short", os.environ), ("long", {**os.environ, "TMPDIR": str(tmpdir)})):
+        r = subprocess.run([sys.executable, "-m", "tuner", "doctor"], capture_output=True, text=True, timeout=120,
+                           env=env)
+        assert r.returncode == 0
+        lines[name] = next(ln for ln in r.stdout.splitlines() if ln[5:].startswith("workers "))
+    assert lines["short"].startswith("OK ")
+    assert lines["long"].startswith("FIX ") and "set TMPDIR to a shorter folder" in lines["long"] \
+        and lines["long"].endswith(str(tmpdir))
+
+
 @pytest.mark.slow
 def test_unreachable_address_is_one_line(tmp_path):
     (tmp_path / "space.yaml").write_text("name: x\nworkload: conv\n")

@@ -183,3 +183,54 @@ def test_an_iterable_dataset_that_every_worker_reads_whole_is_told_apart():
     from tuner.data import same_items
 
     assert not same_items(UserDict(x=torch.ones(3)), UserDict(x=torch.ones(3)))
+
+
+# A DataLoader whose two workers deliver one epoch of 8 batches; its `timeout` (argv[1])
+# turns a loader that waits for ever for its first batch into an error.
+_LOADS = ("import sys, torch\nfrom torch.utils.data import DataLoader\n"
+          "print(sum(1 for _ in DataLoader(torch.arange(64.0), batch_size=8, num_workers=2, "
+          "timeout=float(sys.argv[1]))))")
+
+
+def _padded(root, length: int):
+    """A folder under ``root`` whose path is ``length`` characters long."""
+    folder = root / ("p" * (length - len(str(root)) - 1))
+    folder.mkdir(exist_ok=True)
+    assert len(str(folder)) == length
+    return folder
+
+
+def _workers_deliver(tmpdir, timeout_s: float) -> subprocess.CompletedProcess:
+    import os
+
+    return subprocess.run([sys.executable, "-c", _LOADS, str(timeout_s)], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "TMPDIR": str(tmpdir)})
+
+
+def test_workers_that_could_not_hand_batches_over_are_told_at_the_temp_paths_where_they_hang(temp_dir, monkeypatch):
+    """A worker hands its batches over through a Unix socket under TMPDIR; where that path
+    would pass the OS's limit, the worker's handover fails in a thread and the loader
+    waits for ever. The probe refuses exactly the TMPDIR lengths at which a real
+    DataLoader's workers deliver nothing, and leaves nothing behind."""
+    import tempfile
+
+    from tuner.data import workers_refused
+
+    def refused(length: int) -> str | None:
+        monkeypatch.setattr(tempfile, "tempdir", str(_padded(temp_dir, length)))
+        workers_refused.cache_clear()
+        return workers_refused()
+
+    short = len(str(temp_dir)) + 2
+    try:
+        assert refused(short) is None
+        first = next(n for n in range(short, 300) if refused(n))
+        why = refused(first)
+    finally:
+        workers_refused.cache_clear()  # the next test in this process probes its own TMPDIR
+    assert "set TMPDIR to a shorter folder" in why and why.endswith(f": {_padded(temp_dir, first)}")
+    assert list(_padded(temp_dir, short).iterdir()) == []  # the probe's folder and socket are gone
+    fits = _workers_deliver(_padded(temp_dir, first - 1), timeout_s=60)
+    assert fits.returncode == 0 and fits.stdout.strip() == "8", fits.stderr[-2000:]
+    too_long = _workers_deliver(_padded(temp_dir, first), timeout_s=5)  # it would wait for ever
+    assert too_long.returncode != 0 and "AF_UNIX path too long" in too_long.stderr, too_long.stderr[-2000:]

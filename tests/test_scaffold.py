@@ -157,6 +157,22 @@ def test_init_holds_workers_to_one_where_each_would_yield_the_whole_stream(tmp_p
     assert many["num_workers"] == [0, 1, 2, 4, 8, 16]
 
 
+def test_init_says_when_the_temp_folder_leaves_dataloader_workers_no_room(tmp_path, temp_dir):
+    """A TMPDIR too long for the workers' sockets: init writes the space all the same (the
+    fix is the environment's) and says what to shorten, where its check of an iterable
+    dataset's workers would have waited for ever for their first item."""
+    tmpdir = temp_dir / ("t" * 100)
+    tmpdir.mkdir()
+    out = tmp_path / "space.yaml"
+    run = subprocess.run([sys.executable, "-m", "tuner", "init", ref("unsplit_stream"), "--workload-args",
+                          "{size: 256}", "--device", "cpu", "-o", str(out)], capture_output=True, text=True,
+                         timeout=600, env={**os.environ, "TMPDIR": str(tmpdir)})
+    assert run.returncode == 0, run.stderr
+    note = next(ln for ln in run.stderr.splitlines() if ln.startswith("note: DataLoader workers"))
+    assert "set TMPDIR to a shorter folder" in note and note.endswith("`tuner run` refuses num_workers above 0 until then")
+    assert 0 in spec.load(out).model.knobs["num_workers"]
+
+
 def test_init_refuses_to_overwrite(tmp_path):
     out = tmp_path / "space.yaml"
     out.write_text("keep me")

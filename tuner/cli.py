@@ -208,6 +208,21 @@ def _check_cache(space: Any, config: dict | None = None) -> None:
     print(f"note: {why}; the search holds dataset_cache off", file=sys.stderr)
 
 
+def _check_workers(space: Any, address: str | None) -> None:
+    """DataLoader workers that cannot run here (``tuner.data.workers_refused``: a TMPDIR too
+    long for multiprocessing's sockets): an error before Ray starts where the space runs
+    workers, rather than a search whose every config with workers is refused. A local
+    search's trials inherit this process's environment; a cluster's nodes have their own,
+    and their trials refuse the knob themselves."""
+    if address or max(space.domain.get("num_workers", [0])) < 1:
+        return
+    from tuner.data import workers_refused
+
+    why = workers_refused()
+    if why is not None:
+        raise UserError(f"num_workers: {why}")
+
+
 def _from_user_code(exc: BaseException) -> bool:
     """Whether an exception was raised outside tuner's own code (the user's workload,
     torch): the deepest frame of its traceback is not in the tuner package."""
@@ -269,6 +284,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         space.model.hot_path = False
     spec.check_workload(space)
     _check_cache(space)
+    _check_workers(space, args.address)
     summary = run_search(space, results_root=Path(args.results_dir), address=args.address,
                          resume=args.resume, quiet=args.quiet)
     print_summary(summary)
@@ -371,6 +387,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     if args.no_hot_path:  # not written back: the folder's space.yaml stays as the search began
         space.model.hot_path = False
     spec.check_workload(space)
+    _check_workers(space, args.address)
     done = len(configs_tried(res.records))
     print(f"resuming {space.model.name}: {done}/{space.model.search_trials()} trials done", file=sys.stderr)
     summary = run_search(space, results_root=res.path.resolve().parent, address=args.address,

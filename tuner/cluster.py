@@ -254,6 +254,10 @@ def doctor(address: str | None = None, out: Any = None) -> int:
     check("cpus", True, f"{cores} CPUs" if cores == os.cpu_count() else
           f"{cores} of the machine's {os.cpu_count()} CPUs are this process's (its CPU affinity or cgroup quota): "
           "trials plan threads and workers for those")
+    from tuner.data import workers_refused
+
+    refused = workers_refused()
+    check("workers", refused is None, refused or "their sockets fit in the temp folder (TMPDIR)")
     busy, names = other_load()
     check("other load", busy < 0.25, f"{busy:.2f} cores busy outside this command" + (f" ({names})" if names else ""),
           "a search measures best on a quiet machine: stop that load, or raise measure.max_interference")

@@ -13,10 +13,19 @@ Only where it is correct: a sample of items is read twice first, and a dataset w
 items differ between reads (a random augmentation drawn in ``__getitem__``) is refused
 with ``CacheRefused``: a cache would replay one draw every epoch. Keep the random part
 per batch (``Workload(augment=...)``) and cache the rest.
+
+Also here, whether DataLoader workers can run as a config asks: ``workers_repeat`` (an
+iterable dataset that every worker reads whole) and ``workers_refused`` (a temp folder
+too long for the sockets they hand batches over through).
 """
 
 from __future__ import annotations
 
+import functools
+import os
+import shutil
+import socket
+import tempfile
 import time
 from typing import Any
 
@@ -80,6 +89,45 @@ def check_cacheable(dataset: Any, sample: int = 8) -> None:
             raise CacheRefused(f"dataset_cache: item {i} differs between two reads (a random transform in "
                                f"__getitem__?), so a cache would replay one draw every epoch; move the random "
                                f"part to Workload(augment=...), which runs per batch after the cache")
+
+
+@functools.cache
+def workers_refused() -> str | None:
+    """Why DataLoader workers cannot run in this process's environment, in one line, or
+    None. A worker hands each batch's tensors over through a Unix socket that
+    multiprocessing binds in a ``pymp-*`` folder under the temp folder (TMPDIR). Where
+    that path is longer than the OS allows a socket's (108 bytes on Linux: a TMPDIR of
+    about 76 characters or more), the handover fails in a background thread of the
+    worker, and the training process waits for its first batch for ever. The probe binds
+    a socket where multiprocessing would, under a name of the same length."""
+    from multiprocessing import util
+
+    if os.name == "nt" or not hasattr(socket, "AF_UNIX"):  # Windows: multiprocessing hands over by pipes
+        return None
+    parent = tempfile.gettempdir()
+    choose = getattr(util, "_get_base_temp_dir", None)  # newer Pythons fall back to /tmp themselves
+    if choose is not None:
+        try:
+            parent = choose(tempfile) or parent
+        except Exception:  # another signature: the folder tempfile gives is the one used before it
+            pass
+    try:
+        folder = tempfile.mkdtemp(prefix="pymp-", dir=parent)
+    except OSError as exc:
+        return f"the temp folder {parent} (TMPDIR) is not writable ({exc.strerror or exc}): set TMPDIR to one that is"
+    path = os.path.join(folder, "listener-" + "x" * 8)  # multiprocessing's name for it: 8 random characters
+    try:
+        with socket.socket(socket.AF_UNIX) as listener:
+            listener.bind(path)
+    except OSError as exc:
+        # the fix before the path: a reason is cut at 300 characters, and the path may be long
+        if "too long" not in str(exc):
+            return f"DataLoader workers cannot hand batches over ({exc}): set TMPDIR to another folder than {parent}"
+        return (f"DataLoader workers cannot hand batches over: set TMPDIR to a shorter folder (a socket's path "
+                f"under it would be {len(os.fsencode(path))} bytes, over the OS's limit): {parent}")
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    return None
 
 
 def workers_repeat(dataset: Any) -> bool:

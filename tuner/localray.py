@@ -113,8 +113,11 @@ def start_ray(address: str | None, state_api: bool = True) -> bool:
             ray.init(address=address, **kwargs)
         else:
             start_local_ray(state_api=state_api, **kwargs)
-    except (ConnectionError, RuntimeError, ValueError) as exc:
+    except (ConnectionError, RuntimeError, ValueError, OSError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if not address and "AF_UNIX path" in first:
+            # Ray puts its sockets in a session folder under RAY_TMPDIR, else TMPDIR
+            first = f"set RAY_TMPDIR (or TMPDIR) to a shorter folder: {first}"
         raise UserError(f"--address {address}: cannot connect to Ray ({first})" if address
                         else f"cannot start a local Ray: {first}") from None
     return True

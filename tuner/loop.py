@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader, IterableDataset, Sampler
 
 from tuner import apply, knobs
 from tuner.batches import Mover
-from tuner.data import same_items
+from tuner.data import same_items, workers_refused
 from tuner.errors import KnobRefused, UserError, WorkloadError
 from tuner.workloads import Workload
 
@@ -129,6 +129,8 @@ class Trainer:
         self.rank, self.world = _ranks(config["world_size"])
         self.notes: list[str] = []  # what the Trainer decided on its own (find_unused_parameters)
         torch.manual_seed(seed)
+        if config["num_workers"] and (why := workers_refused()):  # before the model and data are built
+            raise KnobRefused(f"knob 'num_workers={config['num_workers']}': {why}", "num_workers", at_least=1)
 
         # The order matters:
         # 1. threads, the allocator and backend flags before any kernel runs;

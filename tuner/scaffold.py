@@ -309,10 +309,13 @@ def init_space(workload: str, workload_args: dict, out: Path, *, device: str = "
     unfused = apply.fused_optimizer_of(wl.make_optimizer(model.to(device).parameters()), model)
     if unfused:
         say(f"fused_optimizer left out: {unfused}")
-    repeat = False
-    if fit.map_style is False:  # only an iterable dataset can repeat in every worker
-        from tuner.data import workers_repeat
+    from tuner.data import workers_refused, workers_repeat
 
+    refused = workers_refused()  # the space lists workers all the same: the fix is the environment's
+    if refused:
+        say(f"note: {refused}; `tuner run` refuses num_workers above 0 until then")
+    repeat = False
+    if fit.map_style is False and not refused:  # only an iterable dataset can repeat in every worker
         repeat = workers_repeat(wl.dataset())
         if repeat:
             say("num_workers held to [0, 1]: every DataLoader worker yields the whole iterable dataset; split "
