@@ -411,3 +411,36 @@ def test_a_temp_folder_too_long_for_sockets_is_one_line_that_names_tmpdir(temp_d
             if any(str(tmpdir) in part for part in proc.info["cmdline"] or []):
                 left.append(proc.info["cmdline"])
     assert not left
+
+
+def _with_shm(mb: int, *args: str, cwd) -> subprocess.CompletedProcess:
+    """``python -m tuner ARGS`` with a /dev/shm of ``mb`` MB, as a container has one (64 MB
+    unless it was started with --shm-size): a tmpfs mounted in a mount namespace of the
+    command's own, which the machine's /dev/shm never sees. Skips where this machine
+    cannot make one (no root, no unshare)."""
+    import shlex
+    import shutil
+
+    make = f"mount -t tmpfs -o size={mb}m tmpfs /dev/shm"
+    if shutil.which("unshare") is None or subprocess.run(["unshare", "-m", "sh", "-c", make],
+                                                         capture_output=True).returncode != 0:
+        pytest.skip("no mount namespace here (unshare -m needs root): a small /dev/shm cannot be made")
+    command = " ".join(shlex.quote(a) for a in (sys.executable, "-m", "tuner", *args))
+    return subprocess.run(["unshare", "-m", "sh", "-c", f"{make} && exec {command}"], capture_output=True, text=True,
+                          cwd=cwd, timeout=300)
+
+
+def test_workers_out_of_shared_memory_are_told_where_it_is_and_what_a_container_needs(tmp_path):
+    """DataLoader workers hand batches over in /dev/shm; a container's is small. A config
+    whose batches in flight do not fit is infeasible with a reason that says so, how much
+    there is and what helps (not only PyTorch's 'No space left on device'), and the doctor
+    flags the size beforehand."""
+    (tmp_path / "space.yaml").write_text("name: t\nworkload: conv\nworkload_args: {size: 512}\n"
+                                         "knobs:\n  micro_batch_size: [128]\n  num_workers: [2]\n" + FAST)
+    bench = _with_shm(2, "bench", "space.yaml", "--timeout", "120", cwd=tmp_path)  # a batch is 1.5 MB
+    assert bench.returncode == 3, bench.stdout + bench.stderr
+    assert ("infeasible: out of shared memory: DataLoader workers hand batches over in /dev/shm, which holds 2 MB "
+            "here; a container needs --shm-size=8g or --ipc=host") in bench.stderr, bench.stderr
+    doctor = _with_shm(64, "doctor", cwd=tmp_path)
+    line = next(ln for ln in doctor.stdout.splitlines() if ln[5:].startswith("shm "))
+    assert line.startswith("FIX ") and "holds 64 MB" in line and "--shm-size" in line

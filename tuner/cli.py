@@ -602,7 +602,7 @@ def _measure_commands(sub: Any) -> None:
     p.add_argument("--name", help="the space's name (default: the workload's)")
     p.set_defaults(func=cmd_init)
 
-    p = sub.add_parser("doctor", help="check torch, CUDA, GPUs, compile, Ray: OK or what to fix")
+    p = sub.add_parser("doctor", help="check torch, CUDA, GPUs, compile, DataLoader workers (TMPDIR, /dev/shm), Ray: OK or what to fix")
     p.add_argument("--address", help="also check a running Ray cluster")
     p.set_defaults(func=cmd_doctor)
 

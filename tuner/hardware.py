@@ -56,6 +56,26 @@ def cpu_has_bf16() -> bool:
     return cpu_bf16() is not None
 
 
+def shm_mb() -> float | None:
+    """The size of /dev/shm in MB, where DataLoader workers hand their batches over (None
+    where there is none): a container's default is 64 MB, unless it was started with
+    ``--shm-size`` or ``--ipc=host``."""
+    import shutil
+
+    try:
+        return shutil.disk_usage("/dev/shm").total / 2**20
+    except OSError:
+        return None
+
+
+def shm_advice() -> str:
+    """What a trial out of shared memory is told: where, how much there is, and what helps."""
+    size = shm_mb()
+    held = f", which holds {size:,.0f} MB here" if size is not None else ""
+    return (f"DataLoader workers hand batches over in /dev/shm{held}; a container needs --shm-size=8g or "
+            f"--ipc=host, and fewer workers or a smaller batch or prefetch_factor need less")
+
+
 def nvml_status() -> tuple[bool, str]:
     """Whether NVML (GPU utilization, power, clocks) answers here, and what it said."""
     try:

@@ -312,7 +312,13 @@ def classify(exc: BaseException) -> tuple[str, str]:
         text = f"{text.rstrip('.')}: {original}"
     text = text[:300]
     module = type(exc).__module__ or ""
-    if isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower():
+    said = str(exc).lower()
+    if "out of shared memory" in said or "unable to allocate shared memory" in said:
+        # a DataLoader worker's batch that /dev/shm cannot hold (or the Bus error it dies of)
+        from tuner.hardware import shm_advice
+
+        return "oom", f"out of shared memory: {shm_advice()}: {text}"
+    if isinstance(exc, torch.OutOfMemoryError) or "out of memory" in said:
         return "oom", f"out of memory: {text}"
     if isinstance(exc, UserError):
         return "invalid", f"invalid config: {text}"
