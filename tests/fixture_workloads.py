@@ -682,3 +682,29 @@ def recompiles_at(step: int = 40, step_s: float = 0.005, trace_s: float = 0.3) -
         return _mse(model, batch) + helper(torch.ones(n))
 
     return Workload(model=lambda: nn.Linear(8, 1), dataset=lambda: Numbers(256), loss=loss)
+
+
+class Detections(Dataset):
+    """An image and its targets (boxes, labels) per item, as torchvision's detection
+    datasets give them: a batch of them is a tuple of per-item tensors, not one tensor."""
+
+    def __len__(self) -> int:
+        return 4096
+
+    def __getitem__(self, i: int):
+        return torch.randn(8), {"boxes": torch.randn(4, 4), "labels": torch.zeros(4, dtype=torch.long)}
+
+
+def _per_item(samples):
+    return tuple(zip(*samples, strict=True))
+
+
+def _detection_loss(model, batch):
+    images, targets = batch
+    return sum(model(x).sum() + t["boxes"].sum() * 0 for x, t in zip(images, targets, strict=True)) / len(images)
+
+
+def detections() -> Workload:
+    """Batches of per-item tensors: DataLoader workers hand each tensor over as one file
+    descriptor, three per item."""
+    return Workload(model=lambda: nn.Linear(8, 1), dataset=Detections, loss=_detection_loss, collate=_per_item)

@@ -444,3 +444,26 @@ def test_workers_out_of_shared_memory_are_told_where_it_is_and_what_a_container_
     doctor = _with_shm(64, "doctor", cwd=tmp_path)
     line = next(ln for ln in doctor.stdout.splitlines() if ln[5:].startswith("shm "))
     assert line.startswith("FIX ") and "holds 64 MB" in line and "--shm-size" in line
+
+
+def test_workers_out_of_file_descriptors_are_a_hang_that_names_the_limit(tmp_path):
+    """DataLoader workers hand each tensor of a batch over as a file descriptor: batches of
+    per-item tensors (detection targets) in flight pass a low ``ulimit -n``, a worker's
+    handover fails in a thread and the loader waits for ever. The trial is hung, and its
+    reason names the limit and the command that raises it."""
+    import resource
+
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard <= 256:
+        pytest.skip(f"the hard limit on open files here is {hard}: no room to show a raise")
+    (tmp_path / "space.yaml").write_text(f"name: t\nworkload: {FIXTURES}:detections\n"
+                                         "knobs:\n  micro_batch_size: [64]\n  num_workers: [4]\n"
+                                         "  prefetch_factor: [4]\n" + FAST)  # 3,072 descriptors in flight
+    r = subprocess.run([sys.executable, "-m", "tuner", "bench", "space.yaml", "--timeout", "120"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=300,
+                       preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard)))
+    assert r.returncode == 3, r.stdout + r.stderr
+    why = r.stderr.strip().splitlines()[-1]
+    assert why.startswith("infeasible: hung: no step after") and "open files its limit allows" in why, why
+    raise_to = 65536 if hard == resource.RLIM_INFINITY else hard
+    assert "of the 256 open files" in why and f"raise the limit (ulimit -n {raise_to})" in why, why

@@ -536,6 +536,39 @@ class _Vigil:
             progress(msg[1])
 
 
+def out_of_descriptors(pid: int) -> str | None:
+    """Why a hung trial may have stopped, where one of its processes holds (nearly) every
+    file descriptor its limit allows (``ulimit -n``), or None. DataLoader workers hand each
+    tensor of a batch over as a descriptor (PyTorch's default sharing on Linux), held
+    until the batch is consumed: a batch of per-item tensors (detection targets, say)
+    times the batches in flight can pass the limit, and the worker whose handover fails
+    leaves the loader waiting for ever. (The process that hit it closes a few as its
+    failed handover unwinds: ``FD_SLACK``.)"""
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return None
+    for p in procs:
+        try:
+            soft, hard = p.rlimit(psutil.RLIMIT_NOFILE)
+            held = p.num_fds()
+        except (psutil.Error, AttributeError, OSError):  # no rlimit or num_fds on this OS
+            continue
+        if 0 < soft <= held + FD_SLACK:
+            unlimited = hard == psutil.RLIM_INFINITY
+            raise_to = (f"ulimit -n {65536 if unlimited else hard}" if unlimited or hard > soft else
+                        "the hard limit too: limits.conf, or a container's --ulimit nofile")
+            who = "the trial's process" if p.pid == pid else f"a process of the trial (pid {p.pid})"
+            return (f"{who} holds {held} of the {soft} open files its limit allows: DataLoader workers hand each "
+                    f"tensor of a batch over as one; raise the limit ({raise_to}) or put fewer tensors in a batch")
+    return None
+
+
+# A process within this many descriptors of its limit counts as out of them.
+FD_SLACK = 8
+
+
 def _run_once(request: TrialRequest, timeout_s: float, progress: Callable[[str], None] | None,
               output: str | None = None) -> Record:
     from tuner.hostload import TreeActivity
@@ -554,6 +587,8 @@ def _run_once(request: TrialRequest, timeout_s: float, progress: Callable[[str],
         now = time.perf_counter()
         result = vigil.hung(now, request)
         if result is not None:
+            if why := out_of_descriptors(proc.pid):
+                result["reason"] += f"; {why}"
             kill_tree(proc.pid)
             break
         try:
