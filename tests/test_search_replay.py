@@ -128,3 +128,22 @@ def test_repeat_s_band_is_set_by_the_judged_best_not_a_lucky_first_figure():
     assert sr._judged_best(landscape) == 92.0  # a contender's mean above the first best's
     landscape["repeats"].append({"config": {"b": 3}, "samples_per_sec": [80.0, None, 70.0]})
     assert sr._judged_best(landscape) == 92.0  # a failed repeat is left out of its mean
+
+
+def test_a_replayed_baseline_runs_as_long_as_an_eager_trial_not_the_grids_median():
+    """The baseline is the plain loop, eager: on a landscape with compile, whose compiled
+    trials take three times an eager one's wall, a replayed baseline as long as the grid's
+    median left a short time budget no room for any config, where a live search has it."""
+    import statistics
+
+    from tuner.policy import Phase, Task
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    landscape, space, ctx = sr._load("gpt2")
+    canon, ss = Canonical(space, ctx), SearchSpace(space, ctx)
+    machine = sr.Machine(landscape, canon, ss, 0, sr.measure_settings(space))
+    eager = [g["trial_wall_s"] for g in landscape["grid"] if g["config"]["compile"] == "off"]
+    wall = machine.measure(Task(0, Phase.BASELINE, space.baseline_config(), None, None, 0.0))["trial_wall_s"]
+    assert wall == statistics.median(eager) < 0.7 * machine.typical_wall
+    run = sr.replay(landscape, space, ctx, "tuner", 0, 100, time_s=100.0)
+    assert run["configs"] >= 3 and run["wall_s"] <= 100.0
