@@ -413,11 +413,11 @@ def test_a_temp_folder_too_long_for_sockets_is_one_line_that_names_tmpdir(temp_d
     assert not left
 
 
-def _with_shm(mb: int, *args: str, cwd) -> subprocess.CompletedProcess:
-    """``python -m tuner ARGS`` with a /dev/shm of ``mb`` MB, as a container has one (64 MB
-    unless it was started with --shm-size): a tmpfs mounted in a mount namespace of the
-    command's own, which the machine's /dev/shm never sees. Skips where this machine
-    cannot make one (no root, no unshare)."""
+def _with_shm(mb: int, *args: str, cwd, run: tuple = ("-m", "tuner")) -> subprocess.CompletedProcess:
+    """``python -m tuner ARGS`` (``python RUN ARGS``) with a /dev/shm of ``mb`` MB, as a
+    container has one (64 MB unless it was started with --shm-size): a tmpfs mounted in a
+    mount namespace of the command's own, which the machine's /dev/shm never sees. Skips
+    where this machine cannot make one (no root, no unshare)."""
     import shlex
     import shutil
 
@@ -425,7 +425,7 @@ def _with_shm(mb: int, *args: str, cwd) -> subprocess.CompletedProcess:
     if shutil.which("unshare") is None or subprocess.run(["unshare", "-m", "sh", "-c", make],
                                                          capture_output=True).returncode != 0:
         pytest.skip("no mount namespace here (unshare -m needs root): a small /dev/shm cannot be made")
-    command = " ".join(shlex.quote(a) for a in (sys.executable, "-m", "tuner", *args))
+    command = " ".join(shlex.quote(a) for a in (sys.executable, *run, *args))
     return subprocess.run(["unshare", "-m", "sh", "-c", f"{make} && exec {command}"], capture_output=True, text=True,
                           cwd=cwd, timeout=300)
 
@@ -444,6 +444,24 @@ def test_workers_out_of_shared_memory_are_told_where_it_is_and_what_a_container_
     doctor = _with_shm(64, "doctor", cwd=tmp_path)
     line = next(ln for ln in doctor.stdout.splitlines() if ln[5:].startswith("shm "))
     assert line.startswith("FIX ") and "holds 64 MB" in line and "--shm-size" in line
+
+
+def test_a_search_whose_workers_need_shared_memory_is_warned_of_a_small_one_before_it_starts(tmp_path):
+    """A local search whose space runs DataLoader workers, in a container's 64 MB /dev/shm:
+    one warning line before Ray starts (configs with small batches may still fit, so the
+    search goes on); none where the space runs no workers."""
+    check = ("import sys; from tuner import spec; from tuner.cli import _check_workers; "
+             "_check_workers(spec.load(sys.argv[1]), None)")
+    seen = {}
+    for name, workers in (("with", "[0, 2]"), ("without", "[0]")):
+        (tmp_path / f"{name}.yaml").write_text(f"name: t\nworkload: conv\nknobs:\n  num_workers: {workers}\n")
+        r = _with_shm(64, f"{name}.yaml", cwd=tmp_path, run=("-c", check))
+        assert r.returncode == 0, r.stderr
+        seen[name] = [ln for ln in r.stderr.splitlines() if ln.startswith("warning:")]
+    assert seen["without"] == []
+    assert seen["with"] == ["warning: /dev/shm holds 64 MB here, where DataLoader workers hand batches over: "
+                            "configs that need more fail as out of shared memory; a container needs --shm-size=8g "
+                            "or --ipc=host"], seen
 
 
 def test_workers_out_of_file_descriptors_are_a_hang_that_names_the_limit(tmp_path):

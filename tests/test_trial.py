@@ -34,6 +34,27 @@ def test_a_dataloader_workers_exception_keeps_the_users_message():
     assert kind == "error" and reason.endswith("ValueError: bad sample 7")
 
 
+def test_nccl_out_of_shared_memory_is_told_where_and_what_a_container_needs():
+    """NCCL's ranks on one node keep their buffers in /dev/shm, a container's 64 MB unless
+    started otherwise. PyTorch raises DistBackendError with "unhandled system error" first
+    and NCCL's own last error below. NCCL cannot run here (no GPU): the exception is
+    PyTorch's own class, with the text PyTorch and NCCL give it."""
+    import torch.distributed as dist
+
+    nccl = ("NCCL error in: /pytorch/torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:3356, unhandled system error "
+            "(run with NCCL_DEBUG=INFO for details), NCCL version 2.21.5\nncclSystemError: System call (e.g. socket, "
+            "malloc) or external library call failed or device error. \nLast error:\n")
+    kind, reason = classify(dist.DistBackendError(nccl + "Error while creating shared memory segment "
+                                                  "/dev/shm/nccl-vzIpS6 (size 9637888)"))
+    assert kind == "oom", reason
+    assert reason.startswith("out of shared memory: NCCL's ranks on one node exchange data in /dev/shm, which holds ")
+    assert "--shm-size=8g or --ipc=host" in reason and "NCCL_SHM_DISABLE=1" in reason
+    assert reason.endswith(": Error while creating shared memory segment /dev/shm/nccl-vzIpS6 (size 9637888)")
+    # NCCL's other system errors (a socket, say) are not put down to /dev/shm
+    kind, reason = classify(dist.DistBackendError(nccl + "socketStartConnect: Connect to 10.0.0.2<43211> failed"))
+    assert kind == "error" and "shared memory" not in reason
+
+
 def test_nan_loss_is_a_result():
     r = _run("nan_in", {"precision_dtype": "float16"}, {"precision": "fp16", "micro_batch_size": 4})
     assert r["status"] == "infeasible" and r["loss_finite"] is False

@@ -209,12 +209,26 @@ def _check_cache(space: Any, config: dict | None = None) -> None:
 
 
 def _check_workers(space: Any, address: str | None) -> None:
-    """DataLoader workers that cannot run here (``tuner.data.workers_refused``: a TMPDIR too
-    long for multiprocessing's sockets): an error before Ray starts where the space runs
-    workers, rather than a search whose every config with workers is refused. A local
-    search's trials inherit this process's environment; a cluster's nodes have their own,
-    and their trials refuse the knob themselves."""
-    if address or max(space.domain.get("num_workers", [0])) < 1:
+    """What DataLoader workers and NCCL's ranks need of this machine, before Ray starts. A
+    local search's trials inherit this process's environment; a cluster's nodes have their
+    own, and their trials refuse or fail by themselves (``doctor --address`` checks them).
+
+    - workers that cannot run here (``tuner.data.workers_refused``: a TMPDIR too long for
+      multiprocessing's sockets): an error where the space runs workers, rather than a
+      search whose every config with workers is refused;
+    - a /dev/shm too small for what the space runs there (``hardware.shm_short``: a
+      container's default): a warning, since small batches may fit."""
+    if address:
+        return
+    import torch
+
+    from tuner.hardware import shm_short
+
+    workers = max(space.domain.get("num_workers", [0])) >= 1
+    nccl = max(space.domain.get("world_size", [1])) > 1 and space.model.device != "cpu" and torch.cuda.is_available()
+    if why := shm_short(["workers"] * workers + ["nccl"] * nccl):
+        print(f"warning: {why}", file=sys.stderr)
+    if not workers:
         return
     from tuner.data import workers_refused
 

@@ -206,12 +206,6 @@ def other_load(seconds: float = 1.0) -> tuple[float, str]:
     return max(0.0, busy), ", ".join(top)
 
 
-# /dev/shm below this is flagged: a container's default (64 MB) holds a few batches of small
-# images, where one batch of 256 ImageNet-sized images in fp32 is 150 MB, and each worker
-# keeps prefetch_factor of them in flight.
-SHM_ENOUGH_MB = 1024
-
-
 def doctor(address: str | None = None, out: Any = None) -> int:
     """Check the environment; one line per check, OK or what to fix. Returns 0."""
     out = sys.stdout if out is None else out  # at call time: a replaced sys.stdout is honoured
@@ -219,7 +213,7 @@ def doctor(address: str | None = None, out: Any = None) -> int:
 
     import torch
 
-    from tuner.hardware import cpu_bf16, nvml_status, shm_mb, usable_cores
+    from tuner.hardware import SHM_ENOUGH_MB, SHM_USERS, cpu_bf16, nvml_status, shm_mb, usable_cores
 
     lines: list[tuple[str, str, str]] = []
 
@@ -266,7 +260,7 @@ def doctor(address: str | None = None, out: Any = None) -> int:
     check("workers", refused is None, refused or "their sockets fit in the temp folder (TMPDIR)")
     shm = shm_mb()
     if shm is not None:  # DataLoader workers' batches in flight (workers x prefetch_factor) live there
-        check("shm", shm >= SHM_ENOUGH_MB, f"/dev/shm holds {shm:,.0f} MB, where DataLoader workers hand batches over",
+        check("shm", shm >= SHM_ENOUGH_MB, f"/dev/shm holds {shm:,.0f} MB, where {' and '.join(SHM_USERS.values())}",
               "a few batches of images in flight need more: start the container with --shm-size=8g or --ipc=host")
     busy, names = other_load()
     check("other load", busy < 0.25, f"{busy:.2f} cores busy outside this command" + (f" ({names})" if names else ""),

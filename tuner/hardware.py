@@ -68,12 +68,35 @@ def shm_mb() -> float | None:
         return None
 
 
-def shm_advice() -> str:
-    """What a trial out of shared memory is told: where, how much there is, and what helps."""
+# /dev/shm below this is flagged: a container's default (64 MB) holds a few batches of small
+# images, where one batch of 256 ImageNet-sized images in fp32 is 150 MB, and each worker
+# keeps prefetch_factor of them in flight; NCCL's ranks on one node keep their buffers there.
+SHM_ENOUGH_MB = 1024
+
+# What puts a search's processes in /dev/shm, and so what a small one stops.
+SHM_USERS = {"workers": "DataLoader workers hand batches over", "nccl": "NCCL's ranks on one node exchange data"}
+
+
+def shm_advice(user: str = "workers") -> str:
+    """What a trial out of shared memory is told: who needed it (``SHM_USERS``), how much
+    there is, and what helps."""
     size = shm_mb()
     held = f", which holds {size:,.0f} MB here" if size is not None else ""
-    return (f"DataLoader workers hand batches over in /dev/shm{held}; a container needs --shm-size=8g or "
-            f"--ipc=host, and fewer workers or a smaller batch or prefetch_factor need less")
+    less = ("fewer workers or a smaller batch or prefetch_factor need less" if user == "workers"
+            else "NCCL_SHM_DISABLE=1 avoids it, at a cost in speed")
+    return f"{SHM_USERS[user]} in /dev/shm{held}; a container needs --shm-size=8g or --ipc=host, and {less}"
+
+
+def shm_short(users: list[str]) -> str | None:
+    """A warning before a search whose processes need /dev/shm (``users``, keys of
+    ``SHM_USERS``) where it holds less than ``SHM_ENOUGH_MB``; None where it is enough,
+    absent (not Linux) or needed by none."""
+    size = shm_mb()
+    if not users or size is None or size >= SHM_ENOUGH_MB:
+        return None
+    who = " and ".join(SHM_USERS[u] for u in users)
+    return (f"/dev/shm holds {size:,.0f} MB here, where {who}: configs that need more fail as out of shared "
+            f"memory; a container needs --shm-size=8g or --ipc=host")
 
 
 def nvml_status() -> tuple[bool, str]:

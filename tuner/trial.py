@@ -313,6 +313,13 @@ def classify(exc: BaseException) -> tuple[str, str]:
     text = text[:300]
     module = type(exc).__module__ or ""
     said = str(exc).lower()
+    shm = [ln.strip() for ln in str(exc).splitlines() if "/dev/shm/nccl" in ln or "shared memory segment" in ln]
+    if "nccl" in said and shm:
+        # NCCL's ranks on one node could not make their buffers in /dev/shm: PyTorch's first
+        # line is "unhandled system error", and NCCL's own ("Last error:") says where
+        from tuner.hardware import shm_advice
+
+        return "oom", f"out of shared memory: {shm_advice('nccl')}: {shm[-1][:200]}"
     if "out of shared memory" in said or "unable to allocate shared memory" in said:
         # a DataLoader worker's batch that /dev/shm cannot hold (or the Bus error it dies of)
         from tuner.hardware import shm_advice
