@@ -558,13 +558,15 @@ class _Unused(nn.Module):
 
 
 def ddp_spy(out: str, size: int = 256, step_s: float = 0.0, unused_layer: bool = False,
-            fail_rank: int = -1, hang_rank: int = -1) -> Workload:
+            fail_rank: int = -1, hang_rank: int = -1, hang_after: int = 0) -> Workload:
     """What DDP each rank's loss sees, appended as JSON lines to ``out``: the rank, the
     DDP settings, whether this backward all-reduces. ``fail_rank`` raises there;
-    ``hang_rank`` hangs there once DDP wraps the model (the other rank then waits in
-    the all-reduce)."""
+    ``hang_rank`` hangs there once DDP wraps the model, after ``hang_after`` steps of it
+    (the other rank then waits in the all-reduce)."""
     import json
     import os
+
+    wrapped = []  # the steps of the DDP-wrapped model so far
 
     def loss(model, batch):
         import torch.distributed as dist
@@ -591,8 +593,10 @@ def ddp_spy(out: str, size: int = 256, step_s: float = 0.0, unused_layer: bool =
             while time.time() < deadline and len({json.loads(line)["pid"] for line in open(out)}) < world:
                 time.sleep(0.1)
             raise ValueError(f"rank {rank} was told to fail")
-        if rank == hang_rank and type(ddp).__name__ == "DistributedDataParallel":
-            time.sleep(3600)
+        if type(ddp).__name__ == "DistributedDataParallel":
+            wrapped.append(1)
+            if rank == hang_rank and len(wrapped) > hang_after:
+                time.sleep(3600)
         if step_s:
             time.sleep(step_s)
         return _mse(model, batch)

@@ -11,11 +11,14 @@ edge (``tuner.ranks.Agree``). Rank 0 reports the record.
 The ranks of one trial stay on one node (``STRICT_PACK``) unless the space asks for
 ``resources.spread_ranks``. A rank that raises fails the Train run, and the error
 becomes the trial's one-line reason. A rank that hangs (a collective that never
-completes) ends its own process when the trial's time limit passes.
+completes, a DataLoader that never delivers) ends its own process once it has made no
+step for max(30 s, 10x its slowest step gap), as a single-process trial's parent finds
+it, or when the trial's time limit passes before its first step.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -27,7 +30,15 @@ import uuid
 
 from tuner import knobs
 from tuner.capacity import cluster_shape
-from tuner.trial import TrialRequest, classify, hung_reason, infeasible
+from tuner.trial import (
+    LOOK_S,
+    TrialRequest,
+    Vigil,
+    classify,
+    hung_reason,
+    infeasible,
+    out_of_descriptors,
+)
 
 # How often Ray Train's controller asks the ranks whether they are done (seconds).
 CONTROLLER_POLL_S = 0.5
@@ -96,8 +107,13 @@ def run_ranks(request: TrialRequest, *, timeout_s: float = 600.0, spread: bool =
         trainer.fit()
         record = json.loads(ray.get(box.get.remote()))
     except TrainingFailedError as exc:
-        if time.perf_counter() - t0 >= timeout_s:
-            # the ranks' watchdogs ended them: a collective (or the user's code) hung
+        try:
+            hung = ray.get(box.why_hung.remote(), timeout=10)
+        except Exception:  # the box's node lost with the ranks: Ray's own reason below
+            hung = None
+        if hung:  # the ranks' watchdogs ended them: a collective (or the user's code) hung
+            kind, reason = "timeout", hung
+        elif time.perf_counter() - t0 >= timeout_s:
             kind, reason = "timeout", hung_reason(timeout_s)
         else:
             kind, reason = _failure(exc)
@@ -141,16 +157,23 @@ def _own_error(err: BaseException) -> BaseException | None:
 
 
 class _Box:
-    """Holds rank 0's record for the driver."""
+    """Holds rank 0's record for the driver, and why a rank ended a hung trial."""
 
     def __init__(self) -> None:
         self.record: str | None = None
+        self.hang: str | None = None  # why the first rank to find the trial hung ended it
 
     def put(self, record: str) -> None:
         self.record = record
 
     def get(self) -> str | None:
         return self.record
+
+    def hung(self, reason: str) -> None:
+        self.hang = self.hang or reason
+
+    def why_hung(self) -> str | None:
+        return self.hang
 
 
 def _rank_main(cfg: dict) -> None:
@@ -163,21 +186,43 @@ def _rank_main(cfg: dict) -> None:
     ctx = ray.train.get_context()
     rank = ctx.get_world_rank()
     done = threading.Event()
+    # The rank's progress, read as a single-process trial's parent reads it: once it has
+    # stepped, a hang is no step for max(30 s, 10x its slowest gap), found on every rank
+    # alike (the ranks step together). Before its first step, only the time limit: an
+    # idle rank may be waiting in a collective while another compiles.
+    vigil, lock = Vigil(time.perf_counter(), cfg["timeout_s"], None), threading.Lock()
+
+    def heard(message: str) -> None:
+        with lock:
+            vigil.heard(("progress", message), time.perf_counter(), None)
 
     def watchdog() -> None:
-        # A rank stuck in a collective cannot raise: end the process, which fails the
-        # Train run on every rank.
-        if not done.wait(cfg["timeout_s"]):
-            print(f"tuner: rank {rank} hung past the trial time limit; ending it", flush=True)
-            os._exit(3)
+        # A rank stuck in a collective (or its data) cannot raise: end the process, which
+        # fails the Train run on every rank; the driver reads why from the box.
+        while True:
+            with lock:
+                now = time.perf_counter()
+                found, wait = vigil.hung(now, request), vigil.wait_s(now)
+            if found is not None:
+                break
+            if done.wait(min(wait, LOOK_S)):
+                return
+        reason = found["reason"]
+        if why := out_of_descriptors(os.getpid()):
+            reason += f"; {why}"
+        print(f"tuner: rank {rank} {reason}; ending it", flush=True)
+        with contextlib.suppress(Exception):
+            ray.get(cfg["box"].hung.remote(reason), timeout=10)
+        os._exit(3)
 
     threading.Thread(target=watchdog, daemon=True).start()
     try:
         import ray as _ray
 
         node = _ray.get_runtime_context().get_node_id()
-        record = execute(request, rank_info={"node": node, "node_ip": _ray.util.get_node_ip_address(),
-                                             "gpu_ids": [str(g) for g in _ray.get_gpu_ids()]})
+        record = execute(request, progress=heard,
+                         rank_info={"node": node, "node_ip": _ray.util.get_node_ip_address(),
+                                    "gpu_ids": [str(g) for g in _ray.get_gpu_ids()]})
     finally:
         done.set()
     if rank == 0:

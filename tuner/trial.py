@@ -493,13 +493,15 @@ LOOK_S = 2.0  # how often the parent looks at an idle-looking trial before its f
 
 
 @dataclass
-class _Vigil:
+class Vigil:
     """What the parent knows of a running trial: its progress messages, the phase it said
-    it reached, and, before its first step is over, whether its processes do anything."""
+    it reached, and, before its first step is over, whether its processes do anything
+    (``activity``; None where idling tells nothing: a rank of a multi-rank trial waits
+    idle in a collective while another rank compiles)."""
 
     t0: float
     timeout_s: float
-    activity: Any  # hostload.TreeActivity
+    activity: Any  # hostload.TreeActivity, or None
     last: float | None = None  # the last progress message
     gaps: list[float] = field(default_factory=list)  # between progress messages
     phase: str = "starting its process"
@@ -512,7 +514,7 @@ class _Vigil:
             # a hang is found by its progress: a DataLoader worker blocked for good, a
             # deadlock in the loss, costs a few times the trial's own step, not the limit
             return infeasible("timeout", f"hung: no step for {now - self.last:.0f} s", request)
-        if not self.gaps and (idle := self.activity.idle_for(now)) >= IDLE_S:
+        if not self.gaps and self.activity is not None and (idle := self.activity.idle_for(now)) >= IDLE_S:
             waited = now - (self.phase_at or self.t0)
             return infeasible("timeout", f"hung: no step after {now - self.t0:.0f} s, its processes idle for "
                               f"{idle:.0f} s ({self.phase}, for {waited:.0f} s)", request,
@@ -528,7 +530,7 @@ class _Vigil:
         limit = stall_limit(self.gaps)
         if limit is not None and self.last is not None:
             until = min(until, self.last + limit)
-        if not self.gaps:
+        if not self.gaps and self.activity is not None:
             until = min(until, now + LOOK_S)
         return max(0.0, until - now)
 
@@ -587,7 +589,7 @@ def _run_once(request: TrialRequest, timeout_s: float, progress: Callable[[str],
     with _main_left_behind():
         proc.start()
     send.close()
-    vigil = _Vigil(t0, timeout_s, TreeActivity(proc.pid, request.env.get("CUDA_VISIBLE_DEVICES")
+    vigil = Vigil(t0, timeout_s, TreeActivity(proc.pid, request.env.get("CUDA_VISIBLE_DEVICES")
                                                if request.device != "cpu" else None))
     result: Record | None = None
     while result is None:
