@@ -67,6 +67,11 @@ def test_a_rank_s_own_error_is_named_before_what_ray_says_of_its_peers():
     assert kind != "died" and reason.startswith("rank 1:") and "told to fail" in reason
     kind, reason = _failure(SimpleNamespace(worker_failures={1: checked}))
     assert kind == "died" and reason == "rank 1 died: A worker health check failed."
+    # what the rank said of its error on its own node (the size of that node's /dev/shm,
+    # say) wins over what the driver's node would say of it
+    on_its_node = ("oom", "out of shared memory: NCCL's ranks on one node exchange data in /dev/shm, which holds 64 MB")
+    kind, reason = _failure(SimpleNamespace(worker_failures={0: checked, 1: own}), {1: on_its_node})
+    assert (kind, reason) == ("oom", f"rank 1: {on_its_node[1]}")
 
 
 def test_scaling_efficiency_pairs_equal_configs():

@@ -108,15 +108,15 @@ def run_ranks(request: TrialRequest, *, timeout_s: float = 600.0, spread: bool =
         record = json.loads(ray.get(box.get.remote()))
     except TrainingFailedError as exc:
         try:
-            hung = ray.get(box.why_hung.remote(), timeout=10)
-        except Exception:  # the box's node lost with the ranks: Ray's own reason below
-            hung = None
+            hung, said = ray.get(box.why.remote(), timeout=10)
+        except Exception:  # the box's node lost with the ranks: Ray's own reasons below
+            hung, said = None, {}
         if hung:  # the ranks' watchdogs ended them: a collective (or the user's code) hung
             kind, reason = "timeout", hung
         elif time.perf_counter() - t0 >= timeout_s:
             kind, reason = "timeout", hung_reason(timeout_s)
         else:
-            kind, reason = _failure(exc)
+            kind, reason = _failure(exc, said)
         record = infeasible(kind, reason, request)
     finally:
         ray.kill(box)
@@ -127,11 +127,12 @@ def run_ranks(request: TrialRequest, *, timeout_s: float = 600.0, spread: bool =
     return record
 
 
-def _failure(exc: BaseException) -> tuple[str, str]:
-    """(kind, one-line reason) of a failed Train run: the lowest rank's own error. A
-    rank's failure also fails its peers, as Ray sees them (their processes end, or their
-    health checks fail on a loaded machine): those name the rank only where no rank
-    raised an error of its own."""
+def _failure(exc: BaseException, said: dict[int, tuple[str, str]] | None = None) -> tuple[str, str]:
+    """(kind, one-line reason) of a failed Train run: the lowest rank's own error, as the
+    rank classified it on its own node (``said``: what its machine lacked, /dev/shm say,
+    is that node's), else as classified here. A rank's failure also fails its peers, as
+    Ray sees them (their processes end, or their health checks fail on a loaded machine):
+    those name the rank only where no rank raised an error of its own."""
     failures: dict[int, BaseException] = getattr(exc, "worker_failures", None) or {}
     if not failures:
         cause = getattr(exc, "controller_failure", exc)
@@ -139,7 +140,7 @@ def _failure(exc: BaseException) -> tuple[str, str]:
     own = {rank: err for rank in sorted(failures) if (err := _own_error(failures[rank])) is not None}
     if own:
         rank = min(own)
-        kind, reason = classify(own[rank])
+        kind, reason = (said or {}).get(rank) or classify(own[rank])
         return kind, f"rank {rank}: {reason}"
     rank = min(failures)
     return "died", f"rank {rank} died: {str(failures[rank]).strip().splitlines()[0][:200]}"
@@ -157,11 +158,13 @@ def _own_error(err: BaseException) -> BaseException | None:
 
 
 class _Box:
-    """Holds rank 0's record for the driver, and why a rank ended a hung trial."""
+    """Holds rank 0's record for the driver, why a rank ended a hung trial, and each
+    failed rank's error as it classified it."""
 
     def __init__(self) -> None:
         self.record: str | None = None
         self.hang: str | None = None  # why the first rank to find the trial hung ended it
+        self.said: dict[int, tuple[str, str]] = {}  # each failed rank's (kind, reason), from its own node
 
     def put(self, record: str) -> None:
         self.record = record
@@ -172,8 +175,11 @@ class _Box:
     def hung(self, reason: str) -> None:
         self.hang = self.hang or reason
 
-    def why_hung(self) -> str | None:
-        return self.hang
+    def failed(self, rank: int, kind: str, reason: str) -> None:
+        self.said[rank] = (kind, reason)
+
+    def why(self) -> tuple[str | None, dict[int, tuple[str, str]]]:
+        return self.hang, self.said
 
 
 def _rank_main(cfg: dict) -> None:
@@ -223,6 +229,10 @@ def _rank_main(cfg: dict) -> None:
         record = execute(request, progress=heard,
                          rank_info={"node": node, "node_ip": _ray.util.get_node_ip_address(),
                                     "gpu_ids": [str(g) for g in _ray.get_gpu_ids()]})
+    except Exception as exc:
+        with contextlib.suppress(Exception):
+            ray.get(cfg["box"].failed.remote(rank, *classify(exc)), timeout=10)
+        raise
     finally:
         done.set()
     if rank == 0:
