@@ -201,6 +201,37 @@ def test_doctor_says_when_the_temp_folder_leaves_dataloader_workers_no_room(temp
 
 
 @pytest.mark.slow
+def test_doctor_checks_each_node_of_a_cluster_where_its_trials_would_run(temp_dir):
+    """``doctor --address`` asks every node what its trials would meet there: a node whose
+    Ray workers have a TMPDIR too long for DataLoader workers' sockets, and which Ray says
+    has GPUs where no NVIDIA driver answers, is flagged with both fixes; the other is OK.
+    A real two-node Ray (``ray.cluster_utils.Cluster``): the GPUs are Ray's logical ones,
+    and this machine has no NVIDIA driver."""
+    import torch
+    from ray.cluster_utils import Cluster
+
+    tmpdir = temp_dir / ("t" * 100)
+    tmpdir.mkdir()
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    try:
+        cluster.add_node(num_cpus=1, num_gpus=2, env_vars={"TMPDIR": str(tmpdir)})
+        r = subprocess.run([sys.executable, "-m", "tuner", "doctor", "--address", cluster.address],
+                           capture_output=True, text=True, timeout=300)
+    finally:
+        cluster.shutdown()
+    assert r.returncode == 0, r.stderr
+    nodes = sorted((ln for ln in r.stdout.splitlines() if ln[5:].startswith("node ")), key=lambda ln: ln[:4])
+    assert len(nodes) == 2, r.stdout
+    fix, ok = nodes
+    assert fix.startswith("FIX ") and ok.startswith("OK "), nodes
+    assert "cores (Ray: 1 CPU), 0 GPU(s), /dev/shm" in ok and ok.endswith(f"torch {torch.__version__}")
+    assert "set TMPDIR to a shorter folder" in fix and str(tmpdir) in fix
+    assert fix.endswith("Ray offers 2 GPU(s) here and no NVIDIA driver answers: check the driver (nvidia-smi), "
+                        "or start the node's Ray with --num-gpus=0")
+    assert not any(ln.startswith("FIX  nodes' torch") for ln in r.stdout.splitlines())
+
+
+@pytest.mark.slow
 def test_unreachable_address_is_one_line(tmp_path):
     (tmp_path / "space.yaml").write_text("name: x\nworkload: conv\n")
     r = subprocess.run([sys.executable, "-m", "tuner", "submit", str(tmp_path / "space.yaml"), "--address",

@@ -617,7 +617,8 @@ def _measure_commands(sub: Any) -> None:
     p.set_defaults(func=cmd_init)
 
     p = sub.add_parser("doctor", help="check torch, CUDA, GPUs, compile, DataLoader workers (TMPDIR, /dev/shm), Ray: OK or what to fix")
-    p.add_argument("--address", help="also check a running Ray cluster")
+    p.add_argument("--address", help="also check a running Ray cluster (HEAD:6379), and each of its nodes where "
+                   "trials would run: cores, GPUs, /dev/shm, TMPDIR, torch")
     p.set_defaults(func=cmd_doctor)
 
 

@@ -206,6 +206,88 @@ def other_load(seconds: float = 1.0) -> tuple[float, str]:
     return max(0.0, busy), ", ".join(top)
 
 
+def node_facts() -> dict:
+    """What this node offers a search's trials, as ``doctor`` checks it here: run on each
+    node of a cluster (``node_checks``), in a Ray worker's environment, as a trial is."""
+    import ray
+    import torch
+
+    from tuner.data import workers_refused
+    from tuner.hardware import shm_mb, usable_cores
+
+    # The node's GPUs as its driver counts them: Ray hides them from a task that asked for
+    # none (CUDA_VISIBLE_DEVICES), and this one asks for none so as to run beside trials.
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        gpus = pynvml.nvmlDeviceGetCount()
+        gpu = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(0)) if gpus else None
+        pynvml.nvmlShutdown()
+    except Exception:  # no pynvml, no driver
+        gpus, gpu = 0, None
+    return {"cores": usable_cores(), "gpus": gpus, "gpu": gpu.decode() if isinstance(gpu, bytes) else gpu,
+            "cuda_build": torch.version.cuda, "shm_mb": shm_mb(), "workers": workers_refused(),
+            "torch": torch.__version__, "ip": ray.util.get_node_ip_address()}
+
+
+# How long ``doctor --address`` waits for a node's answer (a node's first task imports torch).
+NODE_ANSWER_S = 120.0
+
+
+def node_checks() -> list[tuple[str, bool, str, str]]:
+    """(name, ok, detail, fix) for each live node of the connected Ray cluster, from
+    ``node_facts`` run there: its cores, GPUs and torch, and what its DataLoader workers
+    and NCCL need of it (/dev/shm, the temp folder's sockets); then whether the nodes run
+    one torch. A trial runs on any node it fits, so each is checked where it is."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from tuner.hardware import SHM_ENOUGH_MB
+
+    ask = ray.remote(num_cpus=0)(node_facts)
+    nodes = sorted((n for n in ray.nodes() if n.get("Alive")), key=lambda n: n["NodeManagerAddress"])
+    asked = [(n, ask.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote())
+             for n in nodes]
+    ray.wait([ref for _, ref in asked], num_returns=len(asked), timeout=NODE_ANSWER_S)
+    ips = [n["NodeManagerAddress"] for n in nodes]
+    out, versions = [], set()
+    for node, ref in asked:
+        ip = node["NodeManagerAddress"]
+        name = f"node {ip}" + (f" {node['NodeID'][:6]}" if ips.count(ip) > 1 else "")
+        try:
+            f = ray.get(ref, timeout=0)
+        except ray.exceptions.GetTimeoutError:
+            out.append((name, False, f"no answer within {NODE_ANSWER_S:.0f} s", "check the node: `ray status`"))
+            continue
+        except Exception as exc:
+            said = str(exc).strip().splitlines()[-1][:200] if str(exc).strip() else type(exc).__name__
+            out.append((name, False, f"its check failed: {said}", "check the node's Python and torch"))
+            continue
+        versions.add(f["torch"])
+        fix = []
+        if f["shm_mb"] is not None and f["shm_mb"] < SHM_ENOUGH_MB:
+            fix.append("DataLoader workers and NCCL need more /dev/shm: start its container with --shm-size=8g "
+                       "or --ipc=host")
+        if f["workers"]:
+            fix.append(f["workers"])
+        offered = node.get("Resources", {})
+        cpus, ray_gpus = offered.get("CPU", 0), offered.get("GPU", 0)
+        if ray_gpus and not f["gpus"]:
+            fix.append(f"Ray offers {ray_gpus:g} GPU(s) here and no NVIDIA driver answers: check the driver "
+                       f"(nvidia-smi), or start the node's Ray with --num-gpus=0")
+        elif ray_gpus and not f["cuda_build"]:
+            fix.append("its torch is a CPU build: install a CUDA build of torch on the node")
+        gpus = f"{f['gpus']} GPU(s)" + (f" ({f['gpu']})" if f["gpu"] else "")
+        shm = f"/dev/shm {f['shm_mb']:,.0f} MB" if f["shm_mb"] is not None else "no /dev/shm"
+        out.append((name, not fix, f"{f['cores']} cores (Ray: {cpus:g} CPU{'s' * (cpus != 1)}), {gpus}, {shm}, "
+                    f"torch {f['torch']}", "; ".join(fix)))
+    if len(versions) > 1:
+        out.append(("nodes' torch", False, f"the nodes run torch {', '.join(sorted(versions))}",
+                    "install one torch on every node: trials on different builds are not comparable"))
+    return out
+
+
 def doctor(address: str | None = None, out: Any = None) -> int:
     """Check the environment; one line per check, OK or what to fix. Returns 0."""
     out = sys.stdout if out is None else out  # at call time: a replaced sys.stdout is honoured
@@ -269,11 +351,17 @@ def doctor(address: str | None = None, out: Any = None) -> int:
         try:
             import ray
 
-            ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+            import tuner
+
+            # this tuner travels to the nodes, as a submitted search's does (``submit``)
+            ray.init(address=address, logging_level="ERROR", log_to_driver=False,
+                     runtime_env={"py_modules": [str(Path(tuner.__file__).parent)]})
             res = ray.cluster_resources()
             nodes = len([n for n in ray.nodes() if n.get("Alive")])
             check("ray cluster", True, f"{address}: {nodes} node(s), {res.get('CPU', 0):.0f} CPUs, "
                   f"{res.get('GPU', 0):.0f} GPUs")
+            for name, ok, detail, fix in node_checks():
+                check(name, ok, detail, fix)
             ray.shutdown()
         except Exception as exc:
             check("ray cluster", False, f"{address}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
