@@ -1249,3 +1249,132 @@ def detect(size: int = 4096, image: int = 64, classes: int = 4, width: int = 24)
         return obj_loss + (box_loss + cls_loss) / max(hits, 1)
 
     return Workload(model=model, dataset=lambda: Shapes(size, image, classes), loss=loss, collate=box_lists)
+
+
+_SYLLABLES = ("ka", "lo", "mi", "ne", "su", "ta", "vo", "re", "pi", "du", "gan", "tel", "sor", "min", "bra", "ex")
+
+
+class Sentences(Dataset):
+    """Sentences of made-up words, written as text on each read and tokenized there by a
+    pure-Python greedy longest-match word-piece tokenizer (as a slow Hugging Face
+    tokenizer does in a dataset's ``__getitem__``): loading is Python, held by the GIL."""
+
+    def __init__(self, size: int, shortest: int, longest: int, pieces: dict[str, int], classes: int):
+        self.size, self.shortest, self.longest, self.pieces, self.classes = size, shortest, longest, pieces, classes
+        self.widest = max(len(p) for p in pieces)
+
+    def __len__(self) -> int:
+        return self.size
+
+    def _text(self, i: int) -> str:
+        import random
+
+        rng = random.Random(i)
+        words = [("".join(rng.choice(_SYLLABLES) for _ in range(rng.randint(1, 4))))
+                 for _ in range(rng.randint(self.shortest, self.longest))]
+        return " ".join(w.capitalize() if rng.random() < 0.1 else w for w in words) + "."
+
+    def _tokens(self, text: str) -> list[int]:
+        ids = [1]  # [CLS]
+        for word in text.lower().replace(".", " .").split():
+            start, first = 0, True
+            while start < len(word):
+                for end in range(min(len(word), start + self.widest), start, -1):
+                    piece = word[start:end] if first else "##" + word[start:end]
+                    if piece in self.pieces:
+                        ids.append(self.pieces[piece])
+                        start, first = end, False
+                        break
+                else:
+                    ids.append(2)  # [UNK]
+                    start, first = start + 1, False
+        return ids
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        ids = self._tokens(self._text(i))
+        return torch.tensor(ids[:256]), torch.tensor(len(ids) % self.classes)
+
+
+def pad_tokens(items: list) -> tuple[torch.Tensor, torch.Tensor]:
+    ids, labels = zip(*items, strict=True)
+    return nn.utils.rnn.pad_sequence(ids, batch_first=True), torch.stack(labels)
+
+
+def tokenize(size: int = 8192, shortest: int = 8, longest: int = 64, dim: int = 48, heads: int = 2,
+             classes: int = 4) -> Workload:
+    """A text classifier whose data is tokenized in Python on each read: a word-piece
+    vocabulary of the syllables and their pairs, a one-layer transformer encoder, the
+    mean over the padded tokens, a linear head."""
+    import itertools
+
+    vocab = ["[PAD]", "[CLS]", "[UNK]", "."] + list(_SYLLABLES) + ["##" + s for s in _SYLLABLES]
+    vocab += ["".join(p) for p in itertools.product(_SYLLABLES[:8], repeat=2)]
+    pieces = {p: i for i, p in enumerate(vocab)}
+
+    class Encoder(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(len(vocab), dim, padding_idx=0)
+            self.encoder = nn.TransformerEncoderLayer(dim, heads, 2 * dim, dropout=0.0, batch_first=True)
+            self.head = nn.Linear(dim, classes)
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            pad = ids == 0
+            h = self.encoder(self.embed(ids), src_key_padding_mask=pad)
+            keep = (~pad).unsqueeze(-1).to(h.dtype)
+            return self.head((h * keep).sum(1) / keep.sum(1).clamp(min=1))
+
+    def loss(model, batch):
+        ids, labels = batch
+        return nn.functional.cross_entropy(model(ids).float(), labels)
+
+    return Workload(model=Encoder, dataset=lambda: Sentences(size, shortest, longest, pieces, classes), loss=loss,
+                    collate=pad_tokens)
+
+
+class Volumes(Dataset):
+    """Single-channel 3-D scans (a sphere of a class's texture in noise), made on each read
+    with a random crop, flips on each axis and an intensity jitter, as medical-imaging
+    pipelines (MONAI's RandSpatialCrop, RandFlip, RandScaleIntensity) augment on the CPU."""
+
+    def __init__(self, size: int, side: int, crop: int, classes: int):
+        self.size, self.side, self.crop, self.classes = size, side, crop, classes
+        axis = torch.linspace(-1, 1, side)
+        z, y, x = torch.meshgrid(axis, axis, axis, indexing="ij")
+        self.radius = (x * x + y * y + z * z).sqrt()
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        g = torch.Generator().manual_seed(i)
+        label = int(torch.randint(0, self.classes, (), generator=g))
+        scan = torch.randn(self.side, self.side, self.side, generator=g) * 0.3
+        texture = torch.sin(self.radius * (4 + 3 * label) * torch.pi)
+        scan = scan + (self.radius < 0.7).float() * texture
+        o = torch.randint(0, self.side - self.crop + 1, (3,), generator=g).tolist()
+        scan = scan[o[0]:o[0] + self.crop, o[1]:o[1] + self.crop, o[2]:o[2] + self.crop]
+        flips = [d for d in range(3) if torch.rand((), generator=g) < 0.5]
+        if flips:
+            scan = scan.flip(flips)
+        scan = scan * (0.9 + 0.2 * torch.rand((), generator=g))
+        return scan.unsqueeze(0).contiguous(), torch.tensor(label)
+
+
+def volumes(size: int = 2048, side: int = 40, crop: int = 24, classes: int = 3, width: int = 8) -> Workload:
+    """A 3-D convolutional classifier (a small 3-D ResNet-like stack: Conv3d, BatchNorm3d,
+    ReLU, strided down twice) on augmented scans."""
+
+    def block(cin: int, cout: int, stride: int) -> list:
+        return [nn.Conv3d(cin, cout, 3, stride=stride, padding=1, bias=False), nn.BatchNorm3d(cout), nn.ReLU()]
+
+    def model():
+        return nn.Sequential(*block(1, width, 1), *block(width, 2 * width, 2), *block(2 * width, 2 * width, 1),
+                             *block(2 * width, 4 * width, 2), nn.AdaptiveAvgPool3d(1), nn.Flatten(),
+                             nn.Linear(4 * width, classes))
+
+    def loss(model, batch):
+        scans, labels = batch
+        return nn.functional.cross_entropy(model(scans).float(), labels)
+
+    return Workload(model=model, dataset=lambda: Volumes(size, side, crop, classes), loss=loss)
