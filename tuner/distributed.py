@@ -13,7 +13,9 @@ The ranks of one trial stay on one node (``STRICT_PACK``) unless the space asks 
 becomes the trial's one-line reason. A rank that hangs (a collective that never
 completes, a DataLoader that never delivers) ends its own process once it has made no
 step for max(30 s, 10x its slowest step gap), as a single-process trial's parent finds
-it, or when the trial's time limit passes before its first step.
+it; before the first step, once every rank's processes have been idle for 20 s (a rank
+idle alone may wait in a collective while another compiles); and at the trial's time
+limit.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import uuid
 from tuner import knobs
 from tuner.capacity import cluster_shape
 from tuner.trial import (
+    IDLE_S,
     LOOK_S,
     TrialRequest,
     Vigil,
@@ -87,7 +90,7 @@ def run_ranks(request: TrialRequest, *, timeout_s: float = 600.0, spread: bool =
     storage = storage or tempfile.mkdtemp(prefix="tuner-train-")
     # Ray Train keeps reported metrics only with checkpoints: rank 0 hands its record
     # to this small actor instead (on any node).
-    box = ray.remote(_Box).options(num_cpus=0).remote()
+    box = ray.remote(_Box).options(num_cpus=0).remote(world)
     # Ray Train's controller learns that the ranks are done at its next poll of them (every
     # 2 s by default), and the trial's wall waits for it. A poll is a light call to each
     # rank, and a slow one is no missed health check before its own timeout (10 minutes).
@@ -161,7 +164,9 @@ class _Box:
     """Holds rank 0's record for the driver, why a rank ended a hung trial, and each
     failed rank's error as it classified it."""
 
-    def __init__(self) -> None:
+    def __init__(self, world: int) -> None:
+        self.world = world
+        self.idles: dict[int, float] = {}  # each rank's idle seconds, as it last said
         self.record: str | None = None
         self.hang: str | None = None  # why the first rank to find the trial hung ended it
         self.said: dict[int, tuple[str, str]] = {}  # each failed rank's (kind, reason), from its own node
@@ -171,6 +176,11 @@ class _Box:
 
     def get(self) -> str | None:
         return self.record
+
+    def idle(self, rank: int, seconds: float) -> float:
+        """Takes a rank's idle seconds; gives the least of every rank's (0 before all said)."""
+        self.idles[rank] = seconds
+        return min(self.idles.values()) if len(self.idles) == self.world else 0.0
 
     def hung(self, reason: str) -> None:
         self.hang = self.hang or reason
@@ -186,6 +196,7 @@ def _rank_main(cfg: dict) -> None:
     """The body of each rank (a Ray Train worker)."""
     import ray.train
 
+    from tuner.hostload import TreeActivity
     from tuner.trial import execute
 
     request = TrialRequest(**cfg["request"])
@@ -194,13 +205,25 @@ def _rank_main(cfg: dict) -> None:
     done = threading.Event()
     # The rank's progress, read as a single-process trial's parent reads it: once it has
     # stepped, a hang is no step for max(30 s, 10x its slowest gap), found on every rank
-    # alike (the ranks step together). Before its first step, only the time limit: an
-    # idle rank may be waiting in a collective while another compiles.
+    # alike (the ranks step together). Before its first step, a rank alone idle tells
+    # nothing (it may wait in a collective while another compiles): the trial is hung when
+    # every rank's processes have been idle for IDLE_S, as the box hears from all of them.
     vigil, lock = Vigil(time.perf_counter(), cfg["timeout_s"], None), threading.Lock()
+    activity = TreeActivity(os.getpid(), os.environ.get("CUDA_VISIBLE_DEVICES") if request.device != "cpu" else None)
 
     def heard(message: str) -> None:
         with lock:
             vigil.heard(("progress", message), time.perf_counter(), None)
+
+    def all_idle(now: float) -> dict | None:
+        try:
+            idle = ray.get(cfg["box"].idle.remote(rank, activity.idle_for(now)), timeout=10)
+        except Exception:  # the box out of reach: the time limit still holds
+            return None
+        if idle < IDLE_S:
+            return None
+        return infeasible("timeout", f"hung: no step after {now - vigil.t0:.0f} s, every rank's processes idle "
+                          f"for {idle:.0f} s", request)
 
     def watchdog() -> None:
         # A rank stuck in a collective (or its data) cannot raise: end the process, which
@@ -208,7 +231,9 @@ def _rank_main(cfg: dict) -> None:
         while True:
             with lock:
                 now = time.perf_counter()
-                found, wait = vigil.hung(now, request), vigil.wait_s(now)
+                found, wait, stepped = vigil.hung(now, request), vigil.wait_s(now), bool(vigil.gaps)
+            if found is None and not stepped:
+                found = all_idle(now)
             if found is not None:
                 break
             if done.wait(min(wait, LOOK_S)):
