@@ -209,7 +209,6 @@ def other_load(seconds: float = 1.0) -> tuple[float, str]:
 def node_facts() -> dict:
     """What this node offers a search's trials, as ``doctor`` checks it here: run on each
     node of a cluster (``node_checks``), in a Ray worker's environment, as a trial is."""
-    import ray
     import torch
 
     from tuner.data import workers_refused
@@ -228,7 +227,7 @@ def node_facts() -> dict:
         gpus, gpu = 0, None
     return {"cores": usable_cores(), "gpus": gpus, "gpu": gpu.decode() if isinstance(gpu, bytes) else gpu,
             "cuda_build": torch.version.cuda, "shm_mb": shm_mb(), "workers": workers_refused(),
-            "torch": torch.__version__, "ip": ray.util.get_node_ip_address()}
+            "torch": torch.__version__}
 
 
 # How long ``doctor --address`` waits for a node's answer (a node's first task imports torch).
@@ -243,7 +242,7 @@ def node_checks() -> list[tuple[str, bool, str, str]]:
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    from tuner.hardware import SHM_ENOUGH_MB
+    from tuner.hardware import SHM_USERS, shm_short
 
     ask = ray.remote(num_cpus=0)(node_facts)
     nodes = sorted((n for n in ray.nodes() if n.get("Alive")), key=lambda n: n["NodeManagerAddress"])
@@ -266,9 +265,8 @@ def node_checks() -> list[tuple[str, bool, str, str]]:
             continue
         versions.add(f["torch"])
         fix = []
-        if f["shm_mb"] is not None and f["shm_mb"] < SHM_ENOUGH_MB:
-            fix.append("DataLoader workers and NCCL need more /dev/shm: start its container with --shm-size=8g "
-                       "or --ipc=host")
+        if f["shm_mb"] is not None and (short := shm_short(list(SHM_USERS), f["shm_mb"])):
+            fix.append(short)
         if f["workers"]:
             fix.append(f["workers"])
         offered = node.get("Resources", {})

@@ -87,11 +87,12 @@ def shm_advice(user: str = "workers") -> str:
     return f"{SHM_USERS[user]} in /dev/shm{held}; a container needs --shm-size=8g or --ipc=host, and {less}"
 
 
-def shm_short(users: list[str]) -> str | None:
-    """A warning before a search whose processes need /dev/shm (``users``, keys of
-    ``SHM_USERS``) where it holds less than ``SHM_ENOUGH_MB``; None where it is enough,
-    absent (not Linux) or needed by none."""
-    size = shm_mb()
+def shm_short(users: list[str], size: float | None = None) -> str | None:
+    """What to tell a search whose processes need /dev/shm (``users``, keys of
+    ``SHM_USERS``) where it holds less than ``SHM_ENOUGH_MB``: this machine's, or ``size``
+    MB (a cluster node's, as it said); None where it is enough, absent (not Linux) or
+    needed by none."""
+    size = shm_mb() if size is None else size
     if not users or size is None or size >= SHM_ENOUGH_MB:
         return None
     who = " and ".join(SHM_USERS[u] for u in users)
