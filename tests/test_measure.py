@@ -170,6 +170,38 @@ def test_a_batch_of_many_small_items_reads_what_whole_epochs_of_it_get():
     assert low / 1.5 <= r["samples_per_sec"] <= high * 1.5, (low, high, r["samples_per_sec_windows"])
 
 
+def test_a_first_window_that_held_a_heap_collection_does_not_keep_windows_of_a_few_steps():
+    """The room limit (five windows to an epoch) ends where windows of a fifth of an epoch
+    would be a small part of window_s. The first window of a few steps may hold a full
+    collection of the heap and read several times as long as the rest: the faster of the
+    first two windows decides, so the second window still ends the limit."""
+    from tuner.measure import WindowPlan
+    from tuner.settings import MeasureSettings
+
+    class Loop:  # what WindowPlan reads and sets of a Trainer
+        samples_per_step, limits = 1024, []
+
+        def set_epoch_limit(self, samples, now=False, align=1):
+            self.limits.append(samples)
+
+    def plan() -> WindowPlan:
+        return WindowPlan(Loop(), MeasureSettings(window_s=0.5), est=0.01, cycle=1, min_steps=1,
+                          room=3, dataset_steps=19, steps=3)
+
+    said = []
+    held = plan()
+    held.resize(3, 0.19, said.append)  # 63 ms a step: the collection
+    assert held.room == 3 and held.steps == 3 and not held.sized
+    held.resize(3, 0.03, said.append)  # 10 ms a step
+    assert held.room == 0 and held.steps == 50 and held.sized
+    assert held.trainer.limits[-1] == 5 * 50 * 1024 and "10.0 ms: 50 steps" in said[-1]
+
+    slow = plan()  # steps that are slow in every window keep the limit
+    slow.resize(3, 0.19, said.append)
+    slow.resize(3, 0.18, said.append)
+    assert slow.room == 3 and slow.steps == 3 and slow.sized
+
+
 def _plain_epochs(name: str, args: dict, config: dict, epochs: int = 2) -> float:
     """The user's own loop over whole epochs of fixture workload ``name`` (after 4
     untimed steps, or an untimed epoch with persistent workers), in a fresh process as the user's script runs: samples/sec. Not in pytest's

@@ -215,7 +215,8 @@ class WindowPlan:
     dataset_steps: int
     steps: int = 0  # per window
     cap_s: float = math.inf  # the first window is also capped in time
-    sized: bool = False  # sized by the first undisturbed window
+    sized: bool = False  # sized by the first two undisturbed windows
+    fastest: float = math.inf  # seconds per step, the least of those windows'
 
     @classmethod
     def size(cls, trainer: Trainer, settings: MeasureSettings, agree: Agree, warm: WarmUp) -> WindowPlan:
@@ -252,21 +253,27 @@ class WindowPlan:
                                      align=self.cycle * self.trainer.samples_per_step)
 
     def resize(self, steps: int, wall: float, say: Callable[[str], None]) -> None:
-        """Once: the first undisturbed window sizes the windows (a disturbed one would
-        size them to the disturbance)."""
-        self.sized = True
-        if self.room and self.room * wall / steps < self.settings.window_s / 4:
+        """The first undisturbed window sizes the windows (a disturbed one would size them
+        to the disturbance); the second may still end the room limit (below)."""
+        first = self.fastest == math.inf
+        self.fastest = min(self.fastest, wall / steps)
+        self.sized = not first
+        if self.room and self.room * self.fastest < self.settings.window_s / 4:
             # Windows of a fifth of an epoch would be a small part of window_s: an epoch
             # of a few fast steps then runs whole inside each window, boundaries and all,
             # as a user's run of many such epochs does. Windows of a few steps each read
             # the interpreter's periodic costs (a full garbage collection every few dozen
             # steps) and the timing's own by chance: a dataset of small tensors read 0.45x
-            # to 1.8x its own script that way, and 1.0x in windows of many epochs.
+            # to 1.8x its own script that way, and 1.0x in windows of many epochs. The
+            # faster of the first two windows decides: one window of a few steps may hold
+            # that collection itself, and read an epoch's fifth several times as long.
             self.room = 0
-        fit = self.whole_cycles(self.settings.window_s * steps / max(wall, 1e-6))
+        elif not first:
+            return
+        fit = self.whole_cycles(self.settings.window_s / max(self.fastest, 1e-9))
         if not self.steps / 1.5 <= fit <= self.steps * 1.5:
-            say(f"warm-up read {self.est * 1e3:.1f} ms per step, the first window "
-                f"{wall / steps * 1e3:.1f} ms: {fit} steps per window")
+            say(f"warm-up read {self.est * 1e3:.1f} ms per step, the first windows "
+                f"{self.fastest * 1e3:.1f} ms: {fit} steps per window")
             self.steps = fit
             self.size_epochs(now=True)
 
