@@ -214,7 +214,7 @@ class WindowPlan:
     room: int  # steps a window may have for five to fit in an epoch (0: no limit)
     dataset_steps: int
     steps: int = 0  # per window
-    cap_s: float = math.inf  # the first window is also capped in time
+    cap_s: float = math.inf  # the windows are also capped in time until sized
     sized: bool = False  # sized by the first two undisturbed windows
     fastest: float = math.inf  # seconds per step, the least of those windows'
 
