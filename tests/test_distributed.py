@@ -3,6 +3,7 @@ the DDP knobs reach torch, the ranks agree on every window, a rank's error names
 rank, and the figures are global."""
 
 import json
+import time
 
 import pytest
 
@@ -243,6 +244,73 @@ def test_a_rank_that_raises_or_hangs_is_named_and_leaves_no_process(ray_4cpu, tm
     while time.time() < deadline and any(psutil.pid_exists(p) for p in pids):
         time.sleep(0.5)
     assert not any(psutil.pid_exists(p) for p in pids)
+
+
+class _Blocked:
+    """A stand-in for a rank blocked in a collective: a Ray worker doing nothing of its own."""
+
+    def pid(self) -> int:
+        import os
+
+        return os.getpid()
+
+    def poll(self) -> bool:
+        return True
+
+    def block(self, box) -> None:
+        """Waits for good, while a thread asks ``box`` every LOOK_S, as a rank's watchdog does."""
+        import threading
+
+        import ray
+
+        from tuner.trial import LOOK_S
+
+        def watchdog() -> None:
+            while True:
+                ray.get(box.poll.remote())
+                time.sleep(LOOK_S)
+
+        threading.Thread(target=watchdog, daemon=True).start()
+        threading.Event().wait()
+
+
+@pytest.mark.alone  # the idle Ray worker's own CPU use, read beside nothing else
+def test_a_blocked_ray_worker_polled_as_ray_train_polls_reads_idle_to_the_rank_watchdog(ray_4cpu):
+    """A rank's process tree is a Ray worker, whose own threads answer the controller's
+    polls: blocked for good, it kept using a few hundredths of a core, and the
+    single-process floor took that for work in look after look (the hung rank was then
+    ended minutes late). Under the rank's floor it reads idle, look after look."""
+    import threading
+
+    import ray
+
+    from tuner.distributed import CONTROLLER_POLL_S, RANK_CPU_FLOOR
+    from tuner.hostload import TreeActivity
+    from tuner.trial import LOOK_S
+
+    worker, box = (ray.remote(_Blocked).options(num_cpus=n, max_concurrency=4).remote() for n in (1, 0))
+    try:
+        pid = ray.get(worker.pid.remote())
+        worker.block.remote(box)
+        stop = threading.Event()
+
+        def controller() -> None:
+            while not stop.wait(CONTROLLER_POLL_S):
+                ray.get(worker.poll.remote())
+
+        threading.Thread(target=controller, daemon=True).start()
+        activity = TreeActivity(pid, cpu_floor=RANK_CPU_FLOOR)
+        time.sleep(2 * LOOK_S)  # the worker settles after its calls start
+        activity.idle_for(time.perf_counter())
+        idles = []
+        for _ in range(6):
+            time.sleep(LOOK_S)
+            idles.append(activity.idle_for(time.perf_counter()))
+        stop.set()
+        assert idles[-1] >= 5 * LOOK_S, idles
+    finally:
+        ray.kill(worker)
+        ray.kill(box)
 
 
 @pytest.mark.slow

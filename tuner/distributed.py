@@ -45,6 +45,13 @@ from tuner.trial import (
 
 # How often Ray Train's controller asks the ranks whether they are done (seconds).
 CONTROLLER_POLL_S = 0.5
+# Cores below which a rank's process tree counts as idle before its first step. The tree's
+# root is the Ray worker itself, whose own threads answer the controller's polls and this
+# module's watchdog: a rank blocked for good keeps using a few hundredths of a core, more on
+# a slower host, which a single-process trial's floor (TreeActivity.CPU_FLOOR) would take
+# for work. Work that matters here (a compile, a dataset opened, workers starting) uses a
+# core or moves bytes.
+RANK_CPU_FLOOR = 0.1
 
 
 def per_rank_resources(config: dict, use_gpu: bool) -> dict[str, float]:
@@ -209,7 +216,8 @@ def _rank_main(cfg: dict) -> None:
     # nothing (it may wait in a collective while another compiles): the trial is hung when
     # every rank's processes have been idle for IDLE_S, as the box hears from all of them.
     vigil, lock = Vigil(time.perf_counter(), cfg["timeout_s"], None), threading.Lock()
-    activity = TreeActivity(os.getpid(), os.environ.get("CUDA_VISIBLE_DEVICES") if request.device != "cpu" else None)
+    activity = TreeActivity(os.getpid(), os.environ.get("CUDA_VISIBLE_DEVICES") if request.device != "cpu" else None,
+                            cpu_floor=RANK_CPU_FLOOR)
 
     def heard(message: str) -> None:
         with lock:

@@ -303,8 +303,8 @@ class TreeActivity:
     IO_FLOOR = 64 * 1024  # bytes read or written between two looks
     RSS_FLOOR = 4 * 2**20
 
-    def __init__(self, pid: int, gpus: str | None = None):
-        self.pid, self.gpus = pid, gpus
+    def __init__(self, pid: int, gpus: str | None = None, cpu_floor: float = CPU_FLOOR):
+        self.pid, self.gpus, self.cpu_floor = pid, gpus, cpu_floor
         self.state: tuple | None = None
         self.seen_at = self.active_at = time.perf_counter()
 
@@ -318,7 +318,7 @@ class TreeActivity:
 
     def _moved(self, a: tuple, b: tuple, dt: float) -> bool:
         (cpu0, io0, rss0, pids0), (cpu1, io1, rss1, pids1) = a, b
-        return (cpu1 - cpu0 > self.CPU_FLOOR * dt or io1 - io0 > self.IO_FLOOR
+        return (cpu1 - cpu0 > self.cpu_floor * dt or io1 - io0 > self.IO_FLOOR
                 or abs(rss1 - rss0) > self.RSS_FLOOR or pids0 != pids1 or self._gpu_busy())
 
     def _state(self) -> tuple | None:
