@@ -381,6 +381,65 @@ def test_the_trial_s_peak_holds_what_its_own_import_of_torch_holds():
     assert "peak RSS" in r["host_memory_measure"]
 
 
+def test_a_short_window_is_read_with_the_windows_just_before_it():
+    """/proc/stat counts in clock ticks: a 30 ms window on 2 cores can read a tick per CPU
+    of load that is not there, 0.67 cores. Read with the windows before it back to
+    ``POOL_S``, that error shrinks; a window after a pause starts a new run."""
+    from tuner.hostload import POOL_S, _Span, pooled
+
+    def span(busy: float, end: float, s: float = 0.03) -> _Span:  # the tree used 1 core
+        return _Span(busy=busy, idle=2 * s - busy, steal=0.0, split=(s, 0.0, 0.0), observers=0.0, span=s, end=end)
+
+    # a quiet machine whose ticks fell unevenly: +1 tick per CPU, then -1, then none
+    quiet = [span(0.03 + 0.02 * e, end=0.031 * (i + 1)) for i, e in enumerate([1, -1, 0, 1, -1, 0, 1])]
+    limit = 0.10 * 2  # measure.max_interference's default on 2 cores, in cores
+    alone = quiet[-1]
+    assert (alone.busy - sum(alone.split)) / alone.span > limit  # read alone: disturbed
+    p = pooled(quiet)
+    assert p.span >= POOL_S and p.span < POOL_S + 0.03 and p.end == quiet[-1].end
+    assert (p.busy - sum(p.split)) / p.span <= limit  # read with the windows before it: quiet
+    # a core of load beside every window reads a core, pooled or not
+    loud = [span(0.06, end=0.031 * (i + 1)) for i in range(7)]
+    assert (pooled(loud).busy - sum(pooled(loud).split)) / pooled(loud).span == pytest.approx(1.0)
+    # after a pause longer than POOL_S, the windows before it are not pooled
+    gap = [*quiet[:-1], span(0.05, end=quiet[-2].end + POOL_S + 0.1)]
+    assert pooled(gap).span == pytest.approx(0.03)
+    # a long window is its own
+    assert pooled([*quiet, span(0.5, end=1.0, s=0.5)]).span == pytest.approx(0.5)
+
+
+@ALONE
+@pytest.mark.slow
+def test_a_core_of_load_beside_windows_of_a_few_ticks_is_seen_in_each():
+    """Reading short windows together must not hide load: a process spinning outside the
+    trial's tree makes every window of 30 ms disturbed."""
+    import signal
+    import subprocess
+    import sys
+
+    import torch
+
+    from tuner.hostload import LoadMeter, TreeProbe
+
+    x = torch.randn(256, 256)
+    # started through a shell that exits at once: a child of this process would be the tree's own
+    hog = int(subprocess.check_output(
+        ["sh", "-c", f"{sys.executable} -c 'while True: pass' >/dev/null 2>&1 & echo $!"]))
+    try:
+        time.sleep(0.3)
+        meter, flagged = LoadMeter(TreeProbe()), []
+        for _ in range(60):
+            meter.start()
+            t0 = time.perf_counter()
+            while time.perf_counter() - t0 < 0.03:
+                x @ x
+            load = meter.stop(time.perf_counter() - t0)
+            flagged.append(load.disturbed(0.10, meter.cpus))
+        assert sum(flagged) >= 57, flagged
+    finally:
+        os.kill(hog, signal.SIGKILL)
+
+
 @ALONE
 @pytest.mark.slow
 def test_cpu_hog_mid_measurement_is_detected():

@@ -250,6 +250,45 @@ class Load:
         return cpu or self.steal_cores > max_steal * cpus or self.gpu_others > 0
 
 
+# /proc/stat counts each CPU's state at its clock ticks, while the tree's CPU time is what
+# it ran: over a span of a few ticks the difference can read up to a tick per CPU of load
+# that is not there (windows of 30 ms with nothing beside them were flagged one in
+# fifteen), and a fixed allowance for it hid half of a real core of load. A span shorter
+# than this is read together with the windows just before it, back to this long: a core
+# of load lasts across them, and the ticks' error shrinks with the span.
+POOL_S = 10 / _CLK_TCK
+
+
+@dataclass
+class _Span:
+    """One bracket's CPU-seconds: the machine's busy, idle and stolen; the tree's (its
+    process, loaders, peers); the tuner's own; over ``span`` seconds ending at ``end``."""
+
+    busy: float
+    idle: float
+    steal: float
+    split: tuple[float, ...]
+    observers: float
+    span: float
+    end: float
+
+    def __add__(self, other: _Span) -> _Span:
+        return _Span(self.busy + other.busy, self.idle + other.idle, self.steal + other.steal,
+                     tuple(a + b for a, b in zip(self.split, other.split, strict=True)),
+                     self.observers + other.observers, self.span + other.span, max(self.end, other.end))
+
+
+def pooled(spans: list[_Span], pool_s: float = POOL_S) -> _Span:
+    """The last span, with the ones just before it added until they cover ``pool_s``; a
+    span that began more than ``pool_s`` after the one before it ends the run."""
+    total = spans[-1]
+    for earlier, later in zip(reversed(spans[:-1]), reversed(spans[1:]), strict=True):
+        if total.span >= pool_s or later.end - later.span - earlier.end > pool_s:
+            break
+        total = earlier + total
+    return total
+
+
 class LoadMeter:
     """Brackets one window: ``start()`` before, ``stop(wall_s)`` after, both untimed.
 
@@ -257,12 +296,14 @@ class LoadMeter:
     the reading of the tree's own CPU at the start: its rates are per second of that
     span, not of the window. Per second of the window, a machine busy on every core
     read above its cores (the span is longer), and a window of a process that sleeps
-    beside a busy machine read as disturbed whatever ``max_interference`` allowed."""
+    beside a busy machine read as disturbed whatever ``max_interference`` allowed.
+    A span shorter than ``POOL_S`` is read with the brackets just before it."""
 
     def __init__(self, probe: TreeProbe, nvml: NvmlSampler | None = None):
         self.probe, self.nvml = probe, nvml
         self.cpus, self.cpuset = usable_cores(), affinity()  # the cores this trial can have
         self._start: tuple | None = None
+        self._spans: list[_Span] = []
 
     def start(self) -> None:
         self.probe.refresh_peers()
@@ -276,19 +317,22 @@ class LoadMeter:
         now = machine_cpu(self.cpuset)
         if now is None:
             return None
-        span = max(wall_s, time.perf_counter() - t0)  # what the machine's figures cover
+        end = time.perf_counter()
         busy1, idle1, steal1 = now
-        split = [b - a for a, b in zip(split0, self.probe.cpu_split_s(), strict=True)]
-        tree = sum(split)
+        split = tuple(b - a for a, b in zip(split0, self.probe.cpu_split_s(), strict=True))
+        self._spans = [*self._spans[-32:], _Span(busy1 - busy0, idle1 - idle0, steal1 - steal0, split,
+                                                 self.probe.observers_cpu_s() - obs0,
+                                                 max(wall_s, end - t0), end)]  # what the machine's figures cover
+        p = pooled(self._spans)
+        tree, span = sum(p.split), p.span
         gpu_others = self.nvml.other_processes() if self.nvml is not None else 0
         # at most the cores the trial left: /proc/stat counts in ticks, which over a
         # short window can add up to more than the machine has
-        others = min(busy1 - busy0 - tree, self.cpus * span - tree)
-        return Load(other_cores=max(0.0, others / span),
-                    tuner_cores=max(0.0, (self.probe.observers_cpu_s() - obs0) / span),
-                    idle_cores=max(0.0, (idle1 - idle0) / span), gpu_others=gpu_others,
-                    steal_cores=max(0.0, (steal1 - steal0) / span),
-                    trial_cores=max(0.0, tree / span), loader_cores=max(0.0, split[1] / span))
+        others = min(p.busy - tree, self.cpus * span - tree)
+        return Load(other_cores=max(0.0, others / span), tuner_cores=max(0.0, p.observers / span),
+                    idle_cores=max(0.0, p.idle / span), gpu_others=gpu_others,
+                    steal_cores=max(0.0, p.steal / span),
+                    trial_cores=max(0.0, tree / span), loader_cores=max(0.0, p.split[1] / span))
 
 
 class TreeActivity:
