@@ -397,6 +397,7 @@ def test_a_short_window_is_read_with_the_windows_just_before_it():
     assert (alone.busy - sum(alone.split)) / alone.span > limit  # read alone: disturbed
     p = pooled(quiet)
     assert p.span >= POOL_S and p.span < POOL_S + 0.03 and p.end == quiet[-1].end
+    assert p.brackets == 4
     assert (p.busy - sum(p.split)) / p.span <= limit  # read with the windows before it: quiet
     # a core of load beside every window reads a core, pooled or not
     loud = [span(0.06, end=0.031 * (i + 1)) for i in range(7)]

@@ -261,8 +261,9 @@ POOL_S = 10 / _CLK_TCK
 
 @dataclass
 class _Span:
-    """One bracket's CPU-seconds: the machine's busy, idle and stolen; the tree's (its
-    process, loaders, peers); the tuner's own; over ``span`` seconds ending at ``end``."""
+    """The CPU-seconds of ``brackets`` window brackets in a row: the machine's busy, idle
+    and stolen; the tree's (its process, loaders, peers); the tuner's own; over ``span``
+    seconds ending at ``end``."""
 
     busy: float
     idle: float
@@ -271,11 +272,13 @@ class _Span:
     observers: float
     span: float
     end: float
+    brackets: int = 1
 
     def __add__(self, other: _Span) -> _Span:
         return _Span(self.busy + other.busy, self.idle + other.idle, self.steal + other.steal,
                      tuple(a + b for a, b in zip(self.split, other.split, strict=True)),
-                     self.observers + other.observers, self.span + other.span, max(self.end, other.end))
+                     self.observers + other.observers, self.span + other.span, max(self.end, other.end),
+                     self.brackets + other.brackets)
 
 
 def pooled(spans: list[_Span], pool_s: float = POOL_S) -> _Span:
@@ -320,10 +323,12 @@ class LoadMeter:
         end = time.perf_counter()
         busy1, idle1, steal1 = now
         split = tuple(b - a for a, b in zip(split0, self.probe.cpu_split_s(), strict=True))
-        self._spans = [*self._spans[-32:], _Span(busy1 - busy0, idle1 - idle0, steal1 - steal0, split,
-                                                 self.probe.observers_cpu_s() - obs0,
-                                                 max(wall_s, end - t0), end)]  # what the machine's figures cover
+        covered = max(wall_s, end - t0)  # what the machine's figures cover
+        self._spans.append(_Span(busy1 - busy0, idle1 - idle0, steal1 - steal0, split,
+                                 self.probe.observers_cpu_s() - obs0, covered, end))
         p = pooled(self._spans)
+        # the next window's pool reaches back no further than this one's
+        del self._spans[:-p.brackets]
         tree, span = sum(p.split), p.span
         gpu_others = self.nvml.other_processes() if self.nvml is not None else 0
         # at most the cores the trial left: /proc/stat counts in ticks, which over a
