@@ -236,6 +236,25 @@ def repeat_cv(landscape: dict) -> float:
     return max(0.02, statistics.median(cvs)) if cvs else 0.03
 
 
+def runner_up(landscape: dict) -> dict | None:
+    """How well the landscape's own repeats order its best config and the next one: the
+    runner-up's mean over the best's, and Welch's t-test of their figures (two-sided p).
+    None where fewer than two configs were repeated. The replay takes the means as exact;
+    where p is large, a pick of the runner-up reads short of a best that the landscape's
+    own figures do not show to be faster."""
+    from scipy import stats
+
+    repeated = sorted(((statistics.mean(f), f) for r in landscape.get("repeats", [])
+                       if len(f := [x for x in r["samples_per_sec"] if x]) >= 2), key=lambda mf: -mf[0])
+    if len(repeated) < 2:
+        return None
+    (best, a), (second, b) = repeated[:2]
+    p = float(stats.ttest_ind(a, b, equal_var=False).pvalue)
+    if not math.isfinite(p):  # figures without spread: apart unless equal
+        p = 1.0 if best == second else 0.0
+    return {"ratio": second / best, "p": p, "figures": [len(a), len(b)]}
+
+
 # ---- the replayed machine ----------------------------------------------------------------
 
 
@@ -749,6 +768,7 @@ def _landscape_facts(name: str) -> dict:
     landscape, _, ctx = _load(name)
     return {"measured": landscape.get("measured"), "hardware": landscape["hardware"],
             "configs": len(landscape["grid"]), "repeat_cv": repeat_cv(landscape), "judge": judge(name),
+            "runner_up": runner_up(landscape) if judge(name) == "means" else None,
             "held_out": bool(landscape.get("held_out")), "rules_at": landscape.get("rules_at"),
             # on a CPU, whether its trials reported the cores they and their workers used:
             # without them the replay never gives the split starts the threads those cores leave

@@ -147,3 +147,31 @@ def test_a_replayed_baseline_runs_as_long_as_an_eager_trial_not_the_grids_median
     assert wall == statistics.median(eager) < 0.7 * machine.typical_wall
     run = sr.replay(landscape, space, ctx, "tuner", 0, 100, time_s=100.0)
     assert run["configs"] >= 3 and run["wall_s"] <= 100.0
+
+
+def test_a_landscape_says_whether_its_repeats_tell_its_best_from_the_runner_up():
+    """The replay takes each repeated config's mean as exact: the page says how far the
+    landscape's own figures separate its best from the next, and names a landscape whose
+    median pick is that runner-up where they do not (p 0.05 or more)."""
+    import render
+
+    apart = {"repeats": [{"config": {"b": 1}, "samples_per_sec": [100.0, 101.0, 99.0]},
+                         {"config": {"b": 2}, "samples_per_sec": [90.0, 91.0, 89.0]},
+                         {"config": {"b": 3}, "samples_per_sec": [50.0, None]}]}  # one figure: not repeated
+    close = {"repeats": [{"config": {"b": 1}, "samples_per_sec": [100.0, 120.0, 80.0]},
+                         {"config": {"b": 2}, "samples_per_sec": [90.0, 110.0, 70.0]}]}
+    a, c = sr.runner_up(apart), sr.runner_up(close)
+    assert a["ratio"] == c["ratio"] == 0.9 and a["figures"] == [3, 3]
+    assert a["p"] < 0.001 and c["p"] > 0.5
+    assert sr.runner_up({"repeats": apart["repeats"][:1]}) is None
+    assert sr.runner_up({"repeats": [{"config": {}, "samples_per_sec": [5.0, 5.0]},
+                                     {"config": {}, "samples_per_sec": [4.0, 4.0]}]})["p"] == 0.0
+
+    info = {"configs": 1, "repeat_cv": 0.0, "hardware": {"cpu": "x", "cpu_count": 2}, "measured": "now"}
+    data = {"budgets": [12], "seeds": 1, "gp_seeds": 1, "results": {}, "landscapes": {}}
+    for name, second, median in (("apart", a, 0.9), ("close", c, 0.9), ("elsewhere", c, 0.8), ("above", c, 1.0)):
+        data["landscapes"][name] = {**info, "runner_up": second}
+        data["results"][name] = {s: {"12": {"median": median, "p10": median}} for s in ("tuner", "oracle")}
+    text = "\n".join(render._search_replay(data))
+    assert f"do not tell from its best (Welch's t-test, p 0.05 or more): close (p {c['p']:.2f})." in text
+    assert "runner-up 0.900 of the best, Welch p 0.00 over their 3 and 3 figures" in text
