@@ -228,11 +228,15 @@ def context(space: spec.Space, hardware: dict | None = None) -> knobs.Context:
                                bf16_native=gpu or hardware.get("cpu_has_bf16", ctx.bf16_native))
 
 
+def _repeated(landscape: dict) -> list[list[float]]:
+    """Each repeated config's figures (failed ones left out), where two or more remain."""
+    return [f for r in landscape.get("repeats", []) if len(f := [x for x in r["samples_per_sec"] if x]) >= 2]
+
+
 def repeat_cv(landscape: dict) -> float:
     """The repeat-to-repeat CV of one config's figure, pooled over the repeated configs
     (at least 2%: a trial a minute later meets a machine that drifted)."""
-    cvs = [statistics.stdev(f) / statistics.mean(f) for r in landscape.get("repeats", [])
-           if len(f := [x for x in r["samples_per_sec"] if x]) >= 2]
+    cvs = [statistics.stdev(f) / statistics.mean(f) for f in _repeated(landscape)]
     return max(0.02, statistics.median(cvs)) if cvs else 0.03
 
 
@@ -244,8 +248,7 @@ def runner_up(landscape: dict) -> dict | None:
     own figures do not show to be faster."""
     from scipy import stats
 
-    repeated = sorted(((statistics.mean(f), f) for r in landscape.get("repeats", [])
-                       if len(f := [x for x in r["samples_per_sec"] if x]) >= 2), key=lambda mf: -mf[0])
+    repeated = sorted(((statistics.mean(f), f) for f in _repeated(landscape)), key=lambda mf: -mf[0])
     if len(repeated) < 2:
         return None
     (best, a), (second, b) = repeated[:2]
@@ -766,9 +769,10 @@ def budget_replays(names: list[str], budgets: list[float], trials: list[int], se
 
 def _landscape_facts(name: str) -> dict:
     landscape, _, ctx = _load(name)
+    judged = judge(name)
     return {"measured": landscape.get("measured"), "hardware": landscape["hardware"],
-            "configs": len(landscape["grid"]), "repeat_cv": repeat_cv(landscape), "judge": judge(name),
-            "runner_up": runner_up(landscape) if judge(name) == "means" else None,
+            "configs": len(landscape["grid"]), "repeat_cv": repeat_cv(landscape), "judge": judged,
+            "runner_up": runner_up(landscape) if judged == "means" else None,
             "held_out": bool(landscape.get("held_out")), "rules_at": landscape.get("rules_at"),
             # on a CPU, whether its trials reported the cores they and their workers used:
             # without them the replay never gives the split starts the threads those cores leave

@@ -252,8 +252,8 @@ class Load:
 
 # /proc/stat counts each CPU's state at its clock ticks, while the tree's CPU time is what
 # it ran: over a span of a few ticks the difference can read up to a tick per CPU of load
-# that is not there (windows of 30 ms with nothing beside them were flagged one in
-# fifteen), and a fixed allowance for it hid half of a real core of load. A span shorter
+# that is not there (quiet windows of a few ticks read as disturbed), and a fixed allowance
+# for it, as large as that error, also hides most of a real core of load. A span shorter
 # than this is read together with the windows just before it, back to this long: a core
 # of load lasts across them, and the ticks' error shrinks with the span.
 POOL_S = 10 / _CLK_TCK
