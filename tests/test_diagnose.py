@@ -143,3 +143,29 @@ def test_a_data_wait_just_under_the_input_bound_mark_is_not_called_small():
     assert small.evidence == "data wait only 3%"
     none = diagnose({"status": "ok", "samples_per_sec": 1.0, "data_wait_fraction": 0.004, "hardware": hw})
     assert none.evidence == "data wait under 1%"  # not "only 0%"
+
+
+def test_workers_that_hide_the_wait_on_a_cpu_but_take_its_cores_advise_the_cache():
+    """A CPU config whose DataLoader workers keep the data wait near zero is compute-bound,
+    yet the workers' cores are the step's threads' on a CPU: where they take LOADER_HEAVY
+    of the trial's cores, the cache is advised (the items are read once); not where the
+    workers take little, the items are cached already, the dataset is iterable, or the
+    step runs on a GPU (whose step does not use those cores)."""
+    from tuner.diagnose import LOADER_HEAVY
+
+    def rec(loader, **more):
+        return {"status": "ok", "samples_per_sec": 478.0, "map_style": True, "data_wait_fraction": 0.005,
+                "trial_cpu_cores": 1.7, "loader_cpu_cores": loader, "hardware": {"cpu_count": 2},
+                "config": {"num_workers": 1, "precision": "bf16", "fused_optimizer": True, "channels_last": True,
+                           "compile": "default", **more.pop("config", {})}, **more}
+
+    d = diagnose(rec(0.77))
+    assert d.verdict == "compute-bound"
+    cache = [r for r in d.recommendations if r.startswith("dataset_cache=true")]
+    assert len(cache) == 1 and "0.8 of the trial's 1.7 cores" in cache[0]
+    assert d.moves[cache[0]] == {"dataset_cache": True}
+    low = 1.7 * LOADER_HEAVY * 0.9
+    assert not any(r.startswith("dataset_cache") for r in diagnose(rec(low)).recommendations)
+    for other in (rec(0.77, config={"dataset_cache": True}), rec(0.77, map_style=False),
+                  rec(0.77, peak_device_memory_mb=900.0, gpu_util_pct=95.0)):
+        assert not any(r.startswith("dataset_cache") for r in diagnose(other).recommendations), other

@@ -260,3 +260,56 @@ def test_a_batch_too_small_for_the_model_is_passed_over_and_an_oom_is_not(tmp_pa
 
     assert probe_batch(broken, device="cpu", max_memory_mb=None, max_step_s=1.0).largest is None
     assert seen == [1, 2, 4, SMALLEST]
+
+
+def test_the_input_pipeline_s_knobs_are_written_where_reading_the_items_costs_the_step(tmp_path):
+    """``dataset_cache`` is searched where reading a micro-batch's items (timed on a sample
+    of them) takes CACHE_WAIT of the probe's step or more, and only where a cache would be
+    right: items that differ between reads, or more than the memory free now, are left
+    out with the reason on one line (the fix named). ``augment_on`` on a GPU, where the
+    workload has an augment. The Decoded items sleep ``decode_s`` each, a decode's cost."""
+    from tests.fixture_workloads import Decoded
+    from tuner.scaffold import Fit, Probe, pipeline_lines
+
+    def fit(step_ms: float, map_style: bool = True) -> Fit:
+        return Fit(largest=32, probes=[Probe(16, True, "fits", 1.0, step_ms / 2), Probe(32, True, "fits", 1.0, step_ms)],
+                   map_style=map_style)
+
+    said: list[str] = []
+    # 32 items of 2 ms each against a 100 ms step: well over CACHE_WAIT
+    lines = {k: (v, why) for k, v, why in pipeline_lines(lambda: Decoded(64, 0.002), fit(100.0), "cpu", False,
+                                                          say=said.append)}
+    assert lines["dataset_cache"][0] == [False, True] and "micro_batch_size=32" in lines["dataset_cache"][1]
+    assert "augment_on" not in lines and not said
+    # items that cost next to nothing to read: a knob searched for nothing
+    assert pipeline_lines(lambda: Decoded(64, 0.0), fit(1000.0), "cpu", False, say=said.append) == [] and not said
+    # a random draw in __getitem__: no cache, and the line says where the draw belongs
+    assert pipeline_lines(lambda: Decoded(64, 0.002, random=True), fit(100.0), "cpu", False, say=said.append) == []
+    assert len(said) == 1 and "differs between two reads" in said[0] and "Workload(augment=...)" in said[0]
+    # more items than the memory free now could hold (a billion lazily made ones)
+    said.clear()
+    assert pipeline_lines(lambda: Decoded(10**9, 0.002), fit(100.0), "cpu", False, say=said.append) == []
+    assert len(said) == 1 and "MB the cache may hold of the memory free now" in said[0]
+
+    # an iterable dataset has no items to read by index: the dataset is not even built
+    def never():
+        raise AssertionError("built")
+
+    assert pipeline_lines(never, fit(100.0, map_style=False), "cpu", False) == []
+    # the augment's placement: on a GPU only (on a CPU the device is the host)
+    assert pipeline_lines(never, fit(100.0, map_style=False), "cuda", True)[0][:2] == ("augment_on", ["host", "device"])
+    assert pipeline_lines(never, fit(100.0, map_style=False), "cpu", True) == []
+
+
+@pytest.mark.slow
+def test_init_writes_the_cache_for_a_workload_whose_items_are_slow_to_read(tmp_path):
+    """The whole path: init probes a workload whose items take 4 ms each to read, and the
+    space it writes searches dataset_cache, saying why; the file loads."""
+    out = tmp_path / "space.yaml"
+    run = subprocess.run([sys.executable, "-m", "tuner", "init", ref("decoded"), "--workload-args",
+                          "{size: 80, decode_s: 0.004}", "--device", "cpu", "-o", str(out)],
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    assert spec.load(out).model.knobs["dataset_cache"] == [False, True]
+    line = next(x for x in out.read_text().splitlines() if x.lstrip().startswith("dataset_cache"))
+    assert "reading a micro-batch's" in line and "the cache reads each item once" in line

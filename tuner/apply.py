@@ -38,11 +38,17 @@ def apply_dataset_cache(dataset: Any, workers: int) -> Any:
     them) into shared memory (``tuner.data.cached``); refused (``CacheRefused``, a bad
     config) where items differ between reads, the dataset is iterable, or the cache would
     not fit in the host memory free now."""
-    import psutil
-
     from tuner.data import cached
 
-    return cached(dataset, workers=workers, max_bytes=int(psutil.virtual_memory().available * 0.8))
+    return cached(dataset, workers=workers, max_bytes=cache_room())
+
+
+def cache_room() -> int:
+    """The bytes a dataset cache may hold: most of the host memory free now (the step's
+    own tensors and the workers need the rest)."""
+    import psutil
+
+    return int(psutil.virtual_memory().available * 0.8)
 
 
 def apply_threads(threads: int | None) -> None:

@@ -75,6 +75,11 @@ def same_items(a: Any, b: Any) -> bool:
     return True
 
 
+def spread(n: int, sample: int = 8) -> list[int]:
+    """``sample`` indices spread over a dataset of ``n`` items, first and last included."""
+    return sorted({int(k * (n - 1) / max(1, sample - 1)) for k in range(min(sample, n))})
+
+
 def check_cacheable(dataset: Any, sample: int = 8) -> None:
     """Raise ``CacheRefused`` unless ``dataset`` is map-style and ``sample`` of its items,
     spread over it, read the same twice."""
@@ -84,7 +89,7 @@ def check_cacheable(dataset: Any, sample: int = 8) -> None:
     n = len(dataset)
     if n == 0:
         raise CacheRefused("dataset_cache: the dataset is empty")
-    for i in sorted({int(k * (n - 1) / max(1, sample - 1)) for k in range(min(sample, n))}):
+    for i in spread(n, sample):
         if not same_items(dataset[i], dataset[i]):
             raise CacheRefused(f"dataset_cache: item {i} differs between two reads (a random transform in "
                                f"__getitem__?), so a cache would replay one draw every epoch; move the random "
@@ -159,9 +164,8 @@ def item_bytes(item: Any) -> int:
 def estimate_bytes(dataset: Any, sample: int = 8) -> int:
     """The cache's size before it is built: the mean size of ``sample`` items, spread over
     the dataset, times its length."""
-    n = len(dataset)
-    idx = sorted({int(k * (n - 1) / max(1, sample - 1)) for k in range(min(sample, n))})
-    return int(sum(item_bytes(dataset[i]) for i in idx) / len(idx) * n)
+    idx = spread(len(dataset), sample)
+    return int(sum(item_bytes(dataset[i]) for i in idx) / len(idx) * len(dataset))
 
 
 class CachedDataset(Dataset):

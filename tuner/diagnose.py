@@ -27,6 +27,10 @@ GUIDES = {
 }
 
 INPUT_BOUND = 0.25  # data wait above this share of the step
+# On a CPU, DataLoader workers that hide the data wait take their cores from the step's
+# threads: where they take this share of the trial's cores, the input side costs as
+# much as a data wait of INPUT_BOUND would
+LOADER_HEAVY = 0.25
 GPU_IDLE = 60.0  # % utilization below this with little data wait: the host holds the GPU back
 MEMORY_NEAR = 0.90  # peak above this share of capacity (or of max_memory_mb)
 COMPILE_HEAVY = 0.25  # compile above this share of the projected run
@@ -171,6 +175,12 @@ def diagnose(record: dict, max_memory_mb: float | None = None) -> Diagnosis:
             advise("fused_optimizer=true", fused_optimizer=True)
         if not c["channels_last"] and record.get("has_conv2d") is not False:  # unknown in older records
             advise("channels_last=true for conv nets", channels_last=True)
+        loader, trial = record.get("loader_cpu_cores") or 0.0, record.get("trial_cpu_cores")
+        if not on_gpu and not c.get("dataset_cache") and record.get("map_style") and trial \
+                and loader / trial >= LOADER_HEAVY:
+            advise(f"dataset_cache=true (the DataLoader's workers take {loader:.1f} of the trial's {trial:.1f} "
+                   f"cores to produce items: read once, the step has those cores; refused where items differ "
+                   f"between reads)", dataset_cache=True)
         if on_gpu and not c["cudnn_benchmark"]:
             advise("cudnn_benchmark=true (fixed input shapes)", cudnn_benchmark=True)
 

@@ -15,6 +15,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -36,6 +37,14 @@ SMALLEST = 8
 # epoch (``EPOCH_WINDOWS``); a batch of the whole dataset is one step per epoch, which is
 # no training anyone runs.
 STEPS_PER_EPOCH = 2 * EPOCH_WINDOWS
+
+# ``dataset_cache`` is written into the space where reading a micro-batch's items (in one
+# process, as with no DataLoader workers) takes this share of the probe's step at the
+# largest batch or more. The cache saves at most that reading; below it, the saving is
+# within what tells a search's top configs apart, and a knob searched for it would take
+# configs from the others. (The probe's own data wait cannot tell: its epochs are a few
+# steps long, and each epoch's first batch is counted with the epoch's start.)
+CACHE_WAIT = 0.1
 
 
 @dataclass
@@ -64,6 +73,11 @@ class Fit:
     def smallest(self) -> int | None:
         """The smallest size that ran: below it, the workload raised (``SMALLEST``)."""
         return min((p.batch for p in self.probes if p.fits), default=None)
+
+    @property
+    def at_largest(self) -> Probe | None:
+        """The probe of the largest size that fits."""
+        return next((p for p in reversed(self.probes) if p.fits and p.batch == self.largest), None)
 
     @property
     def first_too_big(self) -> Probe | None:
@@ -204,6 +218,56 @@ def knob_lines(device: str, cores: int, bf16: bool, conv: bool, compiler: bool,
     return lines
 
 
+def pipeline_lines(dataset: Callable[[], Any], fit: Fit, device: str, has_augment: bool,
+                   say: Callable[[str], None] = print) -> list[tuple[str, object, str]]:
+    """(knob, values, why) for the input pipeline's own knobs. ``dataset_cache`` where
+    reading a micro-batch's items takes ``CACHE_WAIT`` of the probe's step at the largest
+    batch or more (timed here on a sample of items of ``dataset()``, a map-style one), and
+    the items are the same on two reads and fit in the memory free now (otherwise ``say``
+    says why it is left out, and the fix where there is one); ``augment_on`` on a GPU
+    where the workload has a per-batch augment."""
+    lines: list[tuple[str, object, str]] = []
+    probe = fit.at_largest
+    if probe is not None and probe.step_ms and fit.map_style:
+        lines += _cache_line(dataset(), probe, say)
+    if has_augment and device == "cuda":
+        lines.append(("augment_on", ["host", "device"], "a GPU: Workload.augment after the copy, on the GPU, leaves "
+                                                        "the DataLoader's workers the rest"))
+    return lines
+
+
+def _cache_line(items: Any, probe: Probe, say: Callable[[str], None]) -> list[tuple[str, object, str]]:
+    import time
+
+    from tuner.apply import cache_room
+    from tuner.data import CacheRefused, check_cacheable, estimate_bytes, spread
+
+    reads = []
+    for i in spread(len(items)):
+        t0 = time.perf_counter()
+        items[i]
+        reads.append(time.perf_counter() - t0)
+    batch_ms = sorted(reads)[len(reads) // 2] * probe.batch * 1e3
+    share = batch_ms / probe.step_ms
+    if share < CACHE_WAIT:
+        return []
+    read = (f"reading a micro-batch's {probe.batch} items takes {batch_ms:,.0f} ms here, "
+            f"{min(share, 1.0):.0%} of a step's time at micro_batch_size={probe.batch}" if share < 1 else
+            f"reading a micro-batch's {probe.batch} items takes {batch_ms:,.0f} ms here, longer than its step "
+            f"({probe.step_ms:,.0f} ms)")
+    try:
+        check_cacheable(items)
+        size = estimate_bytes(items)
+        if size > cache_room():
+            raise CacheRefused(f"dataset_cache: the items would take about {size / 2**20:,.0f} MB, over the "
+                               f"{cache_room() / 2**20:,.0f} MB the cache may hold of the memory free now")
+    except CacheRefused as exc:
+        say(f"dataset_cache left out ({read}): {str(exc).removeprefix('dataset_cache: ')}")
+        return []
+    return [("dataset_cache", [False, True], f"{read}; the cache reads each item once, up front "
+                                             f"(about {size / 2**20:,.0f} MB)")]
+
+
 def write_space(path: Path, *, name: str, workload: str, workload_args: dict, device: str,
                 fit: Fit, lines: list[tuple[str, object, str]], trials: int, cap_note: str) -> str:
     """The space file, each line with its reason; validated before it is written."""
@@ -323,5 +387,6 @@ def init_space(workload: str, workload_args: dict, out: Path, *, device: str = "
     lines = knob_lines(device, cores, bf16, apply.has_conv2d(model), shutil.which("cc") is not None
                        or shutil.which("gcc") is not None, fused=unfused is None,
                        gpus=torch.cuda.device_count() if device == "cuda" else 1, workers_repeat=repeat)
+    lines += pipeline_lines(wl.dataset, fit, device, wl.augment is not None, say=say)
     return write_space(out, name=stem, workload=seen_from(workload, out), workload_args=workload_args, device=device,
                        fit=fit, lines=lines, trials=trials, cap_note=cap_note)
