@@ -296,6 +296,10 @@ def test_the_input_pipeline_s_knobs_are_written_where_reading_the_items_costs_th
         raise AssertionError("built")
 
     assert pipeline_lines(never, fit(100.0, map_style=False), "cpu", False) == []
+    # a dataset that raises here (the probes read theirs): said, and no line
+    said.clear()
+    assert pipeline_lines(never, fit(100.0), "cpu", False, say=said.append) == []
+    assert said == ["dataset_cache left out: the dataset raised here: AssertionError: built"]
     # the augment's placement: on a GPU only (on a CPU the device is the host)
     assert pipeline_lines(never, fit(100.0, map_style=False), "cuda", True)[0][:2] == ("augment_on", ["host", "device"])
     assert pipeline_lines(never, fit(100.0, map_style=False), "cpu", True) == []

@@ -229,7 +229,10 @@ def pipeline_lines(dataset: Callable[[], Any], fit: Fit, device: str, has_augmen
     lines: list[tuple[str, object, str]] = []
     probe = fit.at_largest
     if probe is not None and probe.step_ms and fit.map_style:
-        lines += _cache_line(dataset(), probe, say)
+        try:
+            lines += _cache_line(dataset(), probe, say)
+        except Exception as exc:  # the probes' processes read it: the space is written all the same
+            say(f"dataset_cache left out: the dataset raised here: {type(exc).__name__}: {exc}")
     if has_augment and device == "cuda":
         lines.append(("augment_on", ["host", "device"], "a GPU: Workload.augment after the copy, on the GPU, leaves "
                                                         "the DataLoader's workers the rest"))
