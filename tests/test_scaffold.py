@@ -264,10 +264,12 @@ def test_a_batch_too_small_for_the_model_is_passed_over_and_an_oom_is_not(tmp_pa
 
 def test_the_input_pipeline_s_knobs_are_written_where_reading_the_items_costs_the_step(tmp_path):
     """``dataset_cache`` is searched where reading a micro-batch's items (timed on a sample
-    of them) takes CACHE_WAIT of the probe's step or more, and only where a cache would be
-    right: items that differ between reads, or more than the memory free now, are left
+    of them) takes CACHE_WAIT of the probe's step more than reading them from the cache,
+    and only where a cache would be right: items that differ between reads, or more than the memory free now, are left
     out with the reason on one line (the fix named). ``augment_on`` on a GPU, where the
     workload has an augment. The Decoded items sleep ``decode_s`` each, a decode's cost."""
+    import torch
+
     from tests.fixture_workloads import Decoded
     from tuner.scaffold import Fit, Probe, pipeline_lines
 
@@ -279,10 +281,14 @@ def test_the_input_pipeline_s_knobs_are_written_where_reading_the_items_costs_th
     # 32 items of 2 ms each against a 100 ms step: well over CACHE_WAIT
     lines = {k: (v, why) for k, v, why in pipeline_lines(lambda: Decoded(64, 0.002), fit(100.0), "cpu", False,
                                                           say=said.append)}
-    assert lines["dataset_cache"][0] == [False, True] and "micro_batch_size=32" in lines["dataset_cache"][1]
+    assert lines["dataset_cache"][0] == [False, True] and "saved at micro_batch_size=32" in lines["dataset_cache"][1]
     assert "augment_on" not in lines and not said
     # items that cost next to nothing to read: a knob searched for nothing
     assert pipeline_lines(lambda: Decoded(64, 0.0), fit(1000.0), "cpu", False, say=said.append) == [] and not said
+    # items read from a tensor cost less than a slice of the cache's shared memory: nothing to save, at
+    # any step time
+    rows = torch.utils.data.TensorDataset(torch.randn(4096, 16), torch.randn(4096, 1))
+    assert pipeline_lines(lambda: rows, fit(0.05), "cpu", False, say=said.append) == [] and not said
     # a random draw in __getitem__: no cache, and the line says where the draw belongs
     assert pipeline_lines(lambda: Decoded(64, 0.002, random=True), fit(100.0), "cpu", False, say=said.append) == []
     assert len(said) == 1 and "differs between two reads" in said[0] and "Workload(augment=...)" in said[0]
@@ -316,4 +322,4 @@ def test_init_writes_the_cache_for_a_workload_whose_items_are_slow_to_read(tmp_p
     assert run.returncode == 0, run.stderr
     assert spec.load(out).model.knobs["dataset_cache"] == [False, True]
     line = next(x for x in out.read_text().splitlines() if x.lstrip().startswith("dataset_cache"))
-    assert "reading a micro-batch's" in line and "the cache reads each item once" in line
+    assert "items take" in line and "ms from the cache" in line and "filled once, up front" in line
