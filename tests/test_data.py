@@ -48,6 +48,25 @@ def test_a_deterministic_dataset_is_cached_and_read_back_equal():
     assert same(c[3], ds[3])
 
 
+def test_a_batch_read_at_once_is_the_items_read_one_by_one():
+    """The DataLoader reads a batch through ``__getitems__``: a field whose items share a
+    shape is gathered in one copy (x, arr and the numbers here), the variable-length one
+    item by item; either way the items equal ``__getitem__``'s, of the same types, and a
+    caller writing into one does not write the cache."""
+    ds = Mixed()
+    c = cached(ds)
+    assert [shape is not None for shape in c.uniform] == [True, False, True, True, True]
+    indices = [5, 0, 39, -1, 7, 7]
+    batch = c.__getitems__(indices)
+    assert len(batch) == len(indices) and all(same(item, ds[i % len(ds)]) for item, i in zip(batch, indices, strict=True))
+    batch[0]["x"].zero_()
+    batch[1]["tokens"].zero_()
+    batch[1]["arr"][:] = -1
+    assert same(c[5], ds[5]) and same(c[0], ds[0])
+    # through a DataLoader (a collate that keeps the items: the tokens differ in length)
+    assert same(list(DataLoader(c, batch_size=8, collate_fn=list)), list(DataLoader(ds, batch_size=8, collate_fn=list)))
+
+
 def test_a_random_dataset_and_an_iterable_one_are_refused_naming_the_cache():
     with pytest.raises(CacheRefused, match=r"^dataset_cache: item \d+ differs between two reads") as refused:
         cached(Decoded(16, 0.0, random=True))

@@ -22,6 +22,7 @@ too long for the sockets they hand batches over through).
 from __future__ import annotations
 
 import functools
+import math
 import os
 import shutil
 import socket
@@ -212,6 +213,8 @@ class CachedDataset(Dataset):
             self.data.append(torch.cat(f).share_memory_())
             f.clear()
         self.shapes = [_shape_tensor(j, lst).share_memory_() for j, lst in enumerate(shapes)]
+        # per field, the one shape all its items have (None where they differ, or hold nothing)
+        self.uniform = [tuple(lst[0]) if len(set(lst)) == 1 and math.prod(lst[0]) > 0 else None for lst in shapes]
         self.nbytes = sum(t.nbytes for t in self.data + self.offsets + self.shapes)
         self.fill_s = time.perf_counter() - t0
 
@@ -231,6 +234,34 @@ class CachedDataset(Dataset):
                 v = v.item()
             leaves.append(v)
         return pytree.tree_unflatten(leaves, self.spec)
+
+    def __getitems__(self, indices: list[int]) -> list[Any]:
+        """A batch's items at once, as the DataLoader asks where a dataset has this: a
+        field whose items share one shape is gathered in one copy and split into its items
+        (a tenth of the per-item reads' cost), any other read item by item with its
+        offsets looked up together. Copies, as ``__getitem__``'s."""
+        ix = torch.as_tensor(indices, dtype=torch.int64)
+        ix = torch.where(ix < 0, ix + self.length, ix)
+        columns = []
+        for data, off, shapes, kind, shape in zip(self.data, self.offsets, self.shapes, self.numeric, self.uniform,
+                                                  strict=True):
+            if shape is not None:
+                rows = data.view(-1, math.prod(shape)).index_select(0, ix).view(len(ix), *shape)
+                if kind == "tensor":
+                    column = list(rows.unbind(0))
+                elif kind == "numpy":
+                    column = [r.numpy() for r in rows.unbind(0)]
+                else:  # Python numbers: one per item
+                    column = rows.tolist()
+            else:
+                spans = zip(off[ix].tolist(), off[ix + 1].tolist(), shapes[ix].tolist(), strict=True)
+                column = [data[a:b].view(dims).clone() for a, b, dims in spans]
+                if kind == "numpy":
+                    column = [v.numpy() for v in column]
+                elif kind != "tensor":
+                    column = [v.item() for v in column]
+            columns.append(column)
+        return [pytree.tree_unflatten(list(leaves), self.spec) for leaves in zip(*columns, strict=True)]
 
 
 def _shape_tensor(field: int, shapes: list[tuple]) -> torch.Tensor:

@@ -241,9 +241,9 @@ def pipeline_lines(dataset: Callable[[], Any], fit: Fit, device: str, has_augmen
 
 def _cache_line(items: Any, probe: Probe, say: Callable[[str], None]) -> list[tuple[str, object, str]]:
     """The ``dataset_cache`` line, where reading a micro-batch's items costs more than
-    reading them from the cache by ``CACHE_WAIT`` of the probe's step (a cached item is a
-    slice of shared memory, which can cost more than indexing a tensor: the saving is
-    the difference, timed on a sample of items cached here)."""
+    reading them from the cache by ``CACHE_WAIT`` of the probe's step (reading a cached
+    item costs about as much as indexing a tensor: the saving is the difference, timed
+    on a sample of items cached here)."""
     import torch
 
     from tuner.apply import cache_room
@@ -266,7 +266,7 @@ def _cache_line(items: Any, probe: Probe, say: Callable[[str], None]) -> list[tu
             f"{str(exc).removeprefix('dataset_cache: ')}")
         return []
     part = cached(torch.utils.data.Subset(items, sample))
-    saved = read_ms - _read_ms(part, range(len(part))) * probe.batch
+    saved = read_ms - _read_ms(part, list(range(len(part)))) * probe.batch
     if saved / probe.step_ms < CACHE_WAIT:
         return []
     return [("dataset_cache", [False, True], f"{read}, {read_ms - saved:,.1f} ms from the cache: "
@@ -275,10 +275,20 @@ def _cache_line(items: Any, probe: Probe, say: Callable[[str], None]) -> list[tu
                                              f"{size / 2**20:,.0f} MB, filled once, up front)")]
 
 
-def _read_ms(items: Any, indices: Any) -> float:
-    """The median milliseconds of one read of an item, over ``indices`` read in turn."""
+def _read_ms(items: Any, indices: list[int]) -> float:
+    """The milliseconds one item of ``indices`` takes to read, as the DataLoader reads
+    them: all at once where the dataset has ``__getitems__`` (the median of a few such
+    reads), else one by one (the median, which a first read from a cold disk does not
+    move)."""
     import time
 
+    if getattr(items, "__getitems__", None):
+        calls = []
+        for _ in range(5):  # the first call pays one-time costs
+            t0 = time.perf_counter()
+            items.__getitems__(list(indices))
+            calls.append(time.perf_counter() - t0)
+        return sorted(calls)[2] / len(indices) * 1e3
     took = []
     for i in indices:
         t0 = time.perf_counter()
