@@ -7,7 +7,8 @@
 The guides' largest data-path gain: work done per item (decoding, resizing,
 tokenizing) is done once, not once per epoch. The items live in a few flat tensors in
 shared memory, one per field of an item, so the DataLoader's workers (forked or spawned)
-read one copy, not one each; an item costs a slice and a view.
+read one copy, not one each; an item costs a slice and a copy, and a batch of items of
+one shape (as the DataLoader reads them, through ``__getitems__``) one gathered copy.
 
 Only where it is correct: a sample of items is read twice first, and a dataset whose
 items differ between reads (a random augmentation drawn in ``__getitem__``) is refused
