@@ -239,8 +239,8 @@ class CachedDataset(Dataset):
     def __getitems__(self, indices: list[int]) -> list[Any]:
         """A batch's items at once, as the DataLoader asks where a dataset has this: a
         field whose items share one shape is gathered in one copy and split into its items
-        (a tenth of the per-item reads' cost), any other read item by item with its
-        offsets looked up together. Copies, as ``__getitem__``'s."""
+        (rather than a lookup, a slice and a copy per item), any other read item by item
+        with its offsets looked up together. Copies, as ``__getitem__``'s."""
         ix = torch.as_tensor(indices, dtype=torch.int64)
         ix = torch.where(ix < 0, ix + self.length, ix)
         columns = []

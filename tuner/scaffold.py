@@ -222,10 +222,10 @@ def pipeline_lines(dataset: Callable[[], Any], fit: Fit, device: str, has_augmen
                    say: Callable[[str], None] = print) -> list[tuple[str, object, str]]:
     """(knob, values, why) for the input pipeline's own knobs. ``dataset_cache`` where
     reading a micro-batch's items takes ``CACHE_WAIT`` of the probe's step at the largest
-    batch or more (timed here on a sample of items of ``dataset()``, a map-style one), and
-    the items are the same on two reads and fit in the memory free now (otherwise ``say``
-    says why it is left out, and the fix where there is one); ``augment_on`` on a GPU
-    where the workload has a per-batch augment."""
+    batch more than reading them from the cache (timed here on a sample of the items of
+    ``dataset()``, a map-style one), and the items are the same on two reads and fit in
+    the memory free now (otherwise ``say`` says why it is left out, and the fix where
+    there is one); ``augment_on`` on a GPU where the workload has a per-batch augment."""
     lines: list[tuple[str, object, str]] = []
     probe = fit.at_largest
     if probe is not None and probe.step_ms and fit.map_style:
@@ -256,10 +256,10 @@ def _cache_line(items: Any, probe: Probe, say: Callable[[str], None]) -> list[tu
     read = f"a micro-batch's {probe.batch} items take {read_ms:,.0f} ms to read here"
     try:
         check_cacheable(items)
-        size = estimate_bytes(items)
-        if size > cache_room():
+        size, room = estimate_bytes(items), cache_room()
+        if size > room:
             raise CacheRefused(f"dataset_cache: the items would take about {size / 2**20:,.0f} MB, over the "
-                               f"{cache_room() / 2**20:,.0f} MB the cache may hold of the memory free now")
+                               f"{room / 2**20:,.0f} MB the cache may hold of the memory free now")
     except CacheRefused as exc:
         share = min(read_ms / probe.step_ms, 1.0)
         say(f"dataset_cache left out ({read}, {share:.0%} of a step's time at micro_batch_size={probe.batch}): "
