@@ -41,6 +41,8 @@ WHAT = {  # what each benchmark answers, in one line
     "hotpath_pairs": "The defects the hot-path check names, against the same workload with them fixed",
     "cache_pairs": "dataset_cache on and off on an input-bound workload (JPEG decode per item)",
     "augment_pairs": "The per-batch augmentation in the DataLoader's workers against on the device",
+    "cache_read": "What a batch read from dataset_cache costs the DataLoader per item: one item at a time against "
+                  "a batch at once (`__getitems__`), beside the same items held in a list",
 }
 
 
