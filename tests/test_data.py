@@ -1,5 +1,6 @@
 """dataset_cache (tuner.data): items read once into shared memory, refused where wrong."""
 
+import collections
 import json
 import subprocess
 import sys
@@ -65,6 +66,16 @@ def test_a_batch_read_at_once_is_the_items_read_one_by_one():
     assert same(c[5], ds[5]) and same(c[0], ds[0])
     # through a DataLoader (a collate that keeps the items: the tokens differ in length)
     assert same(list(DataLoader(c, batch_size=8, collate_fn=list)), list(DataLoader(ds, batch_size=8, collate_fn=list)))
+
+    # items of every structure come back as they went in: one tensor, a flat tuple or list
+    # (made directly), a namedtuple and a nested one (unflattened), empty tensors among them
+    pair = collections.namedtuple("pair", "x y")
+    for make in (lambda i: torch.full((2,), float(i)), lambda i: (torch.arange(i), i), lambda i: [float(i), i],
+                 lambda i: pair(torch.full((2,), float(i)), i), lambda i: ({"a": i}, torch.zeros(i % 3))):
+        items = [make(i) for i in range(5)]
+        c = cached(items)
+        assert same(c.__getitems__([0, 3, -1]), [items[i] for i in (0, 3, 4)])
+        assert type(c.__getitems__([1])[0]) is type(items[1])
 
 
 def test_a_random_dataset_and_an_iterable_one_are_refused_naming_the_cache():
