@@ -21,13 +21,14 @@ import torch
 from common import HERE, stamp
 from torch.utils.data import DataLoader, Dataset
 
-from tuner.data import CachedDataset, cached
+from tuner.data import cached
 
 
-class Listed(Dataset):
-    """Items already made, held in a list: what the cache is measured beside."""
+class OneByOne(Dataset):
+    """``items`` read one at a time: PyTorch's fetcher reads so a dataset without
+    ``__getitems__`` (the cache, through this wrapper; a list is read so as it is)."""
 
-    def __init__(self, items: list):
+    def __init__(self, items: Dataset | list):
         self.items = items
 
     def __len__(self) -> int:
@@ -35,20 +36,6 @@ class Listed(Dataset):
 
     def __getitem__(self, i: int):
         return self.items[i]
-
-
-class OneByOne(Dataset):
-    """The cache read one item at a time (the fetcher reads a dataset without
-    ``__getitems__`` so)."""
-
-    def __init__(self, cache: CachedDataset):
-        self.cache = cache
-
-    def __len__(self) -> int:
-        return len(self.cache)
-
-    def __getitem__(self, i: int):
-        return self.cache[i]
 
 
 def _pad(items: list) -> tuple[torch.Tensor, torch.Tensor]:
@@ -89,8 +76,8 @@ def main() -> None:
     torch.set_num_threads(1)
     rows = []
     for name, (items, batch, collate) in cases().items():
-        cache = cached(Listed(items))
-        variants = {"listed": Listed(items), "cache_one_by_one": OneByOne(cache), "cache_batch": cache}
+        cache = cached(items)
+        variants = {"listed": items, "cache_one_by_one": OneByOne(cache), "cache_batch": cache}
         seen: dict[str, list[float]] = {k: [] for k in variants}
         for r in range(a.rounds):
             order = list(variants) if r % 2 == 0 else list(reversed(variants))

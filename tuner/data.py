@@ -261,10 +261,8 @@ class CachedDataset(Dataset):
                 within = torch.arange(int(lengths.sum())) - torch.repeat_interleave(lengths.cumsum(0) - lengths, lengths)
                 flat = data[torch.repeat_interleave(starts, lengths) + within]
                 column = [v.view(dims) for v, dims in zip(flat.split(lengths.tolist()), shapes[ix].tolist(), strict=True)]
-                if kind == "numpy":
+                if kind == "numpy":  # (numbers are all of one shape, (), so gathered above)
                     column = [v.numpy() for v in column]
-                elif kind != "tensor":
-                    column = [v.item() for v in column]
             columns.append(column)
         make = _assembler(self.spec)
         return [make(leaves) for leaves in zip(*columns, strict=True)]

@@ -265,7 +265,7 @@ def _cache_line(items: Any, probe: Probe, say: Callable[[str], None]) -> list[tu
         say(f"dataset_cache left out ({read}, {share:.0%} of a step's time at micro_batch_size={probe.batch}): "
             f"{str(exc).removeprefix('dataset_cache: ')}")
         return []
-    part = cached(torch.utils.data.Subset(items, sample))
+    part = cached(torch.utils.data.Subset(items, sample), check=1)  # the sample was checked above
     saved = read_ms - _read_ms(part, list(range(len(part)))) * probe.batch
     if saved / probe.step_ms < CACHE_WAIT:
         return []
