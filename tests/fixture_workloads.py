@@ -498,6 +498,20 @@ def churning(mb: int = 48) -> Workload:
     return Workload(model=lambda: nn.Linear(8, 1), dataset=lambda: Numbers(), loss=loss)
 
 
+def collecting(items: int = 20000) -> Workload:
+    """Each loss call builds and drops ``items`` small lists, as collating a batch of that
+    many items does: the survivors of the young collections reach the oldest generation,
+    and every few steps a full collection scans every object the process holds (torch's
+    own among them), unless they were frozen (gc_freeze)."""
+
+    def loss(model, batch):
+        junk = [[i] for i in range(items)]
+        del junk
+        return _mse(model, batch)
+
+    return Workload(model=lambda: nn.Linear(8, 1), dataset=lambda: Numbers(), loss=loss)
+
+
 def burn(dim: int = 512, size: int = 4096) -> Workload:
     """Compute-bound on the CPU (matmuls, every core): its rate drops when another process
     takes cores, which is what the disturbance detection must see."""

@@ -169,3 +169,27 @@ def test_workers_that_hide_the_wait_on_a_cpu_but_take_its_cores_advise_the_cache
     for other in (rec(0.77, config={"dataset_cache": True}), rec(0.77, map_style=False),
                   rec(0.77, peak_device_memory_mb=900.0, gpu_util_pct=95.0)):
         assert not any(r.startswith("dataset_cache") for r in diagnose(other).recommendations), other
+
+
+def test_full_collections_that_take_the_step_s_time_advise_gc_freeze_first():
+    # a table's large batches: the collections start while a batch is collated, so the
+    # verdict reads the time as data wait; the advice that takes it back comes first
+    rec = {"status": "ok", "samples_per_sec": 67067.0, "config": {"micro_batch_size": 4096},
+           "hardware": {"cpu_count": 2}, "data_wait_fraction": 0.60, "gc_share": 0.36}
+    d = diagnose(rec)
+    assert d.verdict == "input-bound"
+    assert d.recommendations[0].startswith("gc_freeze=true") and "36%" in d.recommendations[0]
+    assert d.moves[d.recommendations[0]] == {"gc_freeze": True}
+    frozen = {**rec, "config": {"micro_batch_size": 4096, "gc_freeze": True}, "gc_share": 0.36}
+    assert not any("gc_freeze" in r for r in diagnose(frozen).recommendations)
+    for share in (0.01, None):  # a collection now and then is no lever; an older record has no figure
+        assert not any("gc_freeze" in r for r in diagnose({**rec, "gc_share": share}).recommendations)
+
+
+@pytest.mark.parametrize(("rate", "said"), [(400_000.0, "2.5 µs"), (800.0, "1.25 ms")])
+def test_an_item_s_cost_is_said_in_a_unit_that_shows_it(rate, said):
+    # a table's row costs microseconds: "0.00 ms" said nothing
+    rec = {"status": "ok", "samples_per_sec": 1000.0, "config": {"micro_batch_size": 64}, "map_style": True,
+           "hardware": {"cpu_count": 2}, "data_wait_fraction": 0.5, "load_samples_per_sec_per_process": rate}
+    [advice] = [r for r in diagnose(rec).recommendations if r.startswith("dataset_cache")]
+    assert f"an item costs {said} to produce" in advice

@@ -26,7 +26,7 @@ def _results(tmp_path, workload, args, config, hardware=None, base_dir=None):
 @pytest.mark.parametrize("workload, args, config", [
     ("conv", {"size": 128}, {"precision": "bf16", "micro_batch_size": 8, "num_workers": 1,
                              "persistent_workers": True, "channels_last": True, "torch_threads": 1,
-                             "fused_optimizer": True, "grad_accum_steps": 2}),
+                             "fused_optimizer": True, "grad_accum_steps": 2, "gc_freeze": True}),
     ("multisource", {"size": 96}, {"micro_batch_size": 8, "batch_grouping": "by_source"}),
     ("linear", {"size": 64}, {"micro_batch_size": 8}),  # a workload file beside the space
     ("stream", {"size": 64}, {"micro_batch_size": 8, "num_workers": 2}),  # an iterable dataset: no shuffle
@@ -180,6 +180,12 @@ def test_the_input_pipelines_knobs_reach_the_snippets(tmp_path):
         assert "tuner.data.cached(train_dataset, workers=2)" in text and "augment_on=device" in text, text
 
 
+def test_gc_freeze_reaches_the_snippets_before_the_framework_s_loop(tmp_path):
+    for fmt in ("hf", "lightning"):  # set in the user's own script, before the framework's loop
+        text = _snippet(tmp_path / f"gc-{fmt}", fmt, {"micro_batch_size": 8, "gc_freeze": True})
+        assert "gc.collect(); gc.freeze()" in text and ("trainer.train()" in text or "trainer.fit" in text), text
+
+
 def test_the_yaml_export_says_where_each_knob_goes_in_a_loop_of_one_s_own(tmp_path, capsys):
     """Every knob the config sets has a line of plain PyTorch in ``in_your_loop``, and the
     DataLoader line is code that builds the loader: malloc_retain, set in the
@@ -190,7 +196,7 @@ def test_the_yaml_export_says_where_each_knob_goes_in_a_loop_of_one_s_own(tmp_pa
 
     config = {"precision": "bf16", "micro_batch_size": 16, "num_workers": 2, "persistent_workers": True,
               "channels_last": True, "fused_optimizer": True, "torch_threads": 1, "malloc_retain": True,
-              "compile": "max-autotune-no-cudagraphs", "grad_accum_steps": 2}
+              "compile": "max-autotune-no-cudagraphs", "grad_accum_steps": 2, "gc_freeze": True}
     folder = _results(tmp_path, "conv", {}, config)
     assert main(["export", str(folder), "-o", str(tmp_path / "best.yaml")]) == 0
     lines = yaml.safe_load((tmp_path / "best.yaml").read_text())["in_your_loop"]
@@ -199,6 +205,7 @@ def test_the_yaml_export_says_where_each_knob_goes_in_a_loop_of_one_s_own(tmp_pa
         assert f"{knob}=" in said, knob
     assert " ".join(f"{k}={v}" for k, v in knobs.MALLOC_RETAIN_ENV.items()) in said
     assert "torch.compile(model, mode='max-autotune-no-cudagraphs')" in said
+    assert "gc.collect(); gc.freeze()" in said
     call = next(x for x in lines if x.startswith("DataLoader(")).split(" (")[0]
     loader = eval(call, {"DataLoader": __import__("torch").utils.data.DataLoader, "dataset": list(range(64))})
     assert (loader.batch_size, loader.num_workers, loader.persistent_workers) == (16, 2, True)

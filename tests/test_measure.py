@@ -366,6 +366,36 @@ def test_malloc_retain_keeps_a_step_s_buffers_from_faulting_in_again():
 
 
 @pytest.mark.slow
+def test_gc_freeze_takes_the_full_collections_out_of_the_step():
+    # Objects made per step reach the oldest generation and start full collections, each
+    # a scan of every object the trial's process holds (a few hundred thousand with torch
+    # imported); frozen at the loop's start, those are skipped.
+    config = {"micro_batch_size": 8}
+    plain = _run("collecting", {"items": 20000}, config)
+    frozen = _run("collecting", {"items": 20000}, {**config, "gc_freeze": True})
+    assert plain["status"] == frozen["status"] == "ok"
+    assert frozen["config"]["gc_freeze"] is True and plain["config"]["gc_freeze"] is False
+    assert plain["gc_share"] >= 0.05, plain["gc_share"]
+    assert frozen["gc_share"] <= plain["gc_share"] / 4, (plain["gc_share"], frozen["gc_share"])
+
+
+@pytest.mark.slow
+def test_a_trial_run_in_this_process_gives_the_frozen_objects_back():
+    # A trial runs in a process of its own; `bench` of one rank and the hot-path check do
+    # not, and the process goes on after them.
+    import gc
+
+    from tuner.trial import execute
+
+    assert gc.get_freeze_count() == 0
+    r = execute(make_request(workload=ref("collecting"), workload_args={"items": 2000},
+                             config={"micro_batch_size": 8, "gc_freeze": True}, device="cpu",
+                             measure=FAST_MEASURE))
+    assert r["status"] == "ok" and r["config"]["gc_freeze"] is True
+    assert gc.get_freeze_count() == 0
+
+
+@pytest.mark.slow
 def test_the_trial_s_peak_holds_what_its_own_import_of_torch_holds():
     # The trial's process imports torch itself, as the user's does: its peak is at least
     # what a bare `import torch` holds.

@@ -57,6 +57,7 @@ def test_batch_values_and_knobs_follow_the_hardware():
     assert old_gpu["precision"] == ["fp32", "fp16"]  # a V100 or T4: no bf16
     # the fused optimizer on either device, where the workload's optimizer has a fused step
     assert cpu["fused_optimizer"] == gpu["fused_optimizer"] == [False, True]
+    assert cpu["gc_freeze"] == gpu["gc_freeze"] == [False, True]  # the interpreter's, on either device
     for device in ("cpu", "cuda"):
         assert "fused_optimizer" not in dict((k, v) for k, v, _ in knob_lines(device, 2, bf16=True, conv=False,
                                                                               compiler=True, fused=False))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import gc
 import inspect
 import os
 from collections.abc import Callable
@@ -68,6 +69,25 @@ def apply_malloc_retain(enabled: bool) -> None:
     if not all(libc.mallopt(param, value) for param, value in _MALLOPT):
         raise KnobRefused("knob 'malloc_retain': glibc's mallopt refused the thresholds", "malloc_retain", values=[True])
     os.environ.update(MALLOC_RETAIN_ENV)
+
+
+def apply_gc_freeze(enabled: bool) -> bool:
+    """Collect once, then freeze every object alive now out of the collector's reach (off:
+    leave the collector alone). Called where the loop starts, before the DataLoader forks
+    its workers: they inherit the frozen generation. Returns whether it froze, for
+    ``release_gc_freeze``."""
+    if not enabled:
+        return False
+    gc.collect()
+    gc.freeze()
+    return True
+
+
+def release_gc_freeze() -> None:
+    """Put the frozen objects back in the collector's reach: for a process that goes on
+    after the trial (a trial runs in a process of its own; tests and `bench` in-process
+    do not)."""
+    gc.unfreeze()
 
 
 def apply_backend_flags(device: torch.device, cudnn_benchmark: bool, tf32: bool) -> None:

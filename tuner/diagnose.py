@@ -4,7 +4,8 @@ trial, and recommendations mapped to knobs and to the guides' recipes.
 Signals (all in a trial's record): ``data_wait_fraction`` (time blocked on the
 DataLoader), ``gpu_util_pct`` (NVML, GPU runs only), memory against the device's
 capacity or ``max_memory_mb``, ``compile_s`` against the planned run, the page
-faults per step (a churning host heap), and the window spread. Each recommendation
+faults per step (a churning host heap), the share of full garbage collections, and the
+window spread. Each recommendation
 quotes the figure that triggered it.
 """
 
@@ -38,6 +39,9 @@ NOISY = 0.20  # windows spread above this
 # Page faults per step above this, with glibc moving its thresholds by itself: the heap
 # churns, and where those thresholds settle is drawn per process (tens with malloc_retain).
 CHURN_FAULTS = 1000
+# The interpreter's full garbage collections above this share of the timed windows: as
+# much as tells a search's top configs apart, and gc_freeze takes it back.
+GC_HEAVY = 0.05
 
 
 @dataclass
@@ -141,7 +145,8 @@ def diagnose(record: dict, max_memory_mb: float | None = None) -> Diagnosis:
             advise(f"batch_grouping=by_source ({GUIDES['group']})", batch_grouping="by_source")
         rate = record.get("load_samples_per_sec_per_process")
         if not c.get("dataset_cache") and record.get("map_style"):
-            cost = f"an item costs {1e3 / rate:.2f} ms to produce in a loading process; " if rate else ""
+            each = (f"{1e3 / rate:.2f} ms" if rate < 1e4 else f"{1e6 / rate:.1f} µs") if rate else ""
+            cost = f"an item costs {each} to produce in a loading process; " if rate else ""
             advise(f"dataset_cache=true ({cost}read once, it is paid once, not every epoch; {evidence}; "
                    f"refused where items differ between reads)", dataset_cache=True)
         if record.get("has_augment") and on_gpu and c.get("augment_on") != "device":
@@ -183,6 +188,15 @@ def diagnose(record: dict, max_memory_mb: float | None = None) -> Diagnosis:
                    f"between reads)", dataset_cache=True)
         if on_gpu and not c["cudnn_benchmark"]:
             advise("cudnn_benchmark=true (fixed input shapes)", cudnn_benchmark=True)
+
+    collections = record.get("gc_share") or 0.0
+    if not c["gc_freeze"] and collections >= GC_HEAVY:
+        # first: the share is the loop's own time, whatever the verdict (a collection that
+        # starts while a batch is collated is data wait too)
+        text = (f"gc_freeze=true (the interpreter's full garbage collections took {collections:.0%} of the timed "
+                f"windows, each a scan of every object made before the loop)")
+        recs.insert(0, text)
+        moves[text] = {"gc_freeze": True}
 
     flags += _flags(record, c, on_gpu)
     return Diagnosis(verdict, evidence, recs, flags, moves=moves)

@@ -163,6 +163,16 @@ _TABLE = [
          "reused, not returned to the kernel and faulted in again",
          False, lambda ctx: GLIBC, inactive=_needs_glibc,
          cost="freed buffers stay in the heap: peak host memory grows, most with large per-step buffers (logits)", priority=9),
+    # Python's full garbage collections scan every object the collector tracks, and a
+    # training process holds hundreds of thousands from before its loop (torch's own
+    # modules, the model, the dataset); a batch collated from many small items promotes
+    # enough objects to start one every few steps. gc.freeze() moves the objects alive
+    # at the loop's start where no collection scans them (and, before the DataLoader
+    # forks its workers, keeps the workers' collections off the pages they share).
+    Knob("gc_freeze", bool, "the objects alive when the loop starts are moved out of the garbage collector's "
+         "reach (gc.freeze()): its full collections scan only what the loop makes",
+         False, lambda ctx: True, priority=9,
+         cost="cycles among those objects that die later are never collected"),
     Knob("batch_grouping", str, "multi-source data: mixed batches, or each batch from one source",
          "mixed", lambda ctx: "by_source" if ctx.has_groups else "mixed", choices=GROUPINGS,
          inactive=_needs_groups, recompiles=True, loader=True, priority=3),

@@ -24,6 +24,7 @@ Method (see DESIGN.md, "Measuring honestly"):
 
 from __future__ import annotations
 
+import gc
 import math
 import os
 import resource
@@ -88,7 +89,7 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
     # 2. timed windows, synchronized at their edges only
     windows = WindowPlan.size(trainer, settings, agree, warm)
     nvml = NvmlSampler(trainer.device)
-    with nvml, hushed() as driver_asleep:
+    with nvml, hushed() as driver_asleep, FullCollections() as collections:
         timed = _timed_windows(trainer, settings, windows, agree, LoadMeter(probe, nvml), probe, screen, say)
     if timed.nonfinite:
         return _nonfinite(trainer, warm.seconds)
@@ -97,8 +98,37 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
     left_out = _leave_out_disturbed(timed, settings)
     figures = _figures(trainer, plan, timed, warm, startup_s, settings)
     record = _record(trainer, timed, figures, probe, windows, warm, startup_s, screen, left_out)
-    record.update(nvml.summary(), driver_asleep=driver_asleep)  # driver: it slept through the windows
+    record.update(nvml.summary(), driver_asleep=driver_asleep, gc_share=collections.share())  # driver: it slept through the windows
     return _energy(_across_ranks(record, trainer, agree, timed, rank_info))
+
+
+class FullCollections:
+    """The interpreter's full (oldest-generation) garbage collections in this process while
+    inside: how long they took, over the wall time inside. A full collection scans every
+    object the collector tracks and stops the loop while it runs; a batch collated from
+    many small items can start one every few steps (``gc_freeze``). DataLoader workers
+    collect in their own processes, which their data wait holds."""
+
+    def __enter__(self) -> FullCollections:
+        self.seconds, self._began, self._t0 = 0.0, None, perf_counter()
+        gc.callbacks.append(self._seen)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._seen)
+        self.wall = perf_counter() - self._t0
+
+    def _seen(self, phase: str, info: dict) -> None:
+        if info["generation"] != 2:  # the oldest: a full collection
+            return
+        if phase == "start":
+            self._began = perf_counter()
+        elif self._began is not None:
+            self.seconds += perf_counter() - self._began
+            self._began = None
+
+    def share(self) -> float:
+        return min(1.0, self.seconds / self.wall) if self.wall > 0 else 0.0
 
 
 def _frames_compiled() -> int:

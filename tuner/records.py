@@ -90,6 +90,7 @@ class Figures(TypedDict, total=False):
     peak_device_reserved_mb: float | None
     peak_host_memory_mb: float  # peak RSS of the trial's process + its DataLoader workers' private pages
     page_faults_per_step: float | None
+    gc_share: float  # of the timed phase's wall time: the interpreter's full garbage collections
     host_memory_measure: str
     interference_cores: float | None  # median over the kept windows: CPU used outside the trial
     tuner_cpu_cores: float | None  # the part of it that was the tuner's own

@@ -178,6 +178,12 @@ def export_payload(res: Results, row: dict) -> dict:
     }
 
 
+# gc_freeze in a loop of one's own: after the build (whose objects it freezes), before the
+# loop's first batch (where the DataLoader forks its workers, which inherit the freeze)
+GC_FREEZE_LINE = ("gc_freeze=True: gc.collect(); gc.freeze() (import gc) once the model, optimizer and DataLoader "
+                  "are built, just before the training loop's first batch")
+
+
 def in_your_loop(config: dict, *, gpu: bool, find_unused: bool = False) -> list[str]:
     """One line of plain PyTorch per knob the config sets away from PyTorch's defaults:
     where it goes in a training loop of one's own."""
@@ -217,6 +223,8 @@ def in_your_loop(config: dict, *, gpu: bool, find_unused: bool = False) -> list[
     if c["malloc_retain"]:
         lines.append(f"malloc_retain=True: start the run with {_malloc_env()} in the environment (glibc reads "
                      f"them at start; on a CPU this knob can be much of the figure)")
+    if c["gc_freeze"]:
+        lines.append(GC_FREEZE_LINE)
     if c["cudnn_benchmark"]:
         lines.append("cudnn_benchmark=True: torch.backends.cudnn.benchmark = True at start")
     if c["tf32"]:
@@ -311,6 +319,8 @@ def hf_kwargs(payload: dict) -> tuple[dict, list[str]]:
         unsaid.append(f"torch_threads={c['torch_threads']}: torch.set_num_threads({c['torch_threads']}) at start")
     if c["malloc_retain"]:
         unsaid.append(f"malloc_retain=True: {_malloc_env()} in the environment")
+    if c["gc_freeze"]:
+        unsaid.append("gc_freeze=True: gc.collect(); gc.freeze() (import gc) just before trainer.train()")
     if c["cudnn_benchmark"]:
         unsaid.append("cudnn_benchmark=True: torch.backends.cudnn.benchmark = True at start")
     if c["non_blocking"]:
@@ -387,6 +397,8 @@ def lightning_kwargs(payload: dict) -> tuple[dict, dict, list[str]]:
         code.append(f"# malloc_retain: start the run with {_malloc_env()} in the environment")
     if c["tf32"]:
         code.append('torch.set_float32_matmul_precision("high")  # tf32')
+    if c["gc_freeze"]:
+        code.append("# gc_freeze: gc.collect(); gc.freeze() (import gc) just before trainer.fit")
     if c["channels_last"]:
         code.append("model = model.to(memory_format=torch.channels_last)  # and every 4-D input in training_step: "
                     "x = x.contiguous(memory_format=torch.channels_last)")

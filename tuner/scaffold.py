@@ -211,6 +211,8 @@ def knob_lines(device: str, cores: int, bf16: bool, conv: bool, compiler: bool,
 
     if GLIBC:
         lines.append(("malloc_retain", [False, True], "glibc's malloc: a step's freed buffers kept for the next"))
+    lines.append(("gc_freeze", [False, True], "full garbage collections skip what was built before the loop "
+                                              "(torch's own objects among it)"))
     if conv:
         lines.append(("channels_last", [False, True], "the model has Conv2d layers"))
     if compiler:
@@ -371,6 +373,9 @@ def init_space(workload: str, workload_args: dict, out: Path, *, device: str = "
     elif max_memory_mb is not None:
         cap_note = f" (cap: --max-memory-mb {max_memory_mb:g})"
     precision = "bf16" if bf16 else "fp32"  # memory at the precision that will likely win
+    # The probe's one short window holds a full garbage collection or not by chance, and
+    # one can take a large batch's step several times over; frozen, they are short.
+    settings = {"precision": precision, "gc_freeze": True}
 
     stem = name or Path(workload.split(":")[0]).stem.replace(".", "-") or "space"
     # The workload's own output (prints, warnings, progress bars) once per probe would bury
@@ -380,7 +385,7 @@ def init_space(workload: str, workload_args: dict, out: Path, *, device: str = "
 
     def measure_one(b: int) -> dict:
         req = make_request(workload=workload, workload_args=workload_args, base_dir=str(Path.cwd()),
-                           config={"micro_batch_size": b, "precision": precision}, device=device,
+                           config={"micro_batch_size": b, **settings}, device=device,
                            measure=PROBE_MEASURE)
         return run_isolated(req, timeout_s=timeout_s, retries=0, output=str(log))
 

@@ -192,6 +192,7 @@ def execute(request: TrialRequest, progress: Callable[[str], None] | None = None
         if cache_dir:
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache_dir
             torch._dynamo.reset()
+    trainer = None
     try:
         if phase:
             phase(PHASES[0])
@@ -208,6 +209,10 @@ def execute(request: TrialRequest, progress: Callable[[str], None] | None = None
     finally:
         if cleanup:
             shutil.rmtree(cache_dir, ignore_errors=True)
+        if trainer is not None and trainer.gc_frozen:
+            from tuner.apply import release_gc_freeze
+
+            release_gc_freeze()
     metrics["compile_cache"] = cache_state
     status, reason = Status.OK, None
     if not metrics["loss_finite"]:

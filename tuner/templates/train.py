@@ -128,6 +128,9 @@ def train(a, c, device, world):
                 loader.sampler.set_epoch(epoch)  # DistributedSampler: a new order each epoch
             yield from loader
 
+    if c["gc_freeze"]:  # the build's objects out of the collector's reach, before the workers fork
+        gc.collect()
+        gc.freeze()
     it = batches()
 
     def step():
