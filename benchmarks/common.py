@@ -21,7 +21,8 @@ HERE = Path(__file__).parent
 # (hf_workloads.py: BatchEncoding and dict batches, the model's own loss).
 HF = str(HERE / "hf_workloads.py")
 REFS = {"hf_gpt2": f"{HF}:gpt2", "hf_resnet": f"{HF}:resnet", "conv_long": "conv",
-        "hf_gpt2_long": f"{HF}:gpt2", "hf_resnet_long": f"{HF}:resnet", "tiny": f"{HF}:tiny"}  # a case name -> the workload
+        "hf_gpt2_long": f"{HF}:gpt2", "hf_resnet_long": f"{HF}:resnet", "tiny": f"{HF}:tiny",
+        "rows": str(HERE / "data_workloads.py") + ":rows"}  # a case name -> the workload
 
 
 def stamp() -> dict:

@@ -4,6 +4,10 @@
 deterministic part, which a cache keeps), a random flip per batch (``augment``, which
 it does not). ``jpeg(random_crop=True)`` is its twin that draws a crop in
 ``__getitem__``: its items differ between reads, and the cache must refuse it.
+
+``rows``: a table in a ``TensorDataset`` behind a small MLP, at large batches: each batch
+is collated from thousands of items, and the objects they make start the interpreter's
+full garbage collections every few steps (``gc_freeze``).
 """
 
 from __future__ import annotations
@@ -65,3 +69,15 @@ def jpeg(size: int = 512, image: int = 64, random_crop: bool = False) -> Workloa
     return Workload(model=model, dataset=lambda: JpegImages(size, image=image, random_crop=random_crop),
                     loss=lambda model, batch: nn.functional.cross_entropy(model(batch[0]), batch[1]),
                     augment=_flip)
+
+
+def rows(size: int = 200_000, features: int = 64) -> Workload:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(size, features, generator=g)
+    y = (x[:, :8].sum(1, keepdim=True) > 0).float()
+    return Workload(
+        model=lambda: nn.Sequential(nn.Linear(features, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
+                                    nn.Linear(512, 1)),
+        dataset=torch.utils.data.TensorDataset(x, y),
+        loss=lambda model, batch: nn.functional.binary_cross_entropy_with_logits(model(batch[0]), batch[1]),
+    )

@@ -68,7 +68,7 @@ def main() -> None:
                     t = time.time()
                     if side.startswith("bench"):
                         rec = run_bench(space, config)
-                        keep = {k: rec.get(k) for k in ("samples_per_sec", "page_faults_per_step",
+                        keep = {k: rec.get(k) for k in ("samples_per_sec", "page_faults_per_step", "gc_share",
                                                         "peak_host_memory_mb", "spread", "disturbed")}
                     else:
                         keep = truth.run_plain(REFS.get(workload, workload), args, config, a.epochs)
@@ -86,6 +86,10 @@ def main() -> None:
                 for v in ("off", "on"):
                     row[f"{side}_faults_per_step_{v}"] = statistics.median(s.get("page_faults_per_step") or 0
                                                                            for s in runs[f"{side}_{v}"])
+            if any(s.get("gc_share") is not None for s in runs["bench_off"]):  # the collections' share
+                for v in ("off", "on"):
+                    row[f"bench_gc_share_{v}"] = statistics.median(s.get("gc_share") or 0.0
+                                                                   for s in runs[f"bench_{v}"])
             rows.append(row)
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_text(json.dumps({**stamp(), "knob": a.knob, "rounds": a.rounds, "rows": rows}, indent=2))

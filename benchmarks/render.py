@@ -36,6 +36,8 @@ WHAT = {  # what each benchmark answers, in one line
     "knob_ab_malloc_retain": "malloc_retain on and off, side by side: bench and the user's plain loop",
     "knob_ab_fused_optimizer": "fused_optimizer on and off on a CPU, side by side: bench and the user's plain "
                                "loop (PyTorch's default CPU step updates each parameter in turn)",
+    "knob_ab_gc_freeze": "gc_freeze on and off, side by side: bench and the user's plain loop (`rows`: a table "
+                         "in a TensorDataset at large batches)",
     "restart_trace": "What a DataLoader worker started anew each epoch does to the training process",
     "export_speed": "The exported script against the tuner's own figure",
     "hotpath_pairs": "The defects the hot-path check names, against the same workload with them fixed",
@@ -674,6 +676,11 @@ def _knob_ab(data: dict) -> list[str]:
                      f"{_fmt(r.get('bench_median_on'))} | {ratio(r.get('bench_on_off'))} | "
                      f"{_fmt(r.get('plain_median_off'))} | {_fmt(r.get('plain_median_on'))} | "
                      f"{ratio(r.get('plain_on_off'))} |")
+    shares = [r for r in data.get("rows", []) if "bench_gc_share_off" in r]
+    if shares:
+        lines += ["", "bench's `gc_share` (the timed phase's share in full garbage collections), medians, off -> on: "
+                  + "; ".join(f"{r['workload']} {r['bench_gc_share_off']:.1%} -> {r['bench_gc_share_on']:.1%}"
+                              for r in shares) + "."]
     return lines + [""]
 
 
