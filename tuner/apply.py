@@ -84,9 +84,9 @@ def apply_gc_freeze(enabled: bool) -> bool:
 
 
 def release_gc_freeze() -> None:
-    """Put the frozen objects back in the collector's reach: for a process that goes on
-    after the trial (a trial runs in a process of its own; tests and `bench` in-process
-    do not)."""
+    """Put the frozen objects back in the collector's reach, for a process that goes on
+    after the trial: a data-parallel rank's (a Ray worker), or a caller's own. A trial's
+    own process ends with it."""
     gc.unfreeze()
 
 

@@ -4,9 +4,9 @@ trial, and recommendations mapped to knobs and to the guides' recipes.
 Signals (all in a trial's record): ``data_wait_fraction`` (time blocked on the
 DataLoader), ``gpu_util_pct`` (NVML, GPU runs only), memory against the device's
 capacity or ``max_memory_mb``, ``compile_s`` against the planned run, the page
-faults per step (a churning host heap), the share of full garbage collections, and the
-window spread. Each recommendation
-quotes the figure that triggered it.
+faults per step (a churning host heap), the share of full garbage collections
+(``gc_share``), and the window spread. Each recommendation quotes the figure that
+triggered it.
 """
 
 from __future__ import annotations
@@ -145,8 +145,8 @@ def diagnose(record: dict, max_memory_mb: float | None = None) -> Diagnosis:
             advise(f"batch_grouping=by_source ({GUIDES['group']})", batch_grouping="by_source")
         rate = record.get("load_samples_per_sec_per_process")
         if not c.get("dataset_cache") and record.get("map_style"):
-            each = (f"{1e3 / rate:.2f} ms" if rate < 1e4 else f"{1e6 / rate:.1f} µs") if rate else ""
-            cost = f"an item costs {each} to produce in a loading process; " if rate else ""
+            each = f"{1e3 / rate:.2f} ms" if rate and rate < 1e4 else f"{1e6 / rate:.1f} µs" if rate else ""
+            cost = f"an item costs {each} to produce in a loading process; " if each else ""
             advise(f"dataset_cache=true ({cost}read once, it is paid once, not every epoch; {evidence}; "
                    f"refused where items differ between reads)", dataset_cache=True)
         if record.get("has_augment") and on_gpu and c.get("augment_on") != "device":

@@ -98,7 +98,8 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
     left_out = _leave_out_disturbed(timed, settings)
     figures = _figures(trainer, plan, timed, warm, startup_s, settings)
     record = _record(trainer, timed, figures, probe, windows, warm, startup_s, screen, left_out)
-    record.update(nvml.summary(), driver_asleep=driver_asleep, gc_share=collections.share())  # driver: it slept through the windows
+    # driver_asleep: the driver slept through the windows
+    record.update(nvml.summary(), driver_asleep=driver_asleep, gc_share=collections.share())
     return _energy(_across_ranks(record, trainer, agree, timed, rank_info))
 
 
@@ -110,7 +111,7 @@ class FullCollections:
     collect in their own processes, which their data wait holds."""
 
     def __enter__(self) -> FullCollections:
-        self.seconds, self._began, self._t0 = 0.0, None, perf_counter()
+        self.seconds, self.wall, self._began, self._t0 = 0.0, 0.0, None, perf_counter()
         gc.callbacks.append(self._seen)
         return self
 

@@ -178,12 +178,6 @@ def export_payload(res: Results, row: dict) -> dict:
     }
 
 
-# gc_freeze in a loop of one's own: after the build (whose objects it freezes), before the
-# loop's first batch (where the DataLoader forks its workers, which inherit the freeze)
-GC_FREEZE_LINE = ("gc_freeze=True: gc.collect(); gc.freeze() (import gc) once the model, optimizer and DataLoader "
-                  "are built, just before the training loop's first batch")
-
-
 def in_your_loop(config: dict, *, gpu: bool, find_unused: bool = False) -> list[str]:
     """One line of plain PyTorch per knob the config sets away from PyTorch's defaults:
     where it goes in a training loop of one's own."""
@@ -223,8 +217,9 @@ def in_your_loop(config: dict, *, gpu: bool, find_unused: bool = False) -> list[
     if c["malloc_retain"]:
         lines.append(f"malloc_retain=True: start the run with {_malloc_env()} in the environment (glibc reads "
                      f"them at start; on a CPU this knob can be much of the figure)")
-    if c["gc_freeze"]:
-        lines.append(GC_FREEZE_LINE)
+    if c["gc_freeze"]:  # after the build it freezes; before the first batch, where the workers fork
+        lines.append("gc_freeze=True: gc.collect(); gc.freeze() (import gc) once the model, optimizer and "
+                     "DataLoader are built, just before the training loop's first batch")
     if c["cudnn_benchmark"]:
         lines.append("cudnn_benchmark=True: torch.backends.cudnn.benchmark = True at start")
     if c["tf32"]:
