@@ -84,6 +84,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import gc
 import json
 import os
 import resource
@@ -238,8 +239,6 @@ def plain_loop(workload: str, args: dict, config: dict, epochs: int, device: str
     amp = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(config.get("precision"))
     scaler = torch.amp.GradScaler(dev.type, enabled=config.get("precision") == "fp16")
     if config.get("gc_freeze"):  # as the export says: built, then frozen, before the first batch
-        import gc
-
         gc.collect()
         gc.freeze()
     nb = bool(config.get("non_blocking"))
@@ -295,6 +294,9 @@ def plain_loop(workload: str, args: dict, config: dict, epochs: int, device: str
 
     epoch()  # start-up: first workers, first allocations
     sync()
+    if config.get("gc_freeze"):  # and again after the first steps, as the export does
+        gc.collect()
+        gc.freeze()
     faults0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     t0 = time.perf_counter()
     samples, ends = 0, []

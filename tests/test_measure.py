@@ -380,7 +380,7 @@ def test_gc_freeze_takes_the_full_collections_out_of_the_step():
 
 
 @pytest.mark.slow
-def test_a_trial_run_in_this_process_gives_the_frozen_objects_back():
+def test_gc_freeze_freezes_after_the_first_step_too_and_a_trial_in_this_process_gives_them_back():
     # A trial runs in a process of its own; `bench` of one rank and the hot-path check do
     # not, and the process goes on after them.
     import gc
@@ -388,6 +388,25 @@ def test_a_trial_run_in_this_process_gives_the_frozen_objects_back():
     from tuner.trial import execute
 
     assert gc.get_freeze_count() == 0
+    # the first step's objects (the optimizer's state; torch.compile's graphs) are frozen too
+    import torch
+
+    from tuner import knobs
+    from tuner.loop import Trainer
+    from tuner.workloads import load_workload
+
+    trainer = Trainer(load_workload(ref("collecting"), {"items": 2000}),
+                      {**knobs.defaults(), "micro_batch_size": 8, "gc_freeze": True}, torch.device("cpu"))
+    try:
+        trainer.start()
+        at_start = gc.get_freeze_count()
+        trainer.step()
+        after_first = gc.get_freeze_count()
+        assert 0 < at_start < after_first
+        trainer.step()
+        assert gc.get_freeze_count() <= after_first  # not again: a frozen object that dies leaves it
+    finally:
+        gc.unfreeze()
     r = execute(make_request(workload=ref("collecting"), workload_args={"items": 2000},
                              config={"micro_batch_size": 8, "gc_freeze": True}, device="cpu",
                              measure=FAST_MEASURE))

@@ -74,7 +74,9 @@ def apply_malloc_retain(enabled: bool) -> None:
 def apply_gc_freeze(enabled: bool) -> bool:
     """Collect once, then freeze every object alive now out of the collector's reach (off:
     leave the collector alone). Called where the loop starts, before the DataLoader forks
-    its workers: they inherit the frozen generation. Returns whether it froze, for
+    its workers (they inherit the frozen generation), and again after the first step,
+    whose objects (torch.compile's graphs, the optimizer's state) would otherwise be
+    scanned by every full collection after it. Returns whether it froze, for
     ``release_gc_freeze``."""
     if not enabled:
         return False

@@ -169,8 +169,8 @@ _TABLE = [
     # enough objects to start one every few steps. gc.freeze() moves the objects alive
     # at the loop's start where no collection scans them (and, before the DataLoader
     # forks its workers, keeps the workers' collections off the pages they share).
-    Knob("gc_freeze", bool, "the objects alive when the loop starts are moved out of the garbage collector's "
-         "reach (gc.freeze()): its full collections scan only what the loop makes",
+    Knob("gc_freeze", bool, "the objects alive when the loop starts, and again after its first step, are moved "
+         "out of the garbage collector's reach (gc.freeze()): its full collections scan only what the loop makes",
          False, lambda ctx: True, priority=9,
          cost="cycles among those objects that die later are never collected"),
     Knob("batch_grouping", str, "multi-source data: mixed batches, or each batch from one source",

@@ -219,7 +219,8 @@ def in_your_loop(config: dict, *, gpu: bool, find_unused: bool = False) -> list[
                      f"them at start; on a CPU this knob can be much of the figure)")
     if c["gc_freeze"]:  # after the build it freezes; before the first batch, where the workers fork
         lines.append("gc_freeze=True: gc.collect(); gc.freeze() (import gc) once the model, optimizer and "
-                     "DataLoader are built, just before the training loop's first batch")
+                     "DataLoader are built, just before the training loop's first batch, and again after the "
+                     "first optimizer step (its objects: torch.compile's graphs, the optimizer's state)")
     if c["cudnn_benchmark"]:
         lines.append("cudnn_benchmark=True: torch.backends.cudnn.benchmark = True at start")
     if c["tf32"]:
@@ -315,7 +316,8 @@ def hf_kwargs(payload: dict) -> tuple[dict, list[str]]:
     if c["malloc_retain"]:
         unsaid.append(f"malloc_retain=True: {_malloc_env()} in the environment")
     if c["gc_freeze"]:
-        unsaid.append("gc_freeze=True: gc.collect(); gc.freeze() (import gc) just before trainer.train()")
+        unsaid.append("gc_freeze=True: gc.collect(); gc.freeze() (import gc) just before trainer.train(), and "
+                      "again after the first step (a TrainerCallback's on_step_end)")
     if c["cudnn_benchmark"]:
         unsaid.append("cudnn_benchmark=True: torch.backends.cudnn.benchmark = True at start")
     if c["non_blocking"]:
@@ -393,7 +395,8 @@ def lightning_kwargs(payload: dict) -> tuple[dict, dict, list[str]]:
     if c["tf32"]:
         code.append('torch.set_float32_matmul_precision("high")  # tf32')
     if c["gc_freeze"]:
-        code.append("# gc_freeze: gc.collect(); gc.freeze() (import gc) just before trainer.fit")
+        code.append("# gc_freeze: gc.collect(); gc.freeze() (import gc) just before trainer.fit, and again after "
+                    "the first step (a Callback's on_train_batch_end)")
     if c["channels_last"]:
         code.append("model = model.to(memory_format=torch.channels_last)  # and every 4-D input in training_step: "
                     "x = x.contiguous(memory_format=torch.channels_last)")

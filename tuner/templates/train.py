@@ -132,9 +132,11 @@ def train(a, c, device, world):
         gc.collect()
         gc.freeze()
     it = batches()
+    refreeze = c["gc_freeze"]
 
     def step():
         """One optimizer step over `accum` micro-batches (StopIteration when the epochs end)."""
+        nonlocal refreeze
         for i in range(accum):
             batch = move(next(it), device, non_blocking, c["channels_last"])
             if on_device is not None:
@@ -152,6 +154,10 @@ def train(a, c, device, world):
         else:
             opt.step()
         opt.zero_grad(set_to_none=True)  # no loss.item() per step: it waits for the device
+        if refreeze:  # gc_freeze: the first step's objects too (compile's graphs, the optimizer's state)
+            refreeze = False
+            gc.collect()
+            gc.freeze()
 
     def sync():
         if device.type == "cuda":
