@@ -381,8 +381,8 @@ def test_gc_freeze_takes_the_full_collections_out_of_the_step():
 
 @pytest.mark.slow
 def test_gc_freeze_freezes_after_the_first_step_too_and_a_trial_in_this_process_gives_them_back():
-    # A trial runs in a process of its own; `bench` of one rank and the hot-path check do
-    # not, and the process goes on after them.
+    # A trial's own process ends with it; a data-parallel rank's (a Ray worker) and a
+    # caller's own go on after it.
     import gc
 
     from tuner.trial import execute
