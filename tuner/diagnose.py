@@ -39,6 +39,10 @@ NOISY = 0.20  # windows spread above this
 # Page faults per step above this, with glibc moving its thresholds by itself: the heap
 # churns, and where those thresholds settle is drawn per process (tens with malloc_retain).
 CHURN_FAULTS = 1000
+# An item that a loading process produces (and collates) in less time than this leaves a
+# dataset cache nothing to save: reading a batch from the cache costs a few µs an item
+# itself (`cache_read` on the results page), and the collate stays.
+CACHE_FLOOR_S = 10e-6
 # The interpreter's full garbage collections above this share of the timed windows: as
 # much as tells a search's top configs apart, and gc_freeze takes it back.
 GC_HEAVY = 0.05
@@ -144,7 +148,7 @@ def diagnose(record: dict, max_memory_mb: float | None = None) -> Diagnosis:
         if c["batch_grouping"] == "mixed" and record.get("has_groups"):
             advise(f"batch_grouping=by_source ({GUIDES['group']})", batch_grouping="by_source")
         rate = record.get("load_samples_per_sec_per_process")
-        if not c.get("dataset_cache") and record.get("map_style"):
+        if not c.get("dataset_cache") and record.get("map_style") and not (rate and 1 / rate < CACHE_FLOOR_S):
             each = f"{1e3 / rate:.2f} ms" if rate and rate < 1e4 else f"{1e6 / rate:.1f} µs" if rate else ""
             cost = f"an item costs {each} to produce in a loading process; " if each else ""
             advise(f"dataset_cache=true ({cost}read once, it is paid once, not every epoch; {evidence}; "
