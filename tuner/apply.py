@@ -71,24 +71,21 @@ def apply_malloc_retain(enabled: bool) -> None:
     os.environ.update(MALLOC_RETAIN_ENV)
 
 
-def apply_gc_freeze(enabled: bool) -> bool:
+def apply_gc_freeze(enabled: bool) -> None:
     """Collect once, then freeze every object alive now out of the collector's reach (off:
     leave the collector alone). Called where the loop starts, before the DataLoader forks
     its workers (they inherit the frozen generation), and again after the first step,
     whose objects (torch.compile's graphs, the optimizer's state) would otherwise be
-    scanned by every full collection after it. Returns whether it froze, for
-    ``release_gc_freeze``."""
-    if not enabled:
-        return False
-    gc.collect()
-    gc.freeze()
-    return True
+    scanned by every full collection after it."""
+    if enabled:
+        gc.collect()
+        gc.freeze()
 
 
 def release_gc_freeze() -> None:
     """Put the frozen objects back in the collector's reach, for a process that goes on
     after the trial: a data-parallel rank's (a Ray worker), or a caller's own. A trial's
-    own process ends with it."""
+    own process ends with it. With nothing frozen it does nothing."""
     gc.unfreeze()
 
 

@@ -185,7 +185,7 @@ class Trainer:
             self.notes.append("the dataset is iterable: every rank reads all of it unless it shards "
                               "itself by rank (torch.distributed.get_rank())")
         self._it: Iterator | None = None
-        self.gc_frozen = self._refreeze = False  # gc_freeze: set when the loop starts
+        self._refreeze = False  # gc_freeze: set when the loop starts
         # Accounting read by tuner.measure; plain floats and ints, no syncs.
         self.data_wait_s = 0.0      # time blocked in next(loader), epoch boundaries included
         # Each epoch boundary: from the next() that ends an epoch (where PyTorch shuts
@@ -276,7 +276,8 @@ class Trainer:
         ``on_first_batch``: called once the first batch has come (the first step's wait
         for data is over; its compute, compile included, follows)."""
         # the objects of the build frozen last, before the loader forks its workers
-        self.gc_frozen = self._refreeze = apply.apply_gc_freeze(self.config["gc_freeze"])
+        apply.apply_gc_freeze(self.config["gc_freeze"])
+        self._refreeze = self.config["gc_freeze"]
         self._it = iter(self.loader)
         self._in_epoch = 0
         workers = self.config["num_workers"]

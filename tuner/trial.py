@@ -192,7 +192,6 @@ def execute(request: TrialRequest, progress: Callable[[str], None] | None = None
         if cache_dir:
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache_dir
             torch._dynamo.reset()
-    trainer = None
     try:
         if phase:
             phase(PHASES[0])
@@ -209,7 +208,7 @@ def execute(request: TrialRequest, progress: Callable[[str], None] | None = None
     finally:
         if cleanup:
             shutil.rmtree(cache_dir, ignore_errors=True)
-        if trainer is not None and trainer.gc_frozen:
+        if config["gc_freeze"]:
             from tuner.apply import release_gc_freeze
 
             release_gc_freeze()
