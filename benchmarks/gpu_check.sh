@@ -16,6 +16,7 @@
 #   LANDSCAPE=gpu_resnet50 LANDSCAPE_S=500 bash benchmarks/gpu_check.sh setup landscape   (again to finish it)
 #   LANDSCAPE_S=500 bash benchmarks/gpu_check.sh setup cpu16    (again to finish it)
 #   PAIRS_S=400 bash benchmarks/gpu_check.sh setup pairs
+#   GC_S=360 bash benchmarks/gpu_check.sh setup gc
 # then, here, with the files copied into benchmarks/out/gpu/: python benchmarks/gpu_collect.py
 # && python benchmarks/render.py. `setup` installs the carried wheels in .whl/ when there is
 # no Ray on the machine: Ray's wheel is over the tool's 64 MiB, so it travels as
@@ -82,6 +83,9 @@ if __name__ == '__main__':
     pairs)  # the hot-path defects and the input pipeline's knobs on the GPU, interleaved pairs
       timeout "${PAIRS_S:-400}" bash -c "python3 benchmarks/hotpath_pairs.py --device cuda --rounds 2 --out $OUT/hotpath_pairs_gpu.json \
         && python3 benchmarks/cache_pairs.py --device cuda --augment --rounds 2 --out $OUT/augment_pairs_gpu.json" 2>&1 | tee "$OUT/pairs.log" ;;
+    gc)  # gc_freeze off and on, bench and the plain loop, on a table read in large batches
+      timeout "${GC_S:-360}" python3 benchmarks/knob_ab.py --device cuda --knob gc_freeze --workloads rows \
+        --set 'precision="bf16"' --rounds "${ROUNDS:-2}" --epochs 2 --out "$OUT/knob_ab_gc_freeze_gpu.json" 2>&1 | tee "$OUT/gc_pair.log" ;;
     cpu16)  # a landscape of the machine's own CPUs (16 cores): threads and workers beyond 2
       timeout "${LANDSCAPE_S:-500}" bash -c "python3 benchmarks/search_replay.py record benchmarks/landscapes/conv_cpu16.yaml \
         --repeats 2 --held-out" 2>&1 | tee "$OUT/conv_cpu16.log"

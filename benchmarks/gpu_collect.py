@@ -3,6 +3,7 @@ JSON, ``benchmarks/out/gpu.json``, for the results page:
 
 - the GPU tests (``test_gpu.log``: passed or not, the known-rate line);
 - the truth rows (``gpu_truth_*.json``: bench against a plain loop on the GPU);
+- a knob's pair (``knob_ab_*_gpu.json``, ``gpu_check.sh gc``), copied to ``benchmarks/out/`` as it is;
 - the searches (``gpu_<space>_trials.jsonl``, ``_summary.json``): the baseline (a plain
   PyTorch loop at PyTorch's defaults), the pick, its speed-up, MFU and NVML readings,
   beside a published MFU for the same model class on the same GPU where one is known.
@@ -179,6 +180,9 @@ def main() -> None:
     out = HERE / "out" / "gpu.json"
     out.write_text(json.dumps(data, indent=2, default=str))
     print(f"wrote {out}")
+    for ab in sorted(folder.glob("knob_ab_*_gpu.json")):  # knob_ab's own JSON, a section of its own on the page
+        (HERE / "out" / ab.name).write_bytes(ab.read_bytes())
+        print(f"wrote {HERE / 'out' / ab.name}")
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ agreeing is what lets a search's pick stand for the user's run.
 
     python benchmarks/knob_ab.py --knob malloc_retain --rounds 3
     python benchmarks/knob_ab.py --knob malloc_retain --workloads conv,hf_gpt2 --pick 1
+    python benchmarks/knob_ab.py --knob gc_freeze --device cuda --workloads rows   # truth.py's GPU cases
 
 Prints a table and writes JSON (default benchmarks/out/knob_ab_<knob>.json).
 """
@@ -44,6 +45,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--epochs", type=int, default=3, help="timed epochs of the plain loop")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", default="cpu", help="cpu, or cuda (truth.py's GPU cases)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--resume", action="store_true", help="keep the rows already in --out; measure the rest")
     a = ap.parse_args()
@@ -56,9 +58,9 @@ def main() -> None:
         for workload in a.workloads.split(","):
             if any(row["workload"] == workload for row in rows):
                 continue
-            args, configs = truth.CASES[workload]
+            args, configs = (truth.GPU_CASES if a.device == "cuda" else truth.CASES)[workload]
             base = {**configs[a.pick], **overrides}
-            space = space_file(Path(tmp), workload, args)
+            space = space_file(Path(tmp), workload, args, device=a.device)
             runs: dict[str, list[dict]] = {"bench_off": [], "bench_on": [], "plain_off": [], "plain_on": []}
             for r in range(a.rounds):
                 order = list(runs)
@@ -71,12 +73,12 @@ def main() -> None:
                         keep = {k: rec.get(k) for k in ("samples_per_sec", "page_faults_per_step", "gc_share",
                                                         "peak_host_memory_mb", "spread", "disturbed")}
                     else:
-                        keep = truth.run_plain(REFS.get(workload, workload), args, config, a.epochs)
+                        keep = truth.run_plain(REFS.get(workload, workload), args, config, a.epochs, a.device)
                     runs[side].append({**keep, "round": r, "seconds": time.time() - t})
                     print(f"  {workload} round {r} {side}: {keep['samples_per_sec']:.1f} samples/s"
                           + (f", {keep['page_faults_per_step']:,.0f} faults/step"
                              if keep.get("page_faults_per_step") is not None else ""), flush=True)
-            row = {"workload": workload, "config": base, "knob": a.knob, "off": off, "on": on, "runs": runs}
+            row = {"workload": workload, "device": a.device, "config": base, "knob": a.knob, "off": off, "on": on, "runs": runs}
             for side in ("bench", "plain"):
                 x = [s["samples_per_sec"] for s in runs[f"{side}_on"]]
                 y = [s["samples_per_sec"] for s in runs[f"{side}_off"]]

@@ -38,6 +38,8 @@ WHAT = {  # what each benchmark answers, in one line
                                "loop (PyTorch's default CPU step updates each parameter in turn)",
     "knob_ab_gc_freeze": "gc_freeze on and off, side by side: bench and the user's plain loop (`rows`: a table "
                          "in a TensorDataset at large batches)",
+    "knob_ab_gc_freeze_gpu": "gc_freeze on and off on a GPU, side by side: bench and the user's plain loop (`rows`: "
+                             "the host's collate is the step)",
     "restart_trace": "What a DataLoader worker started anew each epoch does to the training process",
     "export_speed": "The exported script against the tuner's own figure",
     "hotpath_pairs": "The defects the hot-path check names, against the same workload with them fixed",
