@@ -53,6 +53,10 @@ def test_every_planted_defect_is_named_at_its_line_and_the_clean_twin_has_none()
         assert f["fix"] == FIX[f["kind"]] and f["per_step"] >= 1, f
     # the comprehension runs once per item of the batch: three per step
     assert next(f for f in result["findings"] if f["kind"] == "isinstance")["per_step"] == 3
+    # a measured cost is put beside the step it is part of (the check's own eager steps)
+    lines = hot_path_lines(result)
+    assert result["step_ms"] > 0
+    assert any("torch.ones" in ln and "of an eager step" in ln for ln in lines), lines
     clean = run_check(clean=True)
     assert clean["findings"] == [] and "no hot-path defects found" in "\n".join(hot_path_lines(clean))
     # a constant that torch's own module builds inside the call (a GRU's zero initial state)
@@ -122,6 +126,18 @@ def test_a_search_prints_the_picks_findings_and_those_only_the_baseline_has():
     assert sum("m.py:3" in ln for ln in lines) == 1 and any("m.py:9" in ln for ln in lines)
     assert search_hot_path_lines({"error": "the time budget was spent"}) == \
         ["hot path: not checked (the time budget was spent)"]
+
+
+def test_a_measured_cost_is_said_as_its_share_of_the_step_and_a_count_is_not():
+    invariant = {"kind": "invariant", "where": "m.py:5", "function": "forward", "what": "torch.full(...)",
+                 "per_step": 1.0, "cost_ms_per_step": 0.031, "cost": "0.031 ms per step", "fix": FIX["invariant"]}
+    sync = {**invariant, "kind": "sync", "where": "m.py:7", "cost_ms_per_step": None, "cost": "count only"}
+    lines = hot_path_lines({"findings": [invariant, sync], "steps": 5, "step_ms": 1560.0, "device": "cpu"})
+    assert "under 0.1% of an eager step (1,560.0 ms)" in lines[1] and "of an eager step" not in lines[3]
+    lines = hot_path_lines({"findings": [{**invariant, "cost_ms_per_step": 2.0}], "steps": 5, "step_ms": 8.0})
+    assert ": 25% of an eager step (8.0 ms)" in lines[1]
+    # a result written before the step was timed prints as it did
+    assert "of an eager step" not in "\n".join(hot_path_lines({"findings": [invariant], "steps": 5}))
 
 
 def test_a_library_file_is_named_by_its_package_not_its_folder():

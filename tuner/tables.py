@@ -342,6 +342,11 @@ def drift_line(drift: dict | None, metric: str, floor: float = 0.10) -> str | No
             f"beside it (in the confirm rounds), or at its time in the search")
 
 
+def _share(x: float) -> str:
+    """A share of a step, to the digits that tell a large one from a negligible one."""
+    return f"{x:.0%}" if x >= 0.1 else f"{x:.1%}" if x >= 0.001 else "under 0.1%"
+
+
 def hot_path_lines(result: dict | None) -> list[str]:
     """The hot-path check's findings (``tuner.hotpath.check``), one line and its fix each."""
     if not result:
@@ -353,9 +358,13 @@ def hot_path_lines(result: dict | None) -> list[str]:
     found = result.get("findings") or []
     if not found:
         lines.append("  no hot-path defects found")
+    step_ms = result.get("step_ms")
     for f in found:
         often = "once, when compiling" if f.get("per_step") is None else f"{f['per_step']:g} per step"
-        lines.append(f"  {f['where']} in {f['function']}: {f['what']} ({often}; {f['cost']})")
+        share = ""
+        if f.get("cost_ms_per_step") is not None and step_ms:  # what fixing it can buy, at most
+            share = f": {_share(f['cost_ms_per_step'] / step_ms)} of an eager step ({step_ms:,.1f} ms)"
+        lines.append(f"  {f['where']} in {f['function']}: {f['what']} ({often}; {f['cost']}{share})")
         lines.append(f"      fix: {f['fix']}")
     lib = result.get("library") or []
     if lib:
