@@ -512,6 +512,22 @@ def collecting(items: int = 20000) -> Workload:
     return Workload(model=lambda: nn.Linear(8, 1), dataset=lambda: Numbers(), loss=loss)
 
 
+def sets_threads(build: int = 1, step: int | None = None) -> Workload:
+    """Calls ``torch.set_num_threads`` itself, as a script's leftover does: in its model's
+    factory (``build``), and in each loss call where ``step`` is given."""
+
+    def model():
+        torch.set_num_threads(build)
+        return nn.Linear(8, 1)
+
+    def loss(m, batch):
+        if step is not None:
+            torch.set_num_threads(step)
+        return _mse(m, batch)
+
+    return Workload(model=model, dataset=lambda: Numbers(), loss=loss)
+
+
 def burn(dim: int = 512, size: int = 4096) -> Workload:
     """Compute-bound on the CPU (matmuls, every core): its rate drops when another process
     takes cores, which is what the disturbance detection must see."""

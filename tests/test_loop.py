@@ -94,6 +94,27 @@ def test_compile_fused_threads_and_loader_kwargs_reach_torch(restore_threads):
     assert (t.loader.num_workers, t.loader.prefetch_factor, t.loader.persistent_workers) == (2, 3, True)
 
 
+def test_threads_the_workload_sets_while_building_give_way_to_the_knob_with_a_note(restore_threads):
+    # a torch.set_num_threads left in the user's model factory would otherwise run every
+    # trial at its count under the knob's name
+    t = Trainer(load_workload(ref("sets_threads"), {"build": 1}), _config(torch_threads=2), CPU)
+    assert torch.get_num_threads() == 2
+    assert any("torch.set_num_threads(1)" in n for n in t.notes), t.notes
+    # the knob at PyTorch's default (None) leaves the user's count, with nothing to say
+    t = Trainer(load_workload(ref("sets_threads"), {"build": 1}), _config(torch_threads=None), CPU)
+    assert torch.get_num_threads() == 1 and not t.notes
+
+
+def test_threads_the_workload_sets_in_its_step_are_said_in_the_record(restore_threads):
+    from tests.helpers import FAST_MEASURE
+    from tuner.trial import execute, make_request
+
+    r = execute(make_request(workload=ref("sets_threads"), workload_args={"build": 2, "step": 1},
+                             config={"micro_batch_size": 8, "torch_threads": 2}, device="cpu", measure=FAST_MEASURE))
+    assert r["intra_op_threads"] == 1
+    assert any("step set torch.set_num_threads(1)" in n for n in r["notes"]), r["notes"]
+
+
 def test_epochs_restart_and_are_timed_apart():
     t = Trainer(load_workload(ref("linear"), {"size": 32}), _config(micro_batch_size=8), CPU)
     t.start()

@@ -477,7 +477,7 @@ def test_a_lost_trial_is_shown_and_is_never_a_result(tmp_path):
     assert ray_failure(SimpleNamespace(error_file=str(other))).startswith("trial crashed in Ray")
     records = [_rec("baseline", {"micro_batch_size": 2}, 100.0, 10.0),
                {**_rec("lost", {"micro_batch_size": 4}, None, None, status="lost", reason=reason + "; tried again")},
-               _rec("search", {"micro_batch_size": 4}, 150.0, 10.0, n=1)]
+               {**_rec("search", {"micro_batch_size": 4}, 150.0, 10.0, n=1), "notes": ["set again"]}]
     rows = aggregate(records, "samples_per_sec")
     assert len(rows) == 1 and rows[0]["feasible"] and rows[0]["measurements"] == 1
     folder = tmp_path / "r" / "lost"
@@ -489,6 +489,7 @@ def test_a_lost_trial_is_shown_and_is_never_a_result(tmp_path):
     shown = io.StringIO()
     print_show(open_results(folder), out=shown)
     assert "lost: micro_batch_size=4" in shown.getvalue() and "tried again" in shown.getvalue()
+    assert "  note: set again" in shown.getvalue()  # the best's trial's notes
 
 
 def test_a_trial_lost_again_after_its_retry_is_left_to_resume(tmp_path):

@@ -120,6 +120,12 @@ def test_the_summary_names_a_config_as_show_does_and_the_baseline_its_batch():
     row = next(line for line in lines if line.strip().startswith("1 "))
     assert row.rstrip().endswith(diff_from_default(config)) and "micro_batch_size=16" in row, row
     assert lines[-1].rstrip().endswith("baseline (plain PyTorch loop, micro_batch_size=16)"), lines[-1]
+    out = io.StringIO()  # the pick's trial's notes follow the table
+    print_summary({"name": "s", "trials": 1, "measurements": 4, "search_wall_s": 10.0,
+                   "objective": {"metric": "samples_per_sec"}, "baseline": base, "top": top,
+                   "best": {**top[0], "notes": ["set again"]}, "infeasible": [], "verdict": None,
+                   "overhead_ratio": None}, out)
+    assert "note on the pick: set again" in out.getvalue().splitlines()
 
 
 def test_a_screened_config_measured_again_is_one_trial_of_the_budget(capsys):

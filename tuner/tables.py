@@ -137,6 +137,8 @@ def print_show(res: Results, out: Any = None, limit: int | None = None) -> None:
     best = res.best()
     if best is not None:
         print_diagnosis("best config", diagnose(best, cap).against(best, rows, metric), out)
+        for n in best.get("notes") or []:  # what its trial found about the workload or the run
+            print(f"  note: {n}", file=out)
     else:
         print(f"no winner: {res.no_winner()}", file=out)
     for line in search_hot_path_lines((res.summary or {}).get("hot_path")):
@@ -319,6 +321,8 @@ def print_summary(summary: dict, out: Any = None) -> None:
               f"on the machine; they are marked (show) and never pick the winner", file=out)
     if summary.get("verdict"):
         print(f"NOTE: {summary['verdict']}", file=out)
+    for n in (summary.get("best") or {}).get("notes") or []:
+        print(f"note on the pick: {n}", file=out)
     for line in search_hot_path_lines(summary.get("hot_path")):
         print(line, file=out)
     if summary.get("overhead_ratio"):

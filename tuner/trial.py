@@ -216,8 +216,12 @@ def execute(request: TrialRequest, progress: Callable[[str], None] | None = None
     status, reason = Status.OK, None
     if not metrics["loss_finite"]:
         status, reason = Status.INFEASIBLE, metrics.pop("reason")
+    threads = torch.get_num_threads()
+    if config["torch_threads"] is not None and threads != config["torch_threads"]:  # set again in the step
+        notes = [*notes, f"the workload's step set torch.set_num_threads({threads}): this trial ran at {threads} "
+                         f"intra-op threads, not the knob's {config['torch_threads']}"]
     return {"status": status, "reason": reason, **metrics, "config": config, "notes": notes,
-            "nice": os.getpriority(os.PRIO_PROCESS, 0), "intra_op_threads": torch.get_num_threads(),
+            "nice": os.getpriority(os.PRIO_PROCESS, 0), "intra_op_threads": threads,
             **workload_facts(workload, trainer),
             "baseline": request.baseline, "device": str(device)}
 
