@@ -105,6 +105,28 @@ def test_threads_the_workload_sets_while_building_give_way_to_the_knob_with_a_no
     assert torch.get_num_threads() == 1 and not t.notes
 
 
+def test_backend_flags_the_workload_sets_while_building_give_way_to_the_knobs_on_a_gpu():
+    # cudnn.benchmark and TF32 are process flags that exist without a GPU: set here as a
+    # user's model factory would, then set back for a GPU config (the GPU itself is not needed)
+    from tuner.apply import reassert_process_knobs
+
+    saved = (torch.backends.cudnn.benchmark, torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    try:
+        torch.backends.cudnn.benchmark = True
+        torch.backends.cuda.matmul.allow_tf32 = False
+        config = {**knobs.defaults(), "cudnn_benchmark": False, "tf32": True}
+        notes = reassert_process_knobs(config, torch.device("cuda"))
+        assert torch.backends.cudnn.benchmark is False and torch.backends.cuda.matmul.allow_tf32 is True
+        assert torch.backends.cudnn.allow_tf32 is True
+        assert len(notes) == 2 and "cudnn.benchmark = True" in notes[0] and "allow_tf32 = False" in notes[1], notes
+        assert reassert_process_knobs(config, torch.device("cuda")) == []  # as the knobs say: nothing to note
+        torch.backends.cudnn.benchmark = True
+        assert reassert_process_knobs(config, CPU) == []  # not a CPU config's knobs
+    finally:
+        (torch.backends.cudnn.benchmark, torch.backends.cuda.matmul.allow_tf32,
+         torch.backends.cudnn.allow_tf32) = saved
+
+
 def test_threads_the_workload_sets_in_its_step_are_said_in_the_record(restore_threads):
     from tests.helpers import FAST_MEASURE
     from tuner.trial import execute, make_request

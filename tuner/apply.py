@@ -98,6 +98,28 @@ def apply_backend_flags(device: torch.device, cudnn_benchmark: bool, tf32: bool)
     torch.backends.cudnn.allow_tf32 = tf32
 
 
+def reassert_process_knobs(config: dict, device: torch.device) -> list[str]:
+    """Set again the process-wide knobs that the workload's own building code changed (a
+    ``torch.set_num_threads`` or a ``cudnn.benchmark`` left in from a script): the trial
+    would otherwise measure the user's values under the knobs' names. One note per knob
+    set again, for the record."""
+    notes = []
+    threads = config["torch_threads"]
+    if threads is not None and (found := torch.get_num_threads()) != threads:
+        apply_threads(threads)
+        notes.append(f"the workload's own code set torch.set_num_threads({found}) while building its model, "
+                     f"optimizer or dataset; the knob's {threads} were set again after it")
+    if device.type == "cuda":
+        flags = {"cudnn_benchmark": ("torch.backends.cudnn.benchmark", torch.backends.cudnn.benchmark),
+                 "tf32": ("torch.backends.cuda.matmul.allow_tf32", torch.backends.cuda.matmul.allow_tf32)}
+        changed = [(knob, name, found) for knob, (name, found) in flags.items() if found != config[knob]]
+        if changed or torch.backends.cudnn.allow_tf32 != config["tf32"]:
+            apply_backend_flags(device, config["cudnn_benchmark"], config["tf32"])
+        notes += [f"the workload's own code set {name} = {found} while building; the knob's {config[knob]} "
+                  f"was set again after it" for knob, name, found in changed]
+    return [f"{n} (remove that line to run the exported config as measured)" for n in notes]
+
+
 def apply_channels_last(model: torch.nn.Module, enabled: bool) -> torch.nn.Module:
     """NHWC weights; the loop converts 4-D inputs to match."""
     return model.to(memory_format=torch.channels_last) if enabled else model

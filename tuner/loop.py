@@ -163,14 +163,8 @@ class Trainer:
         if config["dataset_cache"]:
             self.dataset = apply.apply_dataset_cache(self.dataset, config["num_workers"])
             self.cache_fill_s = self.dataset.fill_s
-        # the workload's own code may set threads while building (a torch.set_num_threads
-        # left in from a script): the knob's count set again, or the trial would measure the
-        # user's count under the knob's name
-        if config["torch_threads"] is not None and (found := torch.get_num_threads()) != config["torch_threads"]:
-            apply.apply_threads(config["torch_threads"])
-            self.notes.append(f"the workload's own code set torch.set_num_threads({found}) while building its "
-                              f"model, optimizer or dataset; the knob's {config['torch_threads']} were set again "
-                              f"after it (remove that call to run the exported config as measured)")
+        # what the workload's own building code set of the process-wide knobs, set back
+        self.notes += apply.reassert_process_knobs(config, device)
         # and the workload's per-batch augment, in the workers' collate or on the device
         self.augment_on_device = workload.augment is not None and config["augment_on"] == "device"
         self.collate = workload.collate
