@@ -512,6 +512,24 @@ def collecting(items: int = 20000) -> Workload:
     return Workload(model=lambda: nn.Linear(8, 1), dataset=lambda: Numbers(), loss=loss)
 
 
+def anomalous(inside: bool = False) -> Workload:
+    """Autograd's anomaly detection left on, as a debugging session leaves it: turned on
+    in the model's factory (for the whole process), or in each loss call."""
+
+    def model():
+        if not inside:
+            torch.autograd.set_detect_anomaly(True)  # left on: the whole process
+        return nn.Sequential(nn.Linear(8, 64), nn.ReLU(), nn.Linear(64, 1))
+
+    def loss(m, batch):
+        if inside:
+            with torch.autograd.detect_anomaly():  # left on: each step
+                return _mse(m, batch)
+        return _mse(m, batch)
+
+    return Workload(model=model, dataset=lambda: Numbers(), loss=loss)
+
+
 def sets_threads(build: int = 1, step: int | None = None) -> Workload:
     """Calls ``torch.set_num_threads`` itself, as a script's leftover does: in its model's
     factory (``build``), and in each loss call where ``step`` is given."""

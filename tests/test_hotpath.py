@@ -71,6 +71,28 @@ def test_the_tuners_own_loop_is_never_blamed():
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("inside", [False, True])
+def test_anomaly_detection_left_on_is_named_at_the_line_that_turns_it_on(inside):
+    from tests.helpers import ref
+
+    source = Path(__file__).with_name("fixture_workloads.py")
+    line = next(n for n, text in enumerate(source.read_text().splitlines(), 1)
+                if ("detect_anomaly():" if inside else "set_detect_anomaly(True)") in text)
+    req = make_request(workload=ref("anomalous"), workload_args={"inside": inside}, device="cpu",
+                       config={"micro_batch_size": 8})
+    resolved, _, workload, device = resolve_config(req)
+    try:
+        result = check(Trainer(workload, resolved, device), UserCode.of_workload(req.workload), steps=5, warm=3)
+        assert torch.is_anomaly_enabled() != inside  # the check leaves it as it found it
+    finally:
+        torch.autograd.set_detect_anomaly(False)
+    [f] = [f for f in result["findings"] if f["kind"] == "anomaly"]
+    assert f["where"].endswith(f"fixture_workloads.py:{line}") and f["function"] == ("loss" if inside else "model")
+    assert f["fix"] == FIX["anomaly"]
+    # on for the process, it is timed off; turned on in the step, it cannot be
+    assert (f["cost_ms_per_step"] is None) == inside and (inside or f["cost_ms_per_step"] >= 0)
+
+
 def test_graph_breaks_and_recompiles_under_compile_are_named_at_their_lines():
     result = run_check(clean=False, compile="default")
     assert found(result) == set(planted())

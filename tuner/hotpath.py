@@ -13,7 +13,8 @@ passes, each on its own steps so that one's instrumentation is not in another's 
 
 1. ``calls``: a ``TorchFunctionMode`` sees every torch call the user's code makes
    directly: host syncs (``.item()``, ``bool(tensor)``, ``nonzero``...), tensors built
-   from constants every step, host-to-device copies (GPU). It runs on the eager
+   from constants every step, host-to-device copies (GPU), and autograd's anomaly
+   detection left on. It runs on the eager
    module: a mode on the stack is part of what a compiled graph guards on.
 2. ``builtins``: ``sys.setprofile`` counts ``hasattr``, ``isinstance`` and ``getattr``
    with a default called from the user's lines.
@@ -56,6 +57,8 @@ LIBRARY_DIRS = tuple(sorted({str(Path(p).resolve()) for p in (sysconfig.get_path
 
 # What to do instead, one line per kind (the guides' advice).
 FIX = {
+    "anomaly": "remove it outside debugging: it keeps every op's traceback for the backward and checks each "
+               "backward output for NaN, which on a GPU waits for the device",
     "sync": "keep the value on the device (accumulate into a tensor) and read it every N steps, not every step",
     "branch": "branch on host data, or keep both sides on the device with torch.where",
     "dynamic_size": "use a fixed-size form (torch.where(mask, x, 0), masked_fill, a weighted sum) "
@@ -128,6 +131,10 @@ class UserCode:
         path = path.resolve()
         installed = TUNER_DIR in path.parents or any(path.is_relative_to(d) for d in LIBRARY_DIRS)
         return cls(roots=() if installed else (str(path.parent),), files=frozenset({str(path)}))
+
+    def seen_files(self) -> list[str]:
+        """The workload's own files: its file, and those whose lines the check saw run."""
+        return sorted(self.files | {os.path.realpath(f) for f, own in self._seen.items() if own})
 
     def owns(self, filename: str) -> bool:
         known = self._seen.get(filename)
@@ -266,6 +273,7 @@ class _Calls(TorchFunctionMode):
         # id is still that tensor's), and their views: one written in place is a buffer
         # filled each step (a padded batch in a collate), not a constant rebuilt
         self.built: dict[int, tuple[weakref.ref, _Site]] = {}
+        self.anomaly = False  # autograd's anomaly detection on during the step
 
     def _track(self, out: Any, site: _Site) -> None:
         if isinstance(out, torch.Tensor):
@@ -278,6 +286,7 @@ class _Calls(TorchFunctionMode):
         return entry[1] if entry and entry[0]() is value else None
 
     def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        self.anomaly = self.anomaly or torch.is_anomaly_enabled()  # turned on inside the step, too
         kwargs = kwargs or {}
         name = getattr(func, "__name__", "")
         viewed = None
@@ -364,6 +373,55 @@ def _call_findings(calls: _Calls, steps: int, device: torch.device) -> list[Find
         out.append(Finding(kind, loc, s.function, what, s.calls / steps, ms if on_gpu or kind != "sync" else None,
                            cost, FIX["sync" if kind == "sync" else kind]))
     return out
+
+
+def _anomaly_finding(user: UserCode, cost_ms: float | None) -> Finding:
+    """Autograd's anomaly detection, on during the step: named at the workload's own call
+    that turns it on (``set_detect_anomaly(True)`` or ``with detect_anomaly():``, found in
+    its source), or said of the process where none of its files holds one. ``cost_ms``:
+    the step with it on less the step with it off, None where the step turns it on itself."""
+    import ast
+
+    loc, function = "(set outside the workload's files)", "the process"
+    for path in user.seen_files():
+        try:
+            tree = ast.parse(Path(path).read_text())
+        except (OSError, SyntaxError, ValueError):
+            continue
+        # on for the process: a set_detect_anomaly(True) likely did it; turned on in the
+        # step: a `with detect_anomaly():` (either, where only the other is there)
+        names = ("set_detect_anomaly", "detect_anomaly") if cost_ms is not None else ("detect_anomaly",
+                                                                                        "set_detect_anomaly")
+        found = _anomaly_call(tree, names[0]) or _anomaly_call(tree, names[1])
+        if found:
+            loc, function = f"{_short(path)}:{found[0]}", found[1]
+            break
+    if cost_ms is None:
+        cost = "turned on inside the step, so it cannot be timed off here; often several times the step"
+    else:
+        cost = f"{cost_ms:.3f} ms per step, measured against the same steps with it off"
+    return Finding("anomaly", loc, function, "autograd anomaly detection on (torch.autograd.detect_anomaly)",
+                   1.0, cost_ms, cost, FIX["anomaly"])
+
+
+def _anomaly_call(tree: Any, called: str) -> tuple[int, str] | None:
+    """(line, enclosing function) of the first call of ``called`` that turns anomaly
+    detection on."""
+    import ast
+
+    def visit(node: Any, function: str) -> tuple[int, str] | None:
+        for child in ast.iter_child_nodes(node):
+            inner = child.name if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef) else function
+            if isinstance(child, ast.Call):
+                name = getattr(child.func, "attr", getattr(child.func, "id", ""))
+                off = child.args and isinstance(child.args[0], ast.Constant) and child.args[0].value is False
+                if name == called and not off:
+                    return child.lineno, function
+            if (hit := visit(child, inner)) is not None:
+                return hit
+        return None
+
+    return visit(tree, "<module>")
 
 
 # ---- pass 2: Python builtins from the user's lines -------------------------------------
@@ -638,10 +696,18 @@ def check(trainer: Any, user: UserCode, steps: int = 5, warm: int = 3) -> dict:
         t = time.perf_counter()
         run(warm)  # unobserved: its time is the eager step that each finding's cost is a share of
         step_ms = (time.perf_counter() - t) * 1e3 / warm
+        anomaly_ms = None
+        if torch.is_anomaly_enabled():  # on for the whole process: the same steps timed with it off
+            with torch.autograd.set_detect_anomaly(False):
+                t = time.perf_counter()
+                run(warm)
+                anomaly_ms = max(0.0, step_ms - (time.perf_counter() - t) * 1e3 / warm)
         calls = _Calls(sites, device.type == "cuda")
         with calls:
             run(steps)
         findings += _call_findings(calls, steps, device)
+        if calls.anomaly:
+            findings.append(_anomaly_finding(user, anomaly_ms))
         hook = _Builtins(user)
         sys.setprofile(hook)
         try:
