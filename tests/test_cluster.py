@@ -200,6 +200,30 @@ def test_doctor_says_when_the_temp_folder_leaves_dataloader_workers_no_room(temp
         and lines["long"].endswith(str(tmpdir))
 
 
+def test_doctor_names_a_debugging_switch_left_in_the_environment(monkeypatch):
+    import io
+
+    from tuner.cluster import doctor
+    from tuner.hardware import DEBUG_ENV, debug_env
+
+    for name in DEBUG_ENV:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("CUDA_LAUNCH_BLOCKING", "1")
+    monkeypatch.setenv("TORCH_COMPILE_DEBUG", "0")  # off, as PyTorch reads it
+    monkeypatch.setenv("TORCHDYNAMO_DISABLE", "1")
+    assert [d.split("=")[0] for d in debug_env(gpu=True)] == ["CUDA_LAUNCH_BLOCKING", "TORCHDYNAMO_DISABLE"]
+    assert [d.split("=")[0] for d in debug_env(gpu=False)] == ["TORCHDYNAMO_DISABLE"]  # a CPU run's only
+    out = io.StringIO()
+    doctor(out=out)
+    line = next(ln for ln in out.getvalue().splitlines() if ln[5:].startswith("debug env"))
+    assert line.startswith("FIX ") and "TORCHDYNAMO_DISABLE=1" in line and "unset it" in line
+    monkeypatch.delenv("TORCHDYNAMO_DISABLE")
+    monkeypatch.delenv("CUDA_LAUNCH_BLOCKING")
+    out = io.StringIO()
+    doctor(out=out)
+    assert next(ln for ln in out.getvalue().splitlines() if ln[5:].startswith("debug env")).startswith("OK ")
+
+
 @pytest.mark.slow
 def test_doctor_checks_each_node_of_a_cluster_where_its_trials_would_run(temp_dir):
     """``doctor --address`` asks every node what its trials would meet there: a node whose

@@ -137,6 +137,18 @@ def test_threads_the_workload_sets_in_its_step_are_said_in_the_record(restore_th
     assert any("step set torch.set_num_threads(1)" in n for n in r["notes"]), r["notes"]
 
 
+def test_a_debugging_switch_in_the_environment_is_said_in_the_record(monkeypatch):
+    from tests.helpers import FAST_MEASURE
+    from tuner.trial import execute, make_request
+
+    monkeypatch.setenv("TORCH_COMPILE_DEBUG", "1")
+    monkeypatch.setenv("CUDA_LAUNCH_BLOCKING", "1")  # a GPU run's only: not said of a CPU trial
+    r = execute(make_request(workload=ref("linear"), config={"micro_batch_size": 8}, device="cpu",
+                             measure=FAST_MEASURE))
+    said = [n for n in r["notes"] if n.startswith("the environment sets")]
+    assert len(said) == 1 and "TORCH_COMPILE_DEBUG=1" in said[0], r["notes"]
+
+
 def test_epochs_restart_and_are_timed_apart():
     t = Trainer(load_workload(ref("linear"), {"size": 32}), _config(micro_batch_size=8), CPU)
     t.start()

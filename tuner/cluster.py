@@ -342,6 +342,11 @@ def doctor(address: str | None = None, out: Any = None) -> int:
     if shm is not None:  # DataLoader workers' batches in flight (workers x prefetch_factor) live there
         check("shm", shm >= SHM_ENOUGH_MB, f"/dev/shm holds {shm:,.0f} MB, where {' and '.join(SHM_USERS.values())}",
               "a few batches of images in flight need more: start the container with --shm-size=8g or --ipc=host")
+    from tuner.hardware import debug_env
+
+    left = debug_env(gpu=cuda)
+    check("debug env", not left, "; ".join(left) or "no debugging switch that slows a step is set",
+          "unset it for training runs: the trials measure with it, as your run would")
     busy, names = other_load()
     check("other load", busy < 0.25, f"{busy:.2f} cores busy outside this command" + (f" ({names})" if names else ""),
           "a search measures best on a quiet machine: stop that load, or raise measure.max_interference")

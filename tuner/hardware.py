@@ -100,6 +100,27 @@ def shm_short(users: list[str], size: float | None = None) -> str | None:
             f"memory; a container needs --shm-size=8g or --ipc=host")
 
 
+# Debugging switches that slow every step (or undo a knob) when left in a training run's
+# environment: what each does, and whether it touches only GPU runs.
+DEBUG_ENV = {
+    "CUDA_LAUNCH_BLOCKING": ("every CUDA kernel launch waits for the kernel to finish", True),
+    "PYTORCH_NO_CUDA_MEMORY_CACHING": ("the CUDA caching allocator is off: each allocation is a cudaMalloc", True),
+    "TORCHDYNAMO_DISABLE": ("torch.compile returns the eager model: compile=default measures eager", False),
+    "TORCH_COMPILE_DEBUG": ("torch.compile writes its debug dumps at every compile", False),
+}
+
+
+def debug_env(gpu: bool = True) -> list[str]:
+    """``NAME=value: what it does`` for each of ``DEBUG_ENV`` set (not to 0 or empty) in
+    this process's environment; the GPU-only ones where ``gpu``."""
+    out = []
+    for name, (what, gpu_only) in DEBUG_ENV.items():
+        value = os.environ.get(name, "").strip()
+        if value not in ("", "0") and (gpu or not gpu_only):
+            out.append(f"{name}={value}: {what}")
+    return out
+
+
 def nvml_status() -> tuple[bool, str]:
     """Whether NVML (GPU utilization, power, clocks) answers here, and what it said."""
     try:

@@ -178,6 +178,10 @@ def execute(request: TrialRequest, progress: Callable[[str], None] | None = None
     priority_note = run_at_niceness(request.nice)
     if priority_note:
         notes = [*notes, priority_note]
+    from tuner.hardware import debug_env
+
+    notes = [*notes, *(f"the environment sets {d}; unset it for training runs"
+                       for d in debug_env(gpu=device.type == "cuda"))]
     cache_dir, cleanup, cache_state = None, False, None
     if config["compile"] != "off":
         if request.compile_cache:
