@@ -149,6 +149,19 @@ def test_a_debugging_switch_in_the_environment_is_said_in_the_record(monkeypatch
     assert len(said) == 1 and "TORCH_COMPILE_DEBUG=1" in said[0], r["notes"]
 
 
+def test_compile_is_refused_where_torch_compile_is_disabled(monkeypatch):
+    # torch.compile hands back the eager model there: the trial would measure eager under
+    # compile's name
+    from tuner.errors import KnobRefused
+
+    monkeypatch.setenv("TORCHDYNAMO_DISABLE", "1")
+    with pytest.raises(KnobRefused, match="torch.compile is disabled") as refused:
+        Trainer(load_workload(ref("linear")), _config(compile="default"), CPU)
+    assert refused.value.refusal == {"knob": "compile", "values": ["default"]}
+    monkeypatch.delenv("TORCHDYNAMO_DISABLE")
+    Trainer(load_workload(ref("linear")), _config(compile="default"), CPU)
+
+
 def test_epochs_restart_and_are_timed_apart():
     t = Trainer(load_workload(ref("linear"), {"size": 32}), _config(micro_batch_size=8), CPU)
     t.start()

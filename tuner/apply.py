@@ -203,10 +203,22 @@ def apply_fused_optimizer(optimizer: torch.optim.Optimizer, fused: bool,
     return cls(groups, **kwargs, fused=True)
 
 
+def compile_disabled() -> bool:
+    """Whether torch.compile hands back the eager model in this process (its two switches,
+    read as torch.compile reads them)."""
+    import torch._dynamo
+
+    return bool(torch._dynamo.config.disable) or os.environ.get("TORCHDYNAMO_DISABLE", "") == "1"
+
+
 def apply_compile(model: torch.nn.Module, mode: str) -> torch.nn.Module:
     """torch.compile; applied last, after checkpointing and memory format."""
     if mode == "off":
         return model
+    if compile_disabled():  # torch.compile would hand back the eager model, measured under compile's name
+        raise KnobRefused(f"knob 'compile={mode}': torch.compile is disabled in this process "
+                          f"(TORCHDYNAMO_DISABLE=1 or TORCH_COMPILE_DISABLE=1 in the environment, or "
+                          f"torch._dynamo.config.disable)", "compile", values=[mode])
     return torch.compile(model, mode=None if mode == "default" else mode)
 
 

@@ -105,7 +105,8 @@ def shm_short(users: list[str], size: float | None = None) -> str | None:
 DEBUG_ENV = {
     "CUDA_LAUNCH_BLOCKING": ("every CUDA kernel launch waits for the kernel to finish", True),
     "PYTORCH_NO_CUDA_MEMORY_CACHING": ("the CUDA caching allocator is off: each allocation is a cudaMalloc", True),
-    "TORCHDYNAMO_DISABLE": ("torch.compile returns the eager model: compile=default measures eager", False),
+    "TORCHDYNAMO_DISABLE": ("torch.compile returns the eager model (a trial refuses compile's configs)", False),
+    "TORCH_COMPILE_DISABLE": ("torch.compile returns the eager model (a trial refuses compile's configs)", False),
     "TORCH_COMPILE_DEBUG": ("torch.compile writes its debug dumps at every compile", False),
 }
 

@@ -418,8 +418,12 @@ def init_space(workload: str, workload_args: dict, out: Path, *, device: str = "
         if repeat:
             say("num_workers held to [0, 1]: every DataLoader worker yields the whole iterable dataset; split "
                 "its stream by torch.utils.data.get_worker_info() to search more workers")
-    lines = knob_lines(device, cores, bf16, apply.has_conv2d(model), shutil.which("cc") is not None
-                       or shutil.which("gcc") is not None, fused=unfused is None,
+    compiler = shutil.which("cc") is not None or shutil.which("gcc") is not None
+    if compiler and apply.compile_disabled():
+        compiler = False
+        say("compile left out: torch.compile is disabled in this process (TORCHDYNAMO_DISABLE=1 or "
+            "TORCH_COMPILE_DISABLE=1 in the environment)")
+    lines = knob_lines(device, cores, bf16, apply.has_conv2d(model), compiler, fused=unfused is None,
                        gpus=torch.cuda.device_count() if device == "cuda" else 1, workers_repeat=repeat)
     lines += pipeline_lines(wl.dataset, fit, device, wl.augment is not None, say=say)
     return write_space(out, name=stem, workload=seen_from(workload, out), workload_args=workload_args, device=device,
