@@ -17,7 +17,8 @@ passes, each on its own steps so that one's instrumentation is not in another's 
    detection left on. It runs on the eager
    module: a mode on the stack is part of what a compiled graph guards on.
 2. ``builtins``: ``sys.setprofile`` counts ``hasattr``, ``isinstance`` and ``getattr``
-   with a default called from the user's lines.
+   with a default called from the user's lines, and calls a step should not make
+   (``gc.collect()``, ``torch.cuda.empty_cache()``, ``torch.cuda.synchronize()``).
 3. ``compile`` (``compile`` on): dynamo's graph breaks with their user frames, and the
    recompiles that go on after the first steps, with the guard that failed.
 
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import dis
+import gc
 import logging
 import os
 import re
@@ -67,6 +69,12 @@ FIX = {
     "getattr": "set the attribute in __init__ so a plain attribute read works",
     "isinstance": "know the batch's structure once (in collate or __init__), not per element per step",
     "invariant": "build it once (in __init__, register_buffer(..., persistent=False)) and reuse it",
+    "gc_collect": "drop it from the step: each call scans every object the process holds; to keep the "
+                  "collector's full scans out of the loop, freeze what was built before it (gc_freeze)",
+    "empty_cache": "drop it from the step: it hands the allocator's cached blocks back to the driver, and the "
+                   "next step allocates them again",
+    "synchronize": "drop it from the step (it waits for all queued work): read values only where you need "
+                   "them, and time with CUDA events",
     "graph_break": "move it out of the compiled code or make it traceable (see the reason)",
     "recompile": "keep what the guard checks the same each step: pad to a few fixed sizes, "
                  "mark the dimension dynamic (torch._dynamo.mark_dynamic), pass tensors not Python numbers",
@@ -90,7 +98,13 @@ _VIEWS = frozenset({"__getitem__", "view", "narrow", "select", "reshape", "as_st
 # than keeping it would save; a mask of T x T does not.
 INVARIANT_NUMEL = 4096
 _MODULE_CALL = ("_call_impl", "_wrapped_call_impl")  # nn.Module.__call__
-BUILTINS = {id(hasattr): "hasattr", id(isinstance): "isinstance", id(getattr): "getattr"}
+BUILTINS = {id(hasattr): "hasattr", id(isinstance): "isinstance", id(getattr): "getattr",
+            id(gc.collect): "gc_collect"}
+# Python functions a step should not call: the profiling hook sees them called from the
+# user's lines (their own frame's caller).
+CALLS = {torch.cuda.empty_cache.__code__: "empty_cache", torch.cuda.synchronize.__code__: "synchronize"}
+WHAT = {"getattr": "getattr() with a default", "gc_collect": "gc.collect()",
+        "empty_cache": "torch.cuda.empty_cache()", "synchronize": "torch.cuda.synchronize()"}
 
 
 @dataclass
@@ -428,7 +442,8 @@ def _anomaly_call(tree: Any, called: str) -> tuple[int, str] | None:
 
 
 class _Builtins:
-    """``sys.setprofile``: the builtins the guides name, called from the user's lines."""
+    """``sys.setprofile``: the builtins the guides name (``BUILTINS``) and the functions a
+    step should not call (``CALLS``), called from the user's lines."""
 
     def __init__(self, user: UserCode):
         self.user = user
@@ -437,7 +452,18 @@ class _Builtins:
         self._open: list[tuple[tuple, FrameType, Any, float]] = []
 
     def __call__(self, frame: FrameType, event: str, arg: Any) -> None:
-        if event == "c_call":
+        if event == "call":  # a Python function: its caller is the line
+            name = CALLS.get(frame.f_code)
+            if name is None or frame.f_back is None or not self.user.owns(frame.f_back.f_code.co_filename):
+                return
+            loc, function = where(frame.f_back)
+            key = (loc, name, function)
+            self.counts.setdefault(key, [0, 0.0])[0] += 1
+            self._open.append((key, frame, None, time.perf_counter()))
+        elif event == "return" and self._open and self._open[-1][1] is frame and self._open[-1][2] is None:
+            key, _, _, t0 = self._open.pop()
+            self.counts[key][1] += time.perf_counter() - t0
+        elif event == "c_call":
             name = BUILTINS.get(id(arg))
             if name is None or not self.user.owns(frame.f_code.co_filename):
                 return
@@ -463,7 +489,7 @@ class _Builtins:
     def findings(self, steps: int) -> list[Finding]:
         out = []
         for (loc, name, function), (n, seconds) in self.counts.items():
-            what = {"getattr": "getattr() with a default"}.get(name, f"{name}()")
+            what = WHAT.get(name, f"{name}()")
             ms = seconds * 1e3 / steps
             out.append(Finding(name, loc, function, what, n / steps, ms,
                                f"{ms:.3f} ms per step in the calls, measured under a profiling hook "
