@@ -530,6 +530,24 @@ def anomalous(inside: bool = False) -> Workload:
     return Workload(model=model, dataset=lambda: Numbers(), loss=loss)
 
 
+def gpu_defects() -> Workload:
+    """A step with the GPU's own hot-path defects, each on its own line: a pageable host
+    tensor copied to the device, a value read back, a device-wide wait and the allocator's
+    cache emptied (``tests/test_gpu.py``)."""
+    scale = torch.ones(8)  # on the host, unpinned
+
+    def loss(m, batch):
+        x, y = batch
+        x = x * scale.to(x.device)  # gpu defect: unpinned_copy
+        out = _mse(m, (x, y))
+        loss.seen = out.item()  # gpu defect: sync
+        torch.cuda.synchronize()  # gpu defect: synchronize
+        torch.cuda.empty_cache()  # gpu defect: empty_cache
+        return out
+
+    return Workload(model=lambda: nn.Linear(8, 1), dataset=lambda: Numbers(), loss=loss)
+
+
 def sets_threads(build: int = 1, step: int | None = None) -> Workload:
     """Calls ``torch.set_num_threads`` itself, as a script's leftover does: in its model's
     factory (``build``), and in each loss call where ``step`` is given."""

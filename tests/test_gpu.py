@@ -80,6 +80,24 @@ def test_pin_memory_non_blocking_and_cudnn_reach_torch():
     assert next(t.model.parameters()).is_cuda and t.loss_finite()
 
 
+def test_the_hot_path_check_names_the_gpu_s_own_defects_with_measured_waits():
+    import re
+
+    from tuner.hotpath import UserCode, check
+
+    source = ROOT / "tests" / "fixture_workloads.py"
+    marked = {m.group(1): n for n, line in enumerate(source.read_text().splitlines(), 1)
+              if (m := re.search(r"# gpu defect: (\w+)$", line))}
+    t = Trainer(load_workload(ref("gpu_defects")), _config(micro_batch_size=8), CUDA)
+    result = check(t, UserCode.of_workload(ref("gpu_defects")), steps=5, warm=3)
+    found = {f["kind"]: f for f in result["findings"]}
+    for kind, line in marked.items():
+        assert found[kind]["where"].endswith(f"fixture_workloads.py:{line}"), (kind, found.get(kind))
+        assert found[kind]["per_step"] == 1
+    assert found["sync"]["cost_ms_per_step"] is not None  # on a GPU the host's wait is measured
+    assert result["step_ms"] > 0
+
+
 def test_device_peak_and_nvml_in_a_trial():
     r = run_isolated(make_request(workload="conv", workload_args={"size": 512},
                                   config={"precision": "bf16", "micro_batch_size": 64}, device="cuda",
