@@ -397,16 +397,15 @@ def _anomaly_finding(user: UserCode, cost_ms: float | None) -> Finding:
     import ast
 
     loc, function = "(set outside the workload's files)", "the process"
+    # on for the process: a set_detect_anomaly(True) likely did it; turned on in the step: a
+    # `with detect_anomaly():` (either, where only the other is there)
+    first, then = ("set_detect_anomaly", "detect_anomaly")[::1 if cost_ms is not None else -1]
     for path in user.seen_files():
         try:
             tree = ast.parse(Path(path).read_text())
         except (OSError, SyntaxError, ValueError):
             continue
-        # on for the process: a set_detect_anomaly(True) likely did it; turned on in the
-        # step: a `with detect_anomaly():` (either, where only the other is there)
-        names = ("set_detect_anomaly", "detect_anomaly") if cost_ms is not None else ("detect_anomaly",
-                                                                                        "set_detect_anomaly")
-        found = _anomaly_call(tree, names[0]) or _anomaly_call(tree, names[1])
+        found = _anomaly_call(tree, first) or _anomaly_call(tree, then)
         if found:
             loc, function = f"{_short(path)}:{found[0]}", found[1]
             break
