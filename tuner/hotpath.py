@@ -86,6 +86,8 @@ FIX = {
 SYNCS = {"item": ("sync", ".item()"), "tolist": ("sync", ".tolist()"), "cpu": ("sync", ".cpu()"),
          "numpy": ("sync", ".numpy()"), "__bool__": ("branch", "bool(tensor) (an if on a tensor)"),
          "__int__": ("sync", "int(tensor)"), "__float__": ("sync", "float(tensor)"),
+         "__format__": ("sync", "format(tensor) (an f-string of its value)"),
+         "__repr__": ("sync", "repr(tensor) (a print of its values)"),
          "nonzero": ("dynamic_size", "nonzero"), "argwhere": ("dynamic_size", "argwhere"),
          "masked_select": ("dynamic_size", "masked_select"), "unique": ("dynamic_size", "unique")}
 # Built from constants: the same tensor every step when its arguments are.
@@ -384,7 +386,8 @@ def _call_findings(calls: _Calls, steps: int, device: torch.device) -> list[Find
             cost = f"{ms:.3f} ms per step of host time to build it, measured"
         else:
             cost = f"{ms:.3f} ms per step in the copy, measured"
-        out.append(Finding(kind, loc, s.function, what, s.calls / steps, ms if on_gpu or kind != "sync" else None,
+        waits = kind in ("sync", "branch", "dynamic_size")  # on a CPU, nothing queued to wait for: a count
+        out.append(Finding(kind, loc, s.function, what, s.calls / steps, None if waits and not on_gpu else ms,
                            cost, FIX["sync" if kind == "sync" else kind]))
     return out
 
