@@ -498,18 +498,28 @@ def churning(mb: int = 48) -> Workload:
     return Workload(model=lambda: nn.Linear(8, 1), dataset=lambda: Numbers(), loss=loss)
 
 
-def collecting(items: int = 20000) -> Workload:
-    """Each loss call builds and drops ``items`` small lists, as collating a batch of that
+def collecting(items: int = 20000, in_collate: bool = False) -> Workload:
+    """Each loss call (or, ``in_collate``, each collate: in the DataLoader's workers where
+    there are any) builds and drops ``items`` small lists, as collating a batch of that
     many items does: the survivors of the young collections reach the oldest generation,
     and every few steps a full collection scans every object the process holds (torch's
     own among them), unless they were frozen (gc_freeze)."""
 
-    def loss(model, batch):
+    def churn() -> None:
         junk = [[i] for i in range(items)]
         del junk
+
+    def loss(model, batch):
+        if not in_collate:
+            churn()
         return _mse(model, batch)
 
-    return Workload(model=lambda: nn.Linear(8, 1), dataset=lambda: Numbers(), loss=loss)
+    def collate(batch):
+        churn()
+        return torch.utils.data.default_collate(batch)
+
+    return Workload(model=lambda: nn.Linear(8, 1), dataset=lambda: Numbers(), loss=loss,
+                    collate=collate if in_collate else None)
 
 
 def anomalous(inside: bool = False) -> Workload:

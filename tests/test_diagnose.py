@@ -184,6 +184,11 @@ def test_full_collections_that_take_the_step_s_time_advise_gc_freeze_first():
     assert not any("gc_freeze" in r for r in diagnose(frozen).recommendations)
     for share in (0.01, None):  # a collection now and then is no lever; an older record has no figure
         assert not any("gc_freeze" in r for r in diagnose({**rec, "gc_share": share}).recommendations)
+    # the DataLoader's workers collate there, and collect there: their share, named as theirs
+    workers = diagnose({**rec, "gc_share": 0.0, "workers_gc_share": 0.18, "config": {"micro_batch_size": 4096,
+                                                                                      "num_workers": 2}})
+    assert workers.recommendations[0].startswith("gc_freeze=true")
+    assert "18% of the DataLoader workers' time" in workers.recommendations[0]
 
 
 @pytest.mark.parametrize(("rate", "said"), [(50_000.0, "20.0 µs"), (800.0, "1.25 ms"), (400_000.0, None)])

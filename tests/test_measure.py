@@ -380,6 +380,22 @@ def test_gc_freeze_takes_the_full_collections_out_of_the_step():
 
 
 @pytest.mark.slow
+def test_the_workers_full_collections_are_measured_in_the_workers_and_gc_freeze_reaches_them():
+    # the collate runs in the DataLoader's workers: their collections are in their own
+    # processes, each timed there (worker_init_fn) and read around the timed windows
+    config = {"micro_batch_size": 8, "num_workers": 1, "persistent_workers": True}
+    plain = _run("collecting", {"items": 20000, "in_collate": True}, config)
+    frozen = _run("collecting", {"items": 20000, "in_collate": True}, {**config, "gc_freeze": True})
+    assert plain["status"] == frozen["status"] == "ok"
+    assert plain["workers_gc_share"] >= 0.05, plain["workers_gc_share"]
+    # frozen before the fork, the objects the worker inherits are not scanned
+    assert frozen["workers_gc_share"] <= plain["workers_gc_share"] / 4, (plain["workers_gc_share"],
+                                                                        frozen["workers_gc_share"])
+    assert plain["gc_share"] < 0.05  # not the training process's own
+    assert _run("collecting", {"items": 10}, {"micro_batch_size": 8})["workers_gc_share"] is None  # no workers
+
+
+@pytest.mark.slow
 def test_gc_freeze_freezes_after_the_first_step_too_and_a_trial_in_this_process_gives_them_back():
     # A trial's own process ends with it; a data-parallel rank's (a Ray worker) and a
     # caller's own go on after it.

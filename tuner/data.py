@@ -138,6 +138,40 @@ def workers_refused() -> str | None:
     return None
 
 
+class WorkerCollections:
+    """The DataLoader workers' full garbage collections: each worker, from its
+    ``worker_init_fn``, adds the seconds of its own to its slot of an array it shares with
+    the training process, which reads the sum around its timed windows. A worker started
+    anew at each epoch (``persistent_workers`` off) adds to the same slot."""
+
+    def __init__(self, workers: int) -> None:
+        import multiprocessing
+
+        self.workers = workers
+        self.seconds = multiprocessing.RawArray("d", workers)  # inherited by the workers, or sent as they spawn
+
+    def __call__(self, worker_id: int) -> None:
+        """In a worker, as it starts."""
+        import gc
+
+        slot, began = self.seconds, [None]
+
+        def seen(phase: str, info: dict) -> None:
+            if info["generation"] != 2:  # the oldest: a full collection
+                return
+            if phase == "start":
+                began[0] = time.perf_counter()
+            elif began[0] is not None:
+                slot[worker_id] += time.perf_counter() - began[0]
+                began[0] = None
+
+        gc.callbacks.append(seen)
+
+    def total(self) -> float:
+        """Seconds all workers have spent in full collections so far."""
+        return float(sum(self.seconds))
+
+
 def workers_repeat(dataset: Any) -> bool:
     """Read an iterable dataset's first items through two DataLoader workers and tell
     whether each worker yields the whole stream (it does not split it by

@@ -193,12 +193,14 @@ def diagnose(record: dict, max_memory_mb: float | None = None) -> Diagnosis:
         if on_gpu and not c["cudnn_benchmark"]:
             advise("cudnn_benchmark=true (fixed input shapes)", cudnn_benchmark=True)
 
-    collections = record.get("gc_share") or 0.0
-    if not c["gc_freeze"] and collections >= GC_HEAVY:
+    collections, workers = record.get("gc_share") or 0.0, record.get("workers_gc_share") or 0.0
+    if not c["gc_freeze"] and max(collections, workers) >= GC_HEAVY:
         # first: the share is the loop's own time, whatever the verdict (a collection that
-        # starts while a batch is collated is data wait too)
-        text = (f"gc_freeze=true (the interpreter's full garbage collections took {collections:.0%} of the timed "
-                f"windows, each a scan of every object made before the loop)")
+        # starts while a batch is collated is data wait too); the workers' slows their loading
+        whose = (f"{collections:.0%} of the timed windows" if collections >= workers
+                 else f"{workers:.0%} of the DataLoader workers' time")
+        text = (f"gc_freeze=true (the interpreter's full garbage collections took {whose}, each a scan of every "
+                f"object made before the loop)")
         recs.insert(0, text)
         moves[text] = {"gc_freeze": True}
 

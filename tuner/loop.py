@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader, IterableDataset, Sampler
 
 from tuner import apply, knobs
 from tuner.batches import Mover
-from tuner.data import same_items, workers_refused
+from tuner.data import WorkerCollections, same_items, workers_refused
 from tuner.errors import KnobRefused, UserError, WorkloadError
 from tuner.workloads import Workload
 
@@ -218,6 +218,10 @@ class Trainer:
     def _make_loader(self, seed: int) -> tuple[DataLoader, Sampler | None]:
         cfg, ds, collate = self.config, self.dataset, self.collate
         kwargs = knobs.loader_kwargs(cfg, self.device.type)
+        # the workers time their own full garbage collections (the record's workers_gc_share)
+        self.worker_collections = WorkerCollections(cfg["num_workers"]) if cfg["num_workers"] else None
+        if self.worker_collections is not None:
+            kwargs["worker_init_fn"] = self.worker_collections
         bs = cfg["micro_batch_size"]
         if isinstance(ds, IterableDataset) or not hasattr(ds, "__len__"):
             return DataLoader(ds, batch_size=bs, drop_last=True, collate_fn=collate, **kwargs), None

@@ -36,6 +36,7 @@ from typing import NamedTuple
 
 import torch
 
+from tuner.data import WorkerCollections
 from tuner.hardware import peak_flops, usable_cores
 from tuner.hostload import Load, LoadMeter, TreeProbe, hushed, ray_workers_beside
 from tuner.loop import Trainer, synchronize
@@ -89,7 +90,7 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
     # 2. timed windows, synchronized at their edges only
     windows = WindowPlan.size(trainer, settings, agree, warm)
     nvml = NvmlSampler(trainer.device)
-    with nvml, hushed() as driver_asleep, FullCollections() as collections:
+    with nvml, hushed() as driver_asleep, FullCollections(getattr(trainer, "worker_collections", None)) as collections:
         timed = _timed_windows(trainer, settings, windows, agree, LoadMeter(probe, nvml), probe, screen, say)
     if timed.nonfinite:
         return _nonfinite(trainer, warm.seconds)
@@ -99,7 +100,8 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
     figures = _figures(trainer, plan, timed, warm, startup_s, settings)
     record = _record(trainer, timed, figures, probe, windows, warm, startup_s, screen, left_out)
     # driver_asleep: the driver slept through the windows
-    record.update(nvml.summary(), driver_asleep=driver_asleep, gc_share=collections.share())
+    record.update(nvml.summary(), driver_asleep=driver_asleep, gc_share=collections.share(),
+                  workers_gc_share=collections.workers_share())
     return _energy(_across_ranks(record, trainer, agree, timed, rank_info))
 
 
@@ -108,16 +110,24 @@ class FullCollections:
     inside: how long they took, over the wall time inside. A full collection scans every
     object the collector tracks and stops the loop while it runs; a batch collated from
     many small items can start one every few steps (``gc_freeze``). DataLoader workers
-    collect in their own processes, which their data wait holds."""
+    collect in their own processes: ``workers``, where there are any, adds up theirs
+    (``workers_share``)."""
+
+    def __init__(self, workers: WorkerCollections | None = None) -> None:
+        self.workers = workers
+        self.workers_seconds = 0.0
 
     def __enter__(self) -> FullCollections:
         self.seconds, self.wall, self._began, self._t0 = 0.0, 0.0, None, perf_counter()
+        self._workers_t0 = self.workers.total() if self.workers is not None else 0.0
         gc.callbacks.append(self._seen)
         return self
 
     def __exit__(self, *exc: object) -> None:
         gc.callbacks.remove(self._seen)
         self.wall = perf_counter() - self._t0
+        if self.workers is not None:
+            self.workers_seconds = self.workers.total() - self._workers_t0
 
     def _seen(self, phase: str, info: dict) -> None:
         if info["generation"] != 2:  # the oldest: a full collection
@@ -130,6 +140,13 @@ class FullCollections:
 
     def share(self) -> float:
         return min(1.0, self.seconds / self.wall) if self.wall > 0 else 0.0
+
+    def workers_share(self) -> float | None:
+        """Of the workers' wall time (each worker's, over the timed phase) in their own full
+        collections; None without workers."""
+        if self.workers is None:
+            return None
+        return min(1.0, self.workers_seconds / (self.wall * self.workers.workers)) if self.wall > 0 else 0.0
 
 
 def _frames_compiled() -> int:

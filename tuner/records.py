@@ -91,6 +91,7 @@ class Figures(TypedDict, total=False):
     peak_host_memory_mb: float  # peak RSS of the trial's process + its DataLoader workers' private pages
     page_faults_per_step: float | None
     gc_share: float  # of the timed phase's wall time: the interpreter's full garbage collections
+    workers_gc_share: float | None  # the DataLoader workers' own, of their wall time (None: no workers)
     host_memory_measure: str
     interference_cores: float | None  # median over the kept windows: CPU used outside the trial
     tuner_cpu_cores: float | None  # the part of it that was the tuner's own
@@ -392,7 +393,8 @@ def aggregate(records: list[Record], metric: str) -> list[dict]:
                   "compile_s", "data_wait_fraction", "samples_per_sec_spread", "step_time_ms",
                   "gpu_util_pct", "samples_per_sec_per_rank", "joules_per_sample", "samples_per_joule",
                   "load_samples_per_sec_per_process", "cache_fill_s", "cache_mb", "trial_cpu_cores",
-                  "loader_cpu_cores", "interference_cores", "recompiles_in_windows"):
+                  "loader_cpu_cores", "interference_cores", "recompiles_in_windows", "gc_share",
+                  "workers_gc_share"):
             # the row's other figures from the same measurements as its objective's: a
             # samples/s shown beside a samples/J pick is not the lucky search figure that
             # made the config a contender

@@ -169,8 +169,10 @@ def print_bench(result: dict, out: Any = None) -> None:
         ("step time", fmt(result.get("step_time_ms"), " ms", 2)),
         ("data wait", fmt((result.get("data_wait_fraction") or 0) * 100, "% of step")
          if result.get("data_wait_fraction") is not None else "-"),
-        ("full garbage collections", fmt(result["gc_share"] * 100, "% of the windows", 1)
-         if result.get("gc_share") is not None else "-"),
+        ("full garbage collections", (fmt(result["gc_share"] * 100, "% of the windows", 1)
+                                      if result.get("gc_share") is not None else "-")
+         + (f" (the workers': {result['workers_gc_share']:.1%} of theirs)"
+            if result.get("workers_gc_share") is not None else "")),
         ("warm-up", fmt(result.get("warmup_s"), " s", 2)),
         ("compile", fmt(result.get("compile_s"), " s", 2)),
         ("epoch start overhead", fmt(result.get("epoch_overhead_s"), " s", 3)),
