@@ -113,8 +113,7 @@ def reassert_process_knobs(config: dict, device: torch.device) -> list[str]:
         flags = {"cudnn_benchmark": ("torch.backends.cudnn.benchmark", torch.backends.cudnn.benchmark),
                  "tf32": ("torch.backends.cuda.matmul.allow_tf32", torch.backends.cuda.matmul.allow_tf32)}
         changed = [(knob, name, found) for knob, (name, found) in flags.items() if found != config[knob]]
-        if changed or torch.backends.cudnn.allow_tf32 != config["tf32"]:
-            apply_backend_flags(device, config["cudnn_benchmark"], config["tf32"])
+        apply_backend_flags(device, config["cudnn_benchmark"], config["tf32"])  # all of them, as at the start
         notes += [f"the workload's own code set {name} = {found} while building; the knob's {config[knob]} "
                   f"was set again after it" for knob, name, found in changed]
     return [f"{n} (remove that line to run the exported config as measured)" for n in notes]

@@ -138,6 +138,24 @@ def workers_refused() -> str | None:
     return None
 
 
+class CollectionClock:
+    """A ``gc.callbacks`` entry that hands each full (oldest-generation) collection's
+    seconds to ``add``: a full collection scans every object the collector tracks, and
+    stops the process while it runs."""
+
+    def __init__(self, add: Callable[[float], None]) -> None:
+        self.add, self._began = add, None
+
+    def __call__(self, phase: str, info: dict) -> None:
+        if info["generation"] != 2:
+            return
+        if phase == "start":
+            self._began = time.perf_counter()
+        elif self._began is not None:
+            self.add(time.perf_counter() - self._began)
+            self._began = None
+
+
 class WorkerCollections:
     """The DataLoader workers' full garbage collections: each worker, from its
     ``worker_init_fn``, adds the seconds of its own to its slot of an array it shares with
@@ -154,18 +172,10 @@ class WorkerCollections:
         """In a worker, as it starts."""
         import gc
 
-        slot, began = self.seconds, [None]
+        def add(seconds: float) -> None:
+            self.seconds[worker_id] += seconds
 
-        def seen(phase: str, info: dict) -> None:
-            if info["generation"] != 2:  # the oldest: a full collection
-                return
-            if phase == "start":
-                began[0] = time.perf_counter()
-            elif began[0] is not None:
-                slot[worker_id] += time.perf_counter() - began[0]
-                began[0] = None
-
-        gc.callbacks.append(seen)
+        gc.callbacks.append(CollectionClock(add))
 
     def total(self) -> float:
         """Seconds all workers have spent in full collections so far."""

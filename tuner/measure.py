@@ -36,7 +36,7 @@ from typing import NamedTuple
 
 import torch
 
-from tuner.data import WorkerCollections
+from tuner.data import CollectionClock, WorkerCollections
 from tuner.hardware import peak_flops, usable_cores
 from tuner.hostload import Load, LoadMeter, TreeProbe, hushed, ray_workers_beside
 from tuner.loop import Trainer, synchronize
@@ -90,7 +90,7 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
     # 2. timed windows, synchronized at their edges only
     windows = WindowPlan.size(trainer, settings, agree, warm)
     nvml = NvmlSampler(trainer.device)
-    with nvml, hushed() as driver_asleep, FullCollections(getattr(trainer, "worker_collections", None)) as collections:
+    with nvml, hushed() as driver_asleep, FullCollections(trainer.worker_collections) as collections:
         timed = _timed_windows(trainer, settings, windows, agree, LoadMeter(probe, nvml), probe, screen, say)
     if timed.nonfinite:
         return _nonfinite(trainer, warm.seconds)
@@ -118,25 +118,20 @@ class FullCollections:
         self.workers_seconds = 0.0
 
     def __enter__(self) -> FullCollections:
-        self.seconds, self.wall, self._began, self._t0 = 0.0, 0.0, None, perf_counter()
+        self.seconds, self.wall, self._t0 = 0.0, 0.0, perf_counter()
         self._workers_t0 = self.workers.total() if self.workers is not None else 0.0
-        gc.callbacks.append(self._seen)
+        self._clock = CollectionClock(self._add)
+        gc.callbacks.append(self._clock)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        gc.callbacks.remove(self._seen)
+        gc.callbacks.remove(self._clock)
         self.wall = perf_counter() - self._t0
         if self.workers is not None:
             self.workers_seconds = self.workers.total() - self._workers_t0
 
-    def _seen(self, phase: str, info: dict) -> None:
-        if info["generation"] != 2:  # the oldest: a full collection
-            return
-        if phase == "start":
-            self._began = perf_counter()
-        elif self._began is not None:
-            self.seconds += perf_counter() - self._began
-            self._began = None
+    def _add(self, seconds: float) -> None:
+        self.seconds += seconds
 
     def share(self) -> float:
         return min(1.0, self.seconds / self.wall) if self.wall > 0 else 0.0
