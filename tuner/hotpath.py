@@ -458,27 +458,26 @@ class _Builtins:
             name = CALLS.get(frame.f_code)
             if name is None or frame.f_back is None or not self.user.owns(frame.f_back.f_code.co_filename):
                 return
-            loc, function = where(frame.f_back)
-            key = (loc, name, function)
-            self.counts.setdefault(key, [0, 0.0])[0] += 1
-            self._open.append((key, frame, None, time.perf_counter()))
-        elif event == "return" and self._open and self._open[-1][1] is frame and self._open[-1][2] is None:
-            key, _, _, t0 = self._open.pop()
-            self.counts[key][1] += time.perf_counter() - t0
+            self._enter(name, frame.f_back, frame, None)
         elif event == "c_call":
             name = BUILTINS.get(id(arg))
             if name is None or not self.user.owns(frame.f_code.co_filename):
                 return
             if name == "getattr" and self._nargs(frame) < 3:
                 return  # a plain getattr(obj, name) is an attribute read
-            loc, function = where(frame)
-            key = (loc, name, function)
-            self.counts.setdefault(key, [0, 0.0])[0] += 1
-            self._open.append((key, frame, arg, time.perf_counter()))
-        elif event in ("c_return", "c_exception") and self._open and self._open[-1][1] is frame \
-                and self._open[-1][2] is arg:
+            self._enter(name, frame, frame, arg)
+        elif event in ("return", "c_return", "c_exception") and self._open and self._open[-1][1] is frame \
+                and self._open[-1][2] is (None if event == "return" else arg):
             key, _, _, t0 = self._open.pop()
             self.counts[key][1] += time.perf_counter() - t0
+
+    def _enter(self, name: str, line: FrameType, frame: FrameType, arg: Any) -> None:
+        """A call counted at the user's ``line``, timed until ``frame`` returns from it
+        (``arg``: the builtin called, None for a Python function's own frame)."""
+        loc, function = where(line)
+        key = (loc, name, function)
+        self.counts.setdefault(key, [0, 0.0])[0] += 1
+        self._open.append((key, frame, arg, time.perf_counter()))
 
     def _nargs(self, frame: FrameType) -> int:
         key = (frame.f_code, frame.f_lasti)
