@@ -33,10 +33,20 @@ def _mse(model, batch):
     return nn.functional.mse_loss(model(x), y)
 
 
-def linear(size: int = 64, dim: int = 8, lr: float = 0.1) -> Workload:
-    """A linear regression: deterministic, no BatchNorm; gradients comparable across batchings."""
+def linear(size: int = 64, dim: int = 8, lr: float = 0.1, clip: float | None = None, ema: bool = False) -> Workload:
+    """A linear regression: deterministic, no BatchNorm; gradients comparable across batchings.
+    ``clip``: gradient clipping; ``ema``: an exponential moving average of the weights,
+    updated after each optimizer step (kept on the module: ``ema``, ``ema_steps``)."""
+
+    def after_step(model, optimizer):
+        if not hasattr(model, "ema_steps"):
+            model.ema, model.ema_steps = [p.detach().clone() for p in model.parameters()], 0
+        torch._foreach_lerp_(model.ema, [p.detach() for p in model.parameters()], 0.01)
+        model.ema_steps += 1
+
     return Workload(model=lambda: nn.Linear(dim, 1), dataset=lambda: Numbers(size, dim), loss=_mse,
-                    optimizer=lambda p: torch.optim.SGD(p, lr=lr))
+                    optimizer=lambda p: torch.optim.SGD(p, lr=lr), clip_grad_norm=clip,
+                    after_step=after_step if ema else None)
 
 
 def lingering_thread(size: int = 64, pid_file: str = "") -> Workload:
@@ -538,6 +548,123 @@ def anomalous(inside: bool = False) -> Workload:
         return _mse(m, batch)
 
     return Workload(model=model, dataset=lambda: Numbers(), loss=loss)
+
+
+class _Bf16Forward(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(8, 64), nn.ReLU(), nn.Linear(64, 1))
+
+    @torch.autocast("cpu", dtype=torch.bfloat16)  # own autocast: decorator
+    def forward(self, x):
+        return self.body(x)
+
+
+def half_model() -> Workload:
+    """A model built in bfloat16, as one loaded with ``torch_dtype=torch.bfloat16`` is."""
+
+    def loss(m, batch):
+        x, y = batch
+        return nn.functional.mse_loss(m(x.to(torch.bfloat16)).float(), y)
+
+    return Workload(model=lambda: nn.Sequential(nn.Linear(8, 64), nn.ReLU(), nn.Linear(64, 1)).to(torch.bfloat16),
+                    dataset=lambda: Numbers(), loss=loss)
+
+
+def own_autocast(how: str = "with") -> Workload:
+    """A step that turns autocast on itself: a loss copied from a bf16 training script
+    (``with``), or a model whose forward is decorated (``decorator``). ``off``: a region
+    with autocast turned off only (a loss kept in fp32), which leaves the precision knob be."""
+
+    def loss(m, batch):
+        if how == "with":
+            with torch.autocast("cpu", dtype=torch.bfloat16):  # own autocast: with
+                return _mse(m, batch)
+        if how == "off":
+            with torch.autocast("cpu", enabled=False):
+                return _mse(m, batch)
+        return _mse(m, batch)
+
+    model = _Bf16Forward if how == "decorator" else (lambda: nn.Sequential(nn.Linear(8, 64), nn.ReLU(), nn.Linear(64, 1)))
+    return Workload(model=model, dataset=lambda: Numbers(), loss=loss)
+
+
+def compiled_in_factory(how: str = "wrap") -> Workload:
+    """A model factory that compiles what it builds, as a training script does:
+    ``torch.compile(model)`` (``wrap``), one compiled submodule (``submodule``), or
+    ``model.compile()`` in place (``method``)."""
+
+    def model():
+        m = nn.Sequential(nn.Linear(8, 64), nn.ReLU(), nn.Linear(64, 1))
+        if how == "wrap":
+            return torch.compile(m)
+        if how == "submodule":
+            m[0] = torch.compile(m[0])
+        else:
+            m.compile()
+        return m
+
+    return Workload(model=model, dataset=lambda: Numbers(), loss=_mse)
+
+
+def seeded_for_reproducibility() -> Workload:
+    """A model factory that calls a seeding helper of the kind training scripts carry:
+    deterministic algorithms on, and a float64 default dtype for a scientific model."""
+
+    def model():
+        torch.manual_seed(0)
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cudnn.deterministic = True
+        torch.set_default_dtype(torch.float64)
+        return nn.Linear(8, 1)
+
+    def loss(m, batch):
+        x, y = batch
+        return nn.functional.mse_loss(m(x.to(torch.get_default_dtype())), y.to(torch.get_default_dtype()))
+
+    return Workload(model=model, dataset=lambda: Numbers(), loss=loss)
+
+
+def decay_by_name() -> Workload:
+    """An optimizer factory written against the model, as a training script's
+    ``configure_optimizers`` is: weight decay on the weights, by name, not on biases."""
+
+    def optimizer(model):
+        named = list(model.named_parameters())
+        return torch.optim.AdamW([{"params": [p for n, p in named if n.endswith("weight")], "weight_decay": 0.1},
+                                  {"params": [p for n, p in named if not n.endswith("weight")], "weight_decay": 0.0}],
+                                 lr=1e-3)
+
+    return Workload(model=lambda: nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1)),
+                    dataset=lambda: Numbers(), loss=_mse, optimizer=optimizer)
+
+
+class _Lines(Dataset):
+    """Token lines of different lengths, as text is before padding; ``broken`` raises on
+    that item, as a bad row of a user's file does."""
+
+    def __init__(self, broken: int | None = None):
+        self.broken = broken
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i: int):
+        if i == self.broken:
+            raise ValueError(f"bad row {i}")
+        return torch.arange(8 + i % 8) % 50, torch.tensor(i % 2)
+
+
+def uneven(broken: int | None = None, padded: bool = False) -> Workload:
+    """A bag-of-tokens classifier on lines of different lengths: without a padding collate
+    PyTorch's default cannot stack them (``padded`` gives one)."""
+
+    def pad(items):
+        return nn.utils.rnn.pad_sequence([x for x, _ in items], batch_first=True), torch.stack([y for _, y in items])
+
+    return Workload(model=lambda: nn.Sequential(nn.EmbeddingBag(50, 16), nn.Linear(16, 2)),
+                    dataset=lambda: _Lines(broken), collate=pad if padded else None,
+                    loss=lambda m, b: nn.functional.cross_entropy(m(b[0]), b[1]))
 
 
 def gpu_defects() -> Workload:

@@ -98,6 +98,17 @@ def test_channels_last_is_advised_for_a_model_with_conv_layers_only():
     assert not advised({**rec, "has_conv2d": False})
 
 
+def test_precision_is_not_advised_where_the_workload_turns_autocast_on_itself():
+    # inside the workload's own autocast the knob has no effect: bf16 would read the same
+    rec = {"status": "ok", "samples_per_sec": 100.0, "data_wait_fraction": 0.01, "config": {},
+           "hardware": {"cpu_count": 2}}
+    advised = lambda r: any(x.startswith("precision=bf16") for x in diagnose(r).recommendations)  # noqa: E731
+    assert advised(rec) and advised({**rec, "own_autocast": []})
+    assert not advised({**rec, "own_autocast": ["train.py:40 (bfloat16, in loss)"]})
+    near_cap = {**rec, "peak_host_memory_mb": 950.0, "hardware": {"host_memory_mb": 64000}}
+    assert advised({**near_cap, "own_autocast": []}) and not advised({**near_cap, "own_autocast": ["x.py:1"]})
+
+
 def test_a_recommendation_the_search_measured_says_what_it_read():
     """Against a search's rows, the best config's advice to try a value the search already
     measured becomes what that value read: in the best config's twin where there is one,

@@ -28,7 +28,8 @@ def _results(tmp_path, workload, args, config, hardware=None, base_dir=None):
                              "persistent_workers": True, "channels_last": True, "torch_threads": 1,
                              "fused_optimizer": True, "grad_accum_steps": 2, "gc_freeze": True}),
     ("multisource", {"size": 96}, {"micro_batch_size": 8, "batch_grouping": "by_source"}),
-    ("linear", {"size": 64}, {"micro_batch_size": 8}),  # a workload file beside the space
+    # a workload file beside the space; its clipping and EMA
+    ("linear", {"size": 64, "clip": 0.5, "ema": True}, {"micro_batch_size": 8}),
     ("stream", {"size": 64}, {"micro_batch_size": 8, "num_workers": 2}),  # an iterable dataset: no shuffle
     # the input pipeline's knobs: the cache filled by the workers, the augment on the device
     ("decoded", {"size": 64, "decode_s": 0.0, "augment": True},
@@ -82,6 +83,23 @@ def test_hf_export_names_the_trainers_batch_lookahead_only_where_workers_pay_it(
 
     assert "reads one batch ahead" in snippet(1) and "max_grad_norm" in snippet(1)
     assert "reads one batch ahead" not in snippet(0) and "max_grad_norm" in snippet(0)
+
+
+def test_the_workload_s_clipping_goes_into_the_framework_exports():
+    # measured with the workload's clipping: the Trainer clips at that norm (its own default
+    # is 1.0, which the figure does not hold otherwise), Lightning with gradient_clip_val
+    from tuner.results import framework_snippet, hf_kwargs, lightning_kwargs
+
+    payload = {"config": {"precision": "fp32", "micro_batch_size": 32}, "workload": {"ref": "conv", "args": {}},
+               "base_dir": ".", "hardware": {}, "measured": {}, "speedup_vs_baseline": None}
+    assert "max_grad_norm" not in hf_kwargs(payload)[0] and "gradient_clip_val" not in lightning_kwargs(payload)[0]
+    clipped = {**payload, "clip_grad_norm": 0.5}
+    assert hf_kwargs(clipped)[0]["max_grad_norm"] == 0.5 and lightning_kwargs(clipped)[0]["gradient_clip_val"] == 0.5
+    assert "gradient clipping (max_grad_norm=1.0" in framework_snippet(payload, "hf")
+    assert "gradient clipping (max_grad_norm=1.0" not in framework_snippet(clipped, "hf")
+    stepped = {**payload, "has_after_step": True}
+    assert "on_step_end" in framework_snippet(stepped, "hf") and "on_step_end" not in framework_snippet(payload, "hf")
+    assert "on_train_batch_end" in framework_snippet(stepped, "lightning")
 
 
 def test_lightning_trainer_accepts_the_export(tmp_path, monkeypatch):

@@ -125,3 +125,22 @@ def test_fp16_with_grad_scaler_and_compile_on_gpu():
         assert r["status"] == "ok", (config, r.get("reason"))
         assert r["loss_finite"] is True and r["samples_per_sec"] > 0
         assert (r["compile_s"] > 0) == (config.get("compile") == "default")
+
+
+def test_a_dataset_kept_on_the_gpu_trains_without_workers_and_refuses_pinning():
+    from torch.utils.data import TensorDataset
+
+    from tuner.errors import KnobRefused
+    from tuner.workloads import Workload
+
+    on_gpu = TensorDataset(torch.randn(64, 8, device=CUDA), torch.randn(64, 1, device=CUDA))
+    wl = Workload(model=lambda: torch.nn.Linear(8, 1), dataset=lambda: on_gpu,
+                  loss=lambda m, b: torch.nn.functional.mse_loss(m(b[0]), b[1]))
+    with pytest.raises(KnobRefused, match="pin_memory=true.*already on cuda"):
+        Trainer(wl, _config(pin_memory=True, micro_batch_size=8), CUDA)
+    with pytest.raises(KnobRefused, match="num_workers=1.*already on cuda"):
+        Trainer(wl, _config(num_workers=1, micro_batch_size=8), CUDA)
+    t = Trainer(wl, _config(micro_batch_size=8), CUDA)
+    t.start()
+    t.step()
+    assert t.loss_finite()

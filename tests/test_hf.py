@@ -63,6 +63,18 @@ def test_a_model_from_a_config_trains_with_its_own_loss(tmp_path, args, flags):
     assert out["config"]["micro_batch_size"] == 8
 
 
+def test_the_trainers_clipping_and_the_rest_of_its_step_reach_the_workload():
+    # the Trainer clips at 1.0 by default: a figure of its training passes it
+    import torch
+
+    from tuner.hf import hf_workload
+
+    after = lambda model, optimizer: None  # noqa: E731
+    wl = hf_workload(torch.nn.Linear(2, 2), [{"x": torch.zeros(2)}], clip_grad_norm=1.0, after_step=after)
+    assert wl.clip_grad_norm == 1.0 and wl.after_step is after
+    assert hf_workload(torch.nn.Linear(2, 2), [{"x": torch.zeros(2)}]).clip_grad_norm is None
+
+
 @pytest.mark.slow
 def test_a_model_that_returns_no_loss_is_one_line_naming_the_fix(tmp_path):
     r = _bench(tmp_path, "labels_from: null")

@@ -93,6 +93,30 @@ def test_anomaly_detection_left_on_is_named_at_the_line_that_turns_it_on(inside)
     assert (f["cost_ms_per_step"] is None) == inside and (inside or f["cost_ms_per_step"] >= 0)
 
 
+@pytest.mark.parametrize("how", ["with", "decorator"])
+def test_an_autocast_the_step_turns_on_itself_is_named_and_the_knob_s_own_is_not(how):
+    """Inside the workload's own autocast the precision knob has no effect: named at the
+    ``with`` line or at the decorated function. An autocast turned off in the step, and the
+    knob's own (precision=bf16), are no finding."""
+    from tests.helpers import ref
+
+    source = Path(__file__).with_name("fixture_workloads.py")
+    line = next(n for n, text in enumerate(source.read_text().splitlines(), 1) if f"# own autocast: {how}" in text)
+
+    def autocast_findings(how: str, precision: str) -> list[dict]:
+        req = make_request(workload=ref("own_autocast"), workload_args={"how": how}, device="cpu",
+                           config={"micro_batch_size": 8, "precision": precision})
+        resolved, _, workload, device = resolve_config(req)
+        result = check(Trainer(workload, resolved, device), UserCode.of_workload(req.workload), steps=5, warm=3)
+        return [f for f in result["findings"] if f["kind"] == "autocast"]
+
+    [f] = autocast_findings(how, "fp32")
+    assert f["where"].endswith(f"fixture_workloads.py:{line}"), f
+    assert f["function"] == ("loss" if how == "with" else "forward") and f["per_step"] == 1
+    assert "bfloat16" in f["what"] and f["cost_ms_per_step"] is None and f["fix"] == FIX["autocast"]
+    assert autocast_findings("off", "bf16") == []
+
+
 def test_graph_breaks_and_recompiles_under_compile_are_named_at_their_lines():
     result = run_check(clean=False, compile="default")
     assert found(result) == set(planted())

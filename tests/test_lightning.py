@@ -138,6 +138,8 @@ def test_a_training_step_without_a_loss_and_manual_optimization_are_one_line_err
         w.make_optimizer(model.parameters())
     with pytest.raises(UserError, match="a datamodule or a dataset"):
         lightning_workload(lit.Regression)
+    # the Trainer's gradient_clip_val the module trains with
+    assert lightning_workload(lit.Regression, dataset=lit.Pairs(), clip_grad_norm=0.5).clip_grad_norm == 0.5
 
 
 @pytest.mark.slow

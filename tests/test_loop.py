@@ -1,4 +1,5 @@
 import itertools
+from pathlib import Path
 
 import pytest
 import torch
@@ -103,6 +104,175 @@ def test_threads_the_workload_sets_while_building_give_way_to_the_knob_with_a_no
     # the knob at PyTorch's default (None) leaves the user's count, with nothing to say
     t = Trainer(load_workload(ref("sets_threads"), {"build": 1}), _config(torch_threads=None), CPU)
     assert torch.get_num_threads() == 1 and not t.notes
+
+
+@pytest.mark.parametrize("how", ["wrap", "submodule", "method"])
+def test_a_model_its_factory_compiled_runs_as_the_compile_knob_says_with_a_note(how):
+    # compiled in the user's building code, compile=off would measure a compiled model
+    # (its compile in the warm-up, with compile_s 0) and compile=default compile it twice
+    from importlib.util import module_from_spec, spec_from_file_location
+
+    from torch._dynamo.eval_frame import OptimizedModule
+
+    def compiled_parts(model):
+        return [m for m in model.modules() if isinstance(m, OptimizedModule) or m._compiled_call_impl is not None]
+
+    t = Trainer(load_workload(ref("compiled_in_factory"), {"how": how}), _config(compile="off"), CPU)
+    assert not isinstance(t.model, OptimizedModule) and compiled_parts(t.model) == []
+    assert any("applies torch.compile to" in n and "the compile knob decides" in n for n in t.notes), t.notes
+    t = Trainer(load_workload(ref("compiled_in_factory"), {"how": how}), _config(compile="default"), CPU)
+    assert isinstance(t.model, OptimizedModule) and compiled_parts(t.model._orig_mod) == []
+    # the exported script builds the model as the trials did
+    spec = spec_from_file_location("exported_train", Path(knobs.__file__).parent / "templates" / "train.py")
+    train = module_from_spec(spec)
+    spec.loader.exec_module(train)
+    built = train.build_model(load_workload(ref("compiled_in_factory"), {"how": how}), _config(), CPU, 1)[0]
+    assert not isinstance(built, OptimizedModule) and compiled_parts(built) == []
+    assert Trainer(load_workload(ref("linear")), _config(), CPU).notes == []
+
+
+def test_settings_no_knob_covers_that_slow_training_are_noted_and_kept():
+    # a seeding helper's deterministic algorithms and a float64 default dtype are the
+    # user's training as it runs: kept, and the record says so
+    try:
+        t = Trainer(load_workload(ref("seeded_for_reproducibility")), _config(), CPU)
+        assert torch.are_deterministic_algorithms_enabled() and torch.get_default_dtype() == torch.float64
+        assert any(n.startswith("deterministic algorithms are on") for n in t.notes), t.notes
+        assert any(n.startswith("the default dtype is float64") for n in t.notes), t.notes
+        assert not any("cudnn" in n for n in t.notes)  # a GPU's only
+    finally:
+        torch.use_deterministic_algorithms(False)
+        torch.backends.cudnn.deterministic = False
+        torch.set_default_dtype(torch.float32)
+
+
+def test_workers_are_refused_for_items_already_on_a_device():
+    # a dataset kept on the GPU (TensorDataset(x.cuda(), y.cuda())): a forked worker cannot
+    # use the device. No GPU here: items on the "meta" device stand in for the GPU's
+    # (the check reads the items' device, not CUDA); pin_memory's twin is in test_gpu.py
+    from torch.utils.data import TensorDataset
+
+    from tests.fixture_workloads import _mse
+    from tuner.errors import KnobRefused
+    from tuner.workloads import Workload
+
+    on_device = TensorDataset(torch.empty(64, 8, device="meta"), torch.empty(64, 1, device="meta"))
+    wl = Workload(model=lambda: torch.nn.Linear(8, 1), dataset=lambda: on_device, loss=_mse)
+    with pytest.raises(KnobRefused, match=r"num_workers=2.*items are already on meta") as refused:
+        Trainer(wl, _config(num_workers=2, micro_batch_size=8), CPU)
+    assert refused.value.refusal == {"knob": "num_workers", "at_least": 1}
+    from tuner.data import CacheRefused, check_cacheable
+
+    with pytest.raises(CacheRefused, match="already on meta"):  # and no cache in host memory for them
+        check_cacheable(on_device)
+    t = Trainer(load_workload(ref("linear")), _config(num_workers=1, micro_batch_size=8), CPU)  # host items
+    assert t.loader.num_workers == 1
+
+
+def test_a_model_built_in_16_bits_is_noted_and_not_sent_to_try_bf16():
+    from tuner.diagnose import diagnose
+
+    t = Trainer(load_workload(ref("half_model")), _config(micro_batch_size=8), CPU)
+    assert t.half_params == "bfloat16"
+    assert any(n.startswith("the model's parameters are bfloat16") for n in t.notes), t.notes
+    assert Trainer(load_workload(ref("linear")), _config(), CPU).half_params is None
+    rec = {"status": "ok", "samples_per_sec": 100.0, "data_wait_fraction": 0.01, "config": {},
+           "hardware": {"cpu_count": 2}}
+    bf16 = lambda r: any(x.startswith("precision=bf16") for x in diagnose(r).recommendations)  # noqa: E731
+    assert bf16(rec) and not bf16({**rec, "half_params": "bfloat16"})
+
+
+def test_a_dataloader_given_as_the_dataset_is_refused_in_one_line_naming_its_dataset():
+    from torch.utils.data import DataLoader
+
+    from tests.fixture_workloads import Numbers, _mse
+    from tuner.errors import WorkloadError
+    from tuner.workloads import Workload
+
+    for given in (DataLoader(Numbers(), batch_size=8), lambda: DataLoader(Numbers(), batch_size=8)):
+        wl = Workload(model=lambda: torch.nn.Linear(8, 1), dataset=given, loss=_mse)
+        with pytest.raises(WorkloadError, match=r"dataset is a DataLoader: give its dataset \(loader.dataset\)"):
+            Trainer(wl, _config(), CPU)
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_an_optimizer_factory_written_against_the_model_keeps_its_groups_in_trials_and_the_export(fused):
+    # the factory reads model.named_parameters(): it gets the parameters, standing for the
+    # model; fused, the same groups and weight decays, in the trial and in the exported script
+    from importlib.util import module_from_spec, spec_from_file_location
+
+    def decays(opt):
+        return [(len(g["params"]), g["weight_decay"], bool(g.get("fused"))) for g in opt.param_groups]
+
+    wl = load_workload(ref("decay_by_name"))
+    t = Trainer(wl, _config(fused_optimizer=fused), CPU)
+    assert decays(t.optimizer) == [(2, 0.1, fused), (2, 0.0, fused)]
+    spec = spec_from_file_location("exported_train", Path(knobs.__file__).parent / "templates" / "train.py")
+    train = module_from_spec(spec)
+    spec.loader.exec_module(train)
+    _, _, opt = train.build_model(wl, _config(fused_optimizer=fused), CPU, 1)
+    assert decays(opt) == [(2, 0.1, fused), (2, 0.0, fused)]
+
+
+def test_the_workload_s_gradient_clipping_is_in_each_step():
+    from tuner.errors import UserError
+    from tuner.workloads import Workload
+
+    def moved(clip):
+        t = Trainer(load_workload(ref("linear"), {"lr": 1.0, "clip": clip}), _config(micro_batch_size=8), CPU)
+        before = [p.detach().clone() for p in t.model.parameters()]
+        t.start()
+        t.step()
+        return sum(float((p.detach() - b).norm()) ** 2 for p, b in zip(t.model.parameters(), before, strict=True)) ** 0.5
+
+    # SGD with lr 1 moves the parameters by the gradient: clipped, by at most the max norm
+    assert moved(1e-3) <= 1e-3 * 1.0001 < moved(None)
+    with pytest.raises(UserError, match="clip_grad_norm=0"):
+        Workload(model=lambda: torch.nn.Linear(8, 1), dataset=lambda: [], loss=lambda m, b: 0, clip_grad_norm=0)
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_an_error_in_the_workload_s_data_is_one_line_that_says_so(workers):
+    # items of different sizes fail in the default collate: in a worker as a shared-memory
+    # resize whose words name neither; a bad item's error comes back from a worker as text
+    from tuner.errors import WorkloadError
+
+    where = "workload data raised in a DataLoader worker: " if workers else "workload data raised: "
+    config = _config(micro_batch_size=8, num_workers=workers)
+    t = Trainer(load_workload(ref("uneven")), config, CPU)
+    t.start()
+    with pytest.raises(WorkloadError) as raised:
+        t.step()
+    said = str(raised.value)
+    assert said.startswith(where + "its items differ in size") and "pad_sequence" in said and "\n" not in said, said
+    t = Trainer(load_workload(ref("uneven"), {"broken": 3, "padded": True}), config, CPU)
+    t.start()
+    with pytest.raises(WorkloadError, match="^" + where + "ValueError: bad row 3$"):
+        for _ in range(8):  # an epoch: item 3 is in one of its batches
+            t.step()
+    t = Trainer(load_workload(ref("uneven"), {"padded": True}), config, CPU)  # padded: it trains
+    t.start()
+    t.step()
+
+
+@pytest.mark.slow  # compiles
+def test_the_rest_of_the_workload_s_step_runs_after_each_optimizer_step_on_the_module_as_built():
+    from tuner.errors import WorkloadError
+
+    t = Trainer(load_workload(ref("linear"), {"ema": True}), _config(micro_batch_size=8, grad_accum_steps=2,
+                                                                        compile="default"), CPU)
+    assert t.eager_model is not t.model  # compiled: after_step gets the module as built
+    t.start()
+    for _ in range(3):
+        t.step()
+    assert t.eager_model.ema_steps == 3  # once per optimizer step, not per micro-batch
+    assert [e.shape for e in t.eager_model.ema] == [p.shape for p in t.eager_model.parameters()]
+    wl = load_workload(ref("linear"))
+    wl.after_step = lambda model, optimizer: 1 / 0
+    t = Trainer(wl, _config(micro_batch_size=8), CPU)
+    t.start()
+    with pytest.raises(WorkloadError, match="^workload after_step raised ZeroDivisionError: division by zero$"):
+        t.step()
 
 
 def test_backend_flags_the_workload_sets_while_building_give_way_to_the_knobs_on_a_gpu():

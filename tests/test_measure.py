@@ -396,6 +396,24 @@ def test_the_workers_full_collections_are_measured_in_the_workers_and_gc_freeze_
 
 
 @pytest.mark.slow
+def test_a_trial_records_where_the_workload_turns_autocast_on_itself():
+    # its first eager step runs under a hook that sees the autocast entered from the
+    # workload's own line; the record notes that the precision knob had no effect there
+    source = Path(__file__).with_name("fixture_workloads.py")
+    line = next(n for n, text in enumerate(source.read_text().splitlines(), 1) if "# own autocast: with" in text)
+    own = _run("own_autocast", {"how": "with"}, {"micro_batch_size": 8})
+    assert own["status"] == "ok", own.get("reason")
+    [site] = own["own_autocast"]
+    assert site.startswith(f"{source.name}:{line} ") or f"/{source.name}:{line} " in site, site
+    assert "bfloat16" in site and any("precision knob has no effect" in n and "precision=fp32" in n
+                                      for n in own["notes"]), own["notes"]
+    # autocast turned off in the step, under the knob's own bf16: nothing to say
+    clean = _run("own_autocast", {"how": "off"}, {"micro_batch_size": 8, "precision": "bf16"})
+    assert clean["status"] == "ok" and clean["own_autocast"] == []
+    assert not any("autocast" in n for n in clean["notes"]), clean["notes"]
+
+
+@pytest.mark.slow
 def test_gc_freeze_freezes_after_the_first_step_too_and_a_trial_in_this_process_gives_them_back():
     # A trial's own process ends with it; a data-parallel rank's (a Ray worker) and a
     # caller's own go on after it.

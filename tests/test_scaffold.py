@@ -61,6 +61,11 @@ def test_batch_values_and_knobs_follow_the_hardware():
     for device in ("cpu", "cuda"):
         assert "fused_optimizer" not in dict((k, v) for k, v, _ in knob_lines(device, 2, bf16=True, conv=False,
                                                                               compiler=True, fused=False))
+    # a dataset kept on the GPU: no workers, nothing to pin or copy; the GPU's own flags stay
+    resident = dict((k, v) for k, v, _ in knob_lines("cuda", 16, bf16=True, conv=True, compiler=True,
+                                                     items_on="cuda:0"))
+    assert not {"num_workers", "persistent_workers", "pin_memory", "non_blocking"} & set(resident)
+    assert resident["cudnn_benchmark"] == resident["tf32"] == [False, True]
 
 
 def test_the_fused_optimizer_is_searched_only_where_the_optimizer_has_a_fused_step():
@@ -172,6 +177,30 @@ def test_init_says_when_the_temp_folder_leaves_dataloader_workers_no_room(tmp_pa
     note = next(ln for ln in run.stderr.splitlines() if ln.startswith("note: DataLoader workers"))
     assert "set TMPDIR to a shorter folder" in note and note.endswith("`tuner run` refuses num_workers above 0 until then")
     assert 0 in spec.load(out).model.knobs["num_workers"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("workload", "why"), [("own_autocast", "the workload turns on torch.autocast itself at"),
+                                               ("half_model", "the model's parameters are bfloat16")])
+def test_init_leaves_precision_out_where_the_knob_would_change_little(tmp_path, workload, why):
+    out = tmp_path / "space.yaml"
+    run = subprocess.run([sys.executable, "-m", "tuner", "init", ref(workload), "--device", "cpu",
+                          "-o", str(out)], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    assert f"precision left out: {why}" in run.stdout + run.stderr
+    assert "precision" not in spec.load(out).model.knobs
+
+
+@pytest.mark.slow
+def test_init_stops_where_only_a_batch_of_one_runs_and_says_why(tmp_path):
+    # items of different sizes: a batch of one needs no stacking, two fail in the collate;
+    # a space of batches of one would search nothing anyone trains with
+    out = tmp_path / "space.yaml"
+    run = subprocess.run([sys.executable, "-m", "tuner", "init", ref("uneven"), "--device", "cpu", "-o", str(out)],
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode != 0 and not out.exists()
+    assert "micro_batch_size=2 raised, and only micro_batch_size=1 ran" in run.stderr, run.stderr
+    assert "pad_sequence" in run.stderr
 
 
 def test_init_refuses_to_overwrite(tmp_path):

@@ -81,6 +81,20 @@ def test_a_workload_given_a_field_it_lacks_names_the_field_it_has(tmp_path, give
         assert f"did you mean '{meant}'?" in message
 
 
+def test_a_loss_module_given_as_the_loss_says_how_the_loss_is_called(tmp_path):
+    from tuner.errors import UserError
+
+    (tmp_path / "w.py").write_text("import torch\nfrom tuner import Workload\n"
+                                   "def make():\n    return Workload(model=lambda: torch.nn.Linear(4, 2), "
+                                   "dataset=None, loss=torch.nn.CrossEntropyLoss())\n")
+    with pytest.raises(UserError) as raised:
+        load_workload(f"{tmp_path}/w.py:make")
+    assert str(raised.value) == (
+        f"workload '{tmp_path}/w.py:make': Workload(loss=CrossEntropyLoss()): loss is called as loss(model, batch), "
+        "where CrossEntropyLoss takes the model's output and the targets; for (inputs, targets) batches: "
+        "loss=lambda model, batch: CrossEntropyLoss()(model(batch[0]), batch[1])")
+
+
 def test_a_model_or_dataset_given_as_an_instance_or_a_class_is_built_as_the_loop_asks():
     """``model=MyModel()`` and ``dataset=MyData()``, as a training script holds them: each
     trial's model is a fresh copy of the instance, the dataset the instance itself; a

@@ -119,6 +119,35 @@ def reassert_process_knobs(config: dict, device: torch.device) -> list[str]:
     return [f"{n} (remove that line to run the exported config as measured)" for n in notes]
 
 
+def process_settings_notes(device: torch.device) -> list[str]:
+    """Process-wide settings that no knob covers and that slow training, as a seeding
+    helper or a script leaves them (deterministic kernels, a float64 default dtype): the
+    trial keeps them, since the user's training runs with them, and its record says so."""
+    notes = []
+    if torch.are_deterministic_algorithms_enabled():
+        notes.append("deterministic algorithms are on (torch.use_deterministic_algorithms(True)): ops without a "
+                     "deterministic kernel raise, and on a GPU the deterministic ones can be slower; the figures "
+                     "are those of a deterministic training")
+    if device.type == "cuda" and torch.backends.cudnn.deterministic:
+        notes.append("torch.backends.cudnn.deterministic is True: cudnn uses deterministic convolution kernels "
+                     "only, often slower ones; the figures are those of that training")
+    if torch.get_default_dtype() != torch.float32:
+        notes.append(f"the default dtype is {str(torch.get_default_dtype()).removeprefix('torch.')} "
+                     f"(torch.set_default_dtype): a model built without a dtype trains in it, and precision's "
+                     f"autocast casts only the ops it covers")
+    return notes
+
+
+def half_parameters(model: torch.nn.Module) -> str | None:
+    """``bfloat16`` or ``float16`` where every floating parameter of the model as built is
+    16-bit (a model loaded with ``torch_dtype=torch.bfloat16``, or ``.half()``): the
+    precision knob's autocast then runs the same 16-bit ops; else None."""
+    dtypes = {p.dtype for p in model.parameters() if p.is_floating_point()}
+    if len(dtypes) == 1 and (d := next(iter(dtypes))) in (torch.bfloat16, torch.float16):
+        return str(d).removeprefix("torch.")
+    return None
+
+
 def apply_channels_last(model: torch.nn.Module, enabled: bool) -> torch.nn.Module:
     """NHWC weights; the loop converts 4-D inputs to match."""
     return model.to(memory_format=torch.channels_last) if enabled else model
@@ -208,6 +237,35 @@ def compile_disabled() -> bool:
     import torch._dynamo
 
     return bool(torch._dynamo.config.disable) or os.environ.get("TORCHDYNAMO_DISABLE", "") == "1"
+
+
+def uncompiled(model: torch.nn.Module) -> tuple[torch.nn.Module, str | None]:
+    """The workload's model as built, without the ``torch.compile`` its factory may have
+    applied (``torch.compile(model)``, a compiled submodule, ``model.compile()``), and a
+    note saying so: the ``compile`` knob decides, and compiling twice would trace the
+    compiled wrapper again."""
+    import sys
+
+    if "torch._dynamo" not in sys.modules:  # nothing was compiled in this process
+        return model, None
+    from torch._dynamo.eval_frame import OptimizedModule
+
+    found = []
+    if isinstance(model, OptimizedModule):
+        model, found = model._orig_mod, ["the model"]
+    for name, module in list(model.named_modules()):
+        for child_name, child in list(module.named_children()):
+            if isinstance(child, OptimizedModule):
+                setattr(module, child_name, child._orig_mod)
+                found.append(f"{name}.{child_name}" if name else child_name)
+        if getattr(module, "_compiled_call_impl", None) is not None:  # nn.Module.compile()
+            module._compiled_call_impl = None
+            found.append(name or "the model")
+    if not found:
+        return model, None
+    what = ", ".join(found[:3]) + (", ..." if len(found) > 3 else "")
+    return model, (f"the workload's building code applies torch.compile to {what}: the trial runs the module "
+                   f"uncompiled, and the compile knob decides whether it is compiled")
 
 
 def apply_compile(model: torch.nn.Module, mode: str) -> torch.nn.Module:

@@ -92,11 +92,42 @@ def check_cacheable(dataset: Any, sample: int = 8) -> None:
     n = len(dataset)
     if n == 0:
         raise CacheRefused("dataset_cache: the dataset is empty")
+    if (on := items_device(dataset)) is not None:
+        raise CacheRefused(f"dataset_cache: the dataset's items are already on {on}: a cache in host memory "
+                           f"would only add a copy")
     for i in spread(n, sample):
         if not same_items(dataset[i], dataset[i]):
             raise CacheRefused(f"dataset_cache: item {i} differs between two reads (a random transform in "
                                f"__getitem__?), so a cache would replay one draw every epoch; move the random "
                                f"part to Workload(augment=...), which runs per batch after the cache")
+
+
+def items_device(dataset: Any) -> torch.device | None:
+    """Where a map-style dataset's items live when not on the host (a dataset kept on the
+    GPU, as a small one often is), read from its first item; None for host items, an
+    iterable dataset (reading it would consume it) or an item that raises (the loader
+    raises it in its own words)."""
+    if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__getitem__"):
+        return None
+    try:
+        item = dataset[0]
+    except Exception:
+        return None
+    return next((leaf.device for leaf in pytree.tree_leaves(item)
+                 if isinstance(leaf, torch.Tensor) and leaf.device.type != "cpu"), None)
+
+
+def device_items_refusal(dataset: Any, num_workers: int, pin_memory: bool) -> KnobRefused | None:
+    """DataLoader workers and pinning for items already on a device: a worker cannot use
+    the device from its forked process, and there is no host memory to pin."""
+    if not (num_workers or pin_memory) or (on := items_device(dataset)) is None:
+        return None
+    if num_workers:
+        return KnobRefused(f"knob 'num_workers={num_workers}': the dataset's items are already on {on}: a DataLoader "
+                           f"worker cannot use the device from its own process, and the items need no loading",
+                           "num_workers", at_least=1)
+    return KnobRefused(f"knob 'pin_memory=true': the dataset's items are already on {on}: there is no host memory "
+                       f"to pin", "pin_memory", values=[True])
 
 
 @functools.cache

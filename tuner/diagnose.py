@@ -123,6 +123,9 @@ def diagnose(record: dict, max_memory_mb: float | None = None) -> Diagnosis:
         recs.append(text)
         moves[text] = move
 
+    # the workload's own autocast, or a model of 16-bit parameters: the precision knob has
+    # no effect inside the one, little on the other
+    own_autocast = record.get("own_autocast") or record.get("half_params")
     mem, cap = _memory(record, max_memory_mb)
     if mem is not None and cap and mem / cap >= MEMORY_NEAR:
         verdict, evidence = "memory-bound", f"peak memory {mem:,.0f} MB is {mem / cap:.0%} of {cap:,.0f} MB"
@@ -132,7 +135,7 @@ def diagnose(record: dict, max_memory_mb: float | None = None) -> Diagnosis:
             half, accum = max(1, c["micro_batch_size"] // 2), c["grad_accum_steps"] * 2
             advise(f"micro_batch_size={half} with grad_accum_steps={accum} (same effective batch; {evidence})",
                    micro_batch_size=half, grad_accum_steps=accum)
-        if c["precision"] == "fp32":
+        if c["precision"] == "fp32" and not own_autocast:
             advise(f"precision=bf16 halves activation memory ({evidence})", precision="bf16")
     elif wait >= INPUT_BOUND:
         verdict, evidence = "input-bound", f"data wait is {wait:.0%} of the step"
@@ -176,7 +179,7 @@ def diagnose(record: dict, max_memory_mb: float | None = None) -> Diagnosis:
         evidence = ("data wait under 1%" if wait < 0.01 else f"data wait only {wait:.0%}" if wait < INPUT_BOUND / 2 else
                     f"data wait {wait:.0%}, under the {INPUT_BOUND:.0%} that makes it input-bound") \
             + (f", GPU busy {util:.0f}%" if util is not None else "")
-        if c["precision"] == "fp32":
+        if c["precision"] == "fp32" and not own_autocast:
             advise(f"precision=bf16 ({evidence}; {GUIDES['compute']})", precision="bf16")
         if c["compile"] == "off":
             advise(f"compile=default (measure: on small CPU models it can be slower; {evidence})", compile="default")

@@ -24,7 +24,8 @@ from tuner.workloads import Workload, copies_of
 def hf_workload(model: Any, dataset: Any, *, model_class: Any = None, labels_from: str | None = None,
                 collate: Callable[[list], Any] | None = None,
                 optimizer: Callable[[Any], Any] | None = None,
-                flops_per_sample: float | None = None) -> Workload:
+                flops_per_sample: float | None = None, clip_grad_norm: float | None = None,
+                after_step: Callable[[Any, Any], None] | None = None) -> Workload:
     """A Workload whose loss is the model's own (``model(**batch).loss``).
 
     Args:
@@ -40,12 +41,13 @@ def hf_workload(model: Any, dataset: Any, *, model_class: Any = None, labels_fro
             constructor taking the config.
         labels_from: the batch key passed as ``labels`` where the batch has none
             (``"input_ids"`` for a causal LM: the model shifts them itself).
-        collate, optimizer, flops_per_sample: as in ``tuner.Workload`` (a
-            ``DataCollatorWithPadding`` for token lists of unequal length).
+        collate, optimizer, flops_per_sample, clip_grad_norm, after_step: as in
+            ``tuner.Workload`` (a ``DataCollatorWithPadding`` for token lists of unequal
+            length; ``clip_grad_norm=1.0`` measures the clipping the Trainer does by default).
     """
     return Workload(model=_model_factory(model, model_class), dataset=dataset,
                     loss=ModelLoss(labels_from), collate=collate, optimizer=optimizer,
-                    flops_per_sample=flops_per_sample)
+                    flops_per_sample=flops_per_sample, clip_grad_norm=clip_grad_norm, after_step=after_step)
 
 
 class ModelLoss:

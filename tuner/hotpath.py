@@ -18,7 +18,8 @@ passes, each on its own steps so that one's instrumentation is not in another's 
    module: a mode on the stack is part of what a compiled graph guards on.
 2. ``builtins``: ``sys.setprofile`` counts ``hasattr``, ``isinstance`` and ``getattr``
    with a default called from the user's lines, and calls a step should not make
-   (``gc.collect()``, ``torch.cuda.empty_cache()``, ``torch.cuda.synchronize()``).
+   (``gc.collect()``, ``torch.cuda.empty_cache()``, ``torch.cuda.synchronize()``), and an
+   autocast the step turns on itself, which the precision knob cannot undo.
 3. ``compile`` (``compile`` on): dynamo's graph breaks with their user frames, and the
    recompiles that go on after the first steps, with the guard that failed.
 
@@ -59,6 +60,8 @@ LIBRARY_DIRS = tuple(sorted({str(Path(p).resolve()) for p in (sysconfig.get_path
 
 # What to do instead, one line per kind (the guides' advice).
 FIX = {
+    "autocast": "take it out and search the precision knob: the knob puts autocast around the forward and "
+                "the loss (a GradScaler with fp16), and the exported config's precision puts it in your script",
     "anomaly": "remove it outside debugging: it keeps every op's traceback for the backward and checks each "
                "backward output for NaN, which on a GPU waits for the device",
     "sync": "keep the value on the device (accumulate into a tensor) and read it every N steps, not every step",
@@ -105,6 +108,7 @@ BUILTINS = {id(hasattr): "hasattr", id(isinstance): "isinstance", id(getattr): "
 # Python functions a step should not call: the profiling hook sees them called from the
 # user's lines (their own frame's caller).
 CALLS = {torch.cuda.empty_cache.__code__: "empty_cache", torch.cuda.synchronize.__code__: "synchronize"}
+_AUTOCAST_ENTER = torch.amp.autocast_mode.autocast.__enter__.__code__
 WHAT = {"getattr": "getattr() with a default", "gc_collect": "gc.collect()",
         "empty_cache": "torch.cuda.empty_cache()", "synchronize": "torch.cuda.synchronize()"}
 
@@ -440,6 +444,66 @@ def _anomaly_call(tree: Any, called: str) -> tuple[int, str] | None:
     return visit(tree, "<module>")
 
 
+# ---- the workload's own autocast ---------------------------------------------------------
+
+
+class OwnAutocast:
+    """Where the workload's code turns ``torch.autocast`` on itself (a ``with`` block or a
+    decorator), seen through ``sys.setprofile`` while inside: inside it the precision knob
+    has no effect, so the knob's values run alike. The tuner's own autocast (the knob's)
+    and an autocast turned off (an fp32 region) are not counted."""
+
+    def __init__(self) -> None:
+        self.sites: dict[tuple[str, str], list] = {}  # (file:line, function) -> [dtype, times entered]
+        self._prev: Any = None
+
+    def __enter__(self) -> OwnAutocast:
+        self._prev = sys.getprofile()
+        sys.setprofile(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        sys.setprofile(self._prev)
+
+    def __call__(self, frame: FrameType, event: str, arg: Any) -> None:
+        if event == "call" and frame.f_code is _AUTOCAST_ENTER:
+            self.saw(frame)
+
+    def saw(self, frame: FrameType) -> None:
+        """``frame``: an autocast's ``__enter__``, just called."""
+        ac = frame.f_locals.get("self")
+        if not getattr(ac, "_enabled", False):  # off, or not available on its device (it warned)
+            return
+        site = _autocast_site(frame.f_back)
+        if site is not None:
+            self.sites.setdefault(site, [str(ac.fast_dtype).removeprefix("torch."), 0])[1] += 1
+
+    def described(self) -> list[str]:
+        """``file:line (dtype, in function)``, one per place."""
+        return [f"{loc} ({dtype}, in {function})" for (loc, function), (dtype, _) in self.sites.items()]
+
+    def findings(self, steps: int) -> list[Finding]:
+        return [Finding("autocast", loc, function, f"torch.autocast({dtype}) turned on in the step", n / steps, None,
+                        "no cost of its own: inside it the precision knob has no effect, so its values run alike",
+                        FIX["autocast"])
+                for (loc, function), (dtype, n) in self.sites.items()]
+
+
+def _autocast_site(frame: FrameType | None) -> tuple[str, str] | None:
+    """Where an autocast was entered from: the function a decorator wraps, else the
+    innermost caller outside torch; None where that is the tuner's own loop."""
+    while frame is not None and _owner(frame.f_code.co_filename) == "torch":
+        if frame.f_code.co_name == "decorate_autocast":  # @torch.autocast(...) on a function
+            code = getattr(frame.f_locals.get("func"), "__code__", None)
+            if code is not None:
+                return (None if _owner(code.co_filename) == "tuner" else
+                        (f"{_short(code.co_filename)}:{code.co_firstlineno}", code.co_name))
+        frame = frame.f_back
+    if frame is None or _owner(frame.f_code.co_filename) == "tuner":
+        return None
+    return where(frame)
+
+
 # ---- pass 2: Python builtins from the user's lines -------------------------------------
 
 
@@ -452,9 +516,13 @@ class _Builtins:
         self.counts: dict[tuple[str, str, str], list] = {}
         self._args: dict[tuple[Any, int], int] = {}
         self._open: list[tuple[tuple, FrameType, Any, float]] = []
+        self.autocast = OwnAutocast()
 
     def __call__(self, frame: FrameType, event: str, arg: Any) -> None:
         if event == "call":  # a Python function: its caller is the line
+            if frame.f_code is _AUTOCAST_ENTER:
+                self.autocast.saw(frame)
+                return
             name = CALLS.get(frame.f_code)
             if name is None or frame.f_back is None or not self.user.owns(frame.f_back.f_code.co_filename):
                 return
@@ -741,7 +809,7 @@ def check(trainer: Any, user: UserCode, steps: int = 5, warm: int = 3) -> dict:
             run(steps)
         finally:
             sys.setprofile(None)
-        findings += hook.findings(steps)
+        findings += hook.findings(steps) + hook.autocast.findings(steps)
     finally:
         trainer.model = compiled
     if device.type != "cuda":

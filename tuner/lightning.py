@@ -33,7 +33,7 @@ from tuner.workloads import Workload, copies_of
 
 def lightning_workload(module: Any, *, datamodule: Any = None, dataset: Any = None,
                        collate: Callable[[list], Any] | None = None,
-                       flops_per_sample: float | None = None) -> Workload:
+                       flops_per_sample: float | None = None, clip_grad_norm: float | None = None) -> Workload:
     """A Workload that trains a LightningModule with its own ``training_step``.
 
     Args:
@@ -45,6 +45,8 @@ def lightning_workload(module: Any, *, datamodule: Any = None, dataset: Any = No
         dataset: instead of a datamodule, a map-style or iterable dataset (or a function
             returning one) whose batches ``training_step`` takes.
         collate, flops_per_sample: as in ``tuner.Workload``.
+        clip_grad_norm: the ``Trainer(gradient_clip_val=...)`` the module trains with, as in
+            ``tuner.Workload``.
     """
     if (datamodule is None) == (dataset is None):
         raise UserError("lightning_workload: give a datamodule or a dataset (one of the two)")
@@ -57,7 +59,7 @@ def lightning_workload(module: Any, *, datamodule: Any = None, dataset: Any = No
                         f"returns one; got {type(module).__name__}")
     steps = _Steps(factory)
     return Workload(model=steps.model, dataset=dataset, loss=step_loss, collate=collate,
-                    optimizer=steps.optimizer, flops_per_sample=flops_per_sample)
+                    optimizer=steps.optimizer, flops_per_sample=flops_per_sample, clip_grad_norm=clip_grad_norm)
 
 
 class TrainingStep(torch.nn.Module):

@@ -14,7 +14,7 @@ import contextlib
 import random
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 from torch.utils import _pytree as pytree
@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader, IterableDataset, Sampler
 
 from tuner import apply, knobs
 from tuner.batches import Mover
-from tuner.data import WorkerCollections, same_items, workers_refused
+from tuner.data import WorkerCollections, device_items_refusal, same_items, workers_refused
 from tuner.errors import KnobRefused, UserError, WorkloadError
 from tuner.workloads import Workload
 
@@ -138,7 +138,14 @@ class Trainer:
         apply.apply_malloc_retain(config["malloc_retain"])
         apply.apply_backend_flags(device, config["cudnn_benchmark"], config["tf32"])
         # 2. the model on its device, then its memory format (weights must exist there);
-        model = _call(workload.model, "model").to(device)
+        model, compiled = apply.uncompiled(_call(workload.model, "model"))
+        self.notes += [compiled] if compiled else []
+        self.half_params = apply.half_parameters(model)
+        if self.half_params:
+            self.notes.append(f"the model's parameters are {self.half_params} as the workload builds them: the "
+                              f"precision knob's autocast runs the same {self.half_params} ops, so its values differ "
+                              f"little, and precision=fp32 is not an fp32 training here")
+        model = model.to(device)
         model = apply.apply_channels_last(model, config["channels_last"])
         # 3. checkpointing wraps the eager blocks, before compile traces them
         #    (as torchtitan does: compile after activation checkpointing);
@@ -149,14 +156,25 @@ class Trainer:
         model.train()
         # 4. the optimizer holds the eager module's parameters (compile shares them);
         self.optimizer = apply.apply_fused_optimizer(
-            _call(lambda: workload.make_optimizer(model.parameters()), "optimizer"),
+            _call(lambda: workload.make_optimizer(model), "optimizer"),
             config["fused_optimizer"], model)
+        # the workload's gradient clipping, over the eager module's parameters, and the
+        # rest of its optimizer step (after_step), given the module as built
+        self.eager_model, self.after_step = model, workload.after_step
+        self.clip = workload.clip_grad_norm
+        self.clip_params = list(model.parameters()) if self.clip is not None else []
         self.autocast = apply.autocast_context(device, config["precision"])
         self.scaler = apply.grad_scaler(device, config["precision"])
         self.move = Mover(device, non_blocking=config["non_blocking"] and device.type == "cuda",
                           channels_last=config["channels_last"])
         self.loss_fn = workload.loss
         self.dataset = _call(workload.dataset, "dataset")
+        if isinstance(self.dataset, DataLoader):  # a training script's data is often its loader
+            raise WorkloadError("workload dataset is a DataLoader: give its dataset (loader.dataset), and its "
+                                "collate_fn as Workload(collate=...) where it has its own; the tuner builds the "
+                                "DataLoader, whose batch size, workers, prefetch and pinning are the knobs")
+        if refused := device_items_refusal(self.dataset, config["num_workers"], config["pin_memory"]):
+            raise refused
         # 4b. the dataset's items read once, into memory the loader's workers share (before
         #     the loader: the workers it starts read the cache, not the dataset);
         self.cache_fill_s: float | None = None
@@ -164,7 +182,7 @@ class Trainer:
             self.dataset = apply.apply_dataset_cache(self.dataset, config["num_workers"])
             self.cache_fill_s = self.dataset.fill_s
         # what the workload's own building code set of the process-wide knobs, set back
-        self.notes += apply.reassert_process_knobs(config, device)
+        self.notes += apply.reassert_process_knobs(config, device) + apply.process_settings_notes(device)
         # and the workload's per-batch augment, in the workers' collate or on the device
         self.augment_on_device = workload.augment is not None and config["augment_on"] == "device"
         self.collate = workload.collate
@@ -266,6 +284,8 @@ class Trainer:
             batch = next(self._it)
         except StopIteration:
             raise UserError("the dataset yields no full batch; lower micro_batch_size") from None
+        except Exception as exc:
+            raise _data_error(exc) from exc
         self.epoch_start_s.append(perf_counter() - t0 - sync_s)
         return batch, sync_s
 
@@ -301,6 +321,8 @@ class Trainer:
             except StopIteration:
                 batch, sync_s = self._new_epoch(t0)
                 t0 += sync_s
+            except Exception as exc:
+                raise _data_error(exc) from exc
             self.data_wait_s += perf_counter() - t0
             self._in_epoch += 1
             # The batch and the loss live until the step returns, as in a framework's
@@ -314,10 +336,7 @@ class Trainer:
                 try:
                     batch = self.workload.augment(batch)
                 except Exception as exc:
-                    err = _as_workload_error(exc)
-                    if err is exc:
-                        raise
-                    raise err from exc
+                    _raise_as_workload_error(exc, "augment")
             # DDP all-reduces in every backward unless told not to: with no_sync, only the
             # accumulation step's last micro-batch does.
             with self.ddp.no_sync() if self.no_sync and i < self.accum - 1 else _NO_CONTEXT:
@@ -325,10 +344,7 @@ class Trainer:
                     with self.autocast():
                         loss = self.loss_fn(self.model, batch)
                 except Exception as exc:
-                    err = _as_workload_error(exc)
-                    if err is exc:
-                        raise
-                    raise err from exc
+                    _raise_as_workload_error(exc, "loss")
                 if self.accum > 1:
                     loss = loss / self.accum  # gradients equal to one large batch's
                 if self.scaler is not None:
@@ -337,12 +353,21 @@ class Trainer:
                     loss.backward()
             self.loss_sum += loss.detach()
         self.micro_batches += self.accum
+        if self.clip is not None:
+            if self.scaler is not None:
+                self.scaler.unscale_(self.optimizer)  # clip the true gradients, not the scaled ones
+            torch.nn.utils.clip_grad_norm_(self.clip_params, self.clip)
         if self.scaler is not None:
             self.scaler.step(self.optimizer)
             self.scaler.update()
         else:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        if self.after_step is not None:
+            try:
+                self.after_step(self.eager_model, self.optimizer)
+            except Exception as exc:
+                _raise_as_workload_error(exc, "after_step")
         if self.baseline:
             self.last_loss = loss.item()  # what a plain loop does to log: a host sync per step
         if self._refreeze:  # gc_freeze: the first step's objects too (compile's graphs, the optimizer's state)
@@ -386,13 +411,40 @@ def _ranks(world_size: int) -> tuple[int, int]:
     return dist.get_rank(), world_size
 
 
-def _as_workload_error(exc: Exception) -> Exception:
-    """The user's loss raised: say so, unless it is an OOM or a compile failure."""
+# What collating items of different sizes raises: PyTorch's default collate stacks them
+# (in the main process), or stacks them into a shared-memory tensor sized from the first
+# (in a DataLoader worker).
+_UNEVEN = ("stack expects each tensor to be equal size", "Trying to resize storage that is not resizable")
+
+
+def _data_error(exc: Exception) -> Exception:
+    """The workload's data raised while a batch was made (its dataset's ``__getitem__`` or
+    its collate, in this process or a DataLoader worker): one line that says so, with the
+    original message of a worker's error and the fix for items of different sizes.
+    Refusals, OOMs and shared-memory failures pass as they are."""
+    said = str(exc)
+    if isinstance(exc, (UserError, WorkloadError, torch.OutOfMemoryError)) or "shared memory" in said.lower():
+        return exc
+    lines = [ln.strip() for ln in said.strip().splitlines() if ln.strip()]
+    # a worker's error comes back as text, its original message last (its type in it)
+    text = lines[-1] if "Original Traceback" in said and lines else \
+        f"{type(exc).__name__}: {lines[0] if lines else ''}"
+    where = " in a DataLoader worker" if "DataLoader worker" in said else ""
+    if any(u in said for u in _UNEVEN):
+        return WorkloadError(f"workload data raised{where}: its items differ in size ({text}), which PyTorch's "
+                             f"default collate cannot stack: give Workload(collate=...) that pads them "
+                             f"(torch.nn.utils.rnn.pad_sequence)")
+    return WorkloadError(f"workload data raised{where}: {text}")
+
+
+def _raise_as_workload_error(exc: Exception, what: str) -> NoReturn:
+    """Raise what the user's ``what`` (its loss, augment, after_step) raised as one line
+    that says so; an OOM, a refusal or a compile failure is raised as it is."""
     module = type(exc).__module__ or ""
     if isinstance(exc, (torch.OutOfMemoryError, UserError, WorkloadError)) or \
             module.startswith(("torch._dynamo", "torch._inductor")):
-        return exc
-    return WorkloadError(f"workload loss raised {type(exc).__name__}: {exc}")
+        raise exc
+    raise WorkloadError(f"workload {what} raised {type(exc).__name__}: {exc}") from exc
 
 
 def _call(fn: Any, what: str) -> Any:

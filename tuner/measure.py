@@ -24,6 +24,7 @@ Method (see DESIGN.md, "Measuring honestly"):
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import math
 import os
@@ -39,6 +40,7 @@ import torch
 from tuner.data import CollectionClock, WorkerCollections
 from tuner.hardware import peak_flops, usable_cores
 from tuner.hostload import Load, LoadMeter, TreeProbe, hushed, ray_workers_beside
+from tuner.hotpath import OwnAutocast
 from tuner.loop import Trainer, synchronize
 from tuner.nvml import NvmlSampler
 from tuner.ranks import Agree, across_ranks
@@ -210,6 +212,7 @@ class WarmUp:
     seconds: float  # the whole warm-up
     start_s: float  # DataLoader workers spawned
     first_wait: float  # the first batch's wait: workers started, dataset opened
+    own_autocast: list[str] | None = None  # where the workload turns autocast on itself (eager only)
 
 
 def _warm_up(trainer: Trainer, settings: MeasureSettings, say: Callable[[str], None],
@@ -225,15 +228,20 @@ def _warm_up(trainer: Trainer, settings: MeasureSettings, say: Callable[[str], N
     start_s = perf_counter() - s0
     steps: list[float] = []
     first_wait = 0.0
+    # The first eager step runs under a profiling hook that sees the workload turn autocast
+    # on itself (the precision knob has no effect inside it). Not with compile: the hook
+    # would slow the compile that this step times.
+    own = OwnAutocast() if trainer.config["compile"] == "off" else None
     for i in range(settings.warmup_steps):
         say(f"warm-up step {i + 1}/{settings.warmup_steps}")
         s0 = perf_counter()
-        trainer.step()
+        with own if own is not None and i == 0 else contextlib.nullcontext():
+            trainer.step()
         synchronize(trainer.device)
         steps.append(perf_counter() - s0)
         if i == 0:
             first_wait = trainer.data_wait_s
-    return WarmUp(steps, perf_counter() - t0, start_s, first_wait)
+    return WarmUp(steps, perf_counter() - t0, start_s, first_wait, own.described() if own is not None else None)
 
 
 @dataclass
@@ -598,6 +606,7 @@ def _record(trainer: Trainer, t: Timed, f: dict, probe: TreeProbe, windows: Wind
         "epoch_s": f["epoch_s"],
         "projected_run_s": f["projected"],
         "loss_finite": True,
+        "own_autocast": warm.own_autocast,
         "mfu": flops * steady / peak if flops and peak else None,
         "achieved_tflops": flops * steady / 1e12 if flops else None,
         "peak_device_memory_mb": None,

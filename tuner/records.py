@@ -84,6 +84,7 @@ class Figures(TypedDict, total=False):
     epoch_s: float | None
     projected_run_s: float | None  # the planned run: epochs x epoch time + one-time costs
     loss_finite: bool | None
+    own_autocast: list[str] | None  # where the workload turns autocast on itself (None: not watched, compile on)
     mfu: float | None
     achieved_tflops: float | None
     peak_device_memory_mb: float | None  # the allocator's peak
@@ -133,6 +134,9 @@ class Outcome(TypedDict, total=False):
     has_augment: bool  # the workload has a per-batch augment (augment_on)
     map_style: bool  # the dataset reads items by index (dataset_cache can apply)
     has_conv2d: bool  # the model has Conv2d layers (channels_last can matter)
+    clip_grad_norm: float | None  # the workload's gradient clipping (Workload.clip_grad_norm)
+    has_after_step: bool  # the workload has the rest of an optimizer step (Workload.after_step)
+    half_params: str | None  # bfloat16 or float16: the model as built holds only 16-bit parameters
     fused_step: bool | None  # the optimizer takes a fused step here (fused_optimizer can apply)
     baseline: bool  # the plain PyTorch loop
     device: str
@@ -404,8 +408,10 @@ def aggregate(records: list[Record], metric: str) -> list[dict]:
         row["memory_mb"] = memory_mb(row) if ok else None
         row["hardware"] = rs[0].get("hardware")
         row["notes"] = rs[0].get("notes") or []
-        for fact in ("has_groups", "has_augment", "map_style", "has_conv2d"):
+        for fact in ("has_groups", "has_augment", "map_style", "has_conv2d", "clip_grad_norm", "has_after_step",
+                     "half_params"):
             row[fact] = rs[0].get(fact)
+        row["own_autocast"] = next((r["own_autocast"] for r in ok if r.get("own_autocast")), None)
         rows.append(row)
     scaling_efficiency(rows)
     return rows

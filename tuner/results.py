@@ -169,6 +169,8 @@ def export_payload(res: Results, row: dict) -> dict:
         "base_dir": res.meta.get("base_dir"),
         "hardware": row.get("hardware"),
         "notes": row.get("notes") or [],
+        "clip_grad_norm": row.get("clip_grad_norm"),  # the workload's, measured with each step
+        "has_after_step": bool(row.get("has_after_step")),
         # how each knob the config sets is set in the user's own loop: a knob set outside
         # the code (malloc_retain's environment) is easy to miss, and its figure is not
         # reached without it
@@ -308,7 +310,12 @@ def hf_kwargs(payload: dict) -> tuple[dict, list[str]]:
         kw["gradient_checkpointing"] = True
     if c["tf32"]:
         kw["tf32"] = True
+    if payload.get("clip_grad_norm"):  # measured with it; the Trainer's own default is 1.0
+        kw["max_grad_norm"] = payload["clip_grad_norm"]
     unsaid = []
+    if payload.get("has_after_step"):
+        unsaid.append("the workload's after_step (measured after each optimizer step): call it from a "
+                      "TrainerCallback's on_step_end")
     if c["channels_last"]:
         unsaid.append("channels_last=True: model.to(memory_format=torch.channels_last) before Trainer(model=...)")
     if c["torch_threads"]:
@@ -383,6 +390,8 @@ def lightning_kwargs(payload: dict) -> tuple[dict, dict, list[str]]:
     }
     if gpu:
         trainer["benchmark"] = c["cudnn_benchmark"]
+    if payload.get("clip_grad_norm"):  # measured with the workload's clipping
+        trainer["gradient_clip_val"] = payload["clip_grad_norm"]
     from tuner import knobs
 
     loader: dict[str, Any] = {"batch_size": c["micro_batch_size"], "shuffle": True, "drop_last": True,
@@ -408,6 +417,9 @@ def lightning_kwargs(payload: dict) -> tuple[dict, dict, list[str]]:
         code.append(f"model = {_compile_call(c)}  # the LightningModule, before trainer.fit")
     if c["batch_grouping"] == "by_source":
         code.append("# batch_grouping=by_source: a batch_sampler whose batches each hold one source")
+    if payload.get("has_after_step"):
+        code.append("# the workload's after_step (measured after each optimizer step): call it from a Callback's "
+                    "on_train_batch_end")
     code += [f"# {line}" for line in _data_lines(c)]
     if c["non_blocking"]:
         code.append("# non_blocking: Lightning moves batches itself (not settable)")
@@ -434,9 +446,12 @@ def framework_snippet(payload: dict, fmt: str) -> str:
         lines += [f"# not expressible in TrainingArguments: {u}" for u in unsaid]
         # Sizes from benchmarks/anatomy.py (each part of a step timed inside the Trainer's
         # process and a plain loop's) and framework_speed.py --overhead (a linear layer).
+        clipping = ("a learning-rate scheduler step (the figure holds the workload's clipping)"
+                    if payload.get("clip_grad_norm") else
+                    "gradient clipping (max_grad_norm=1.0: a norm over every gradient;\n"
+                    "#   max_grad_norm=0 turns it off), a learning-rate scheduler step")
         lines += ["# the Trainer adds work of its own that the tuner's figure does not hold:",
-                  "# - each step: gradient clipping (max_grad_norm=1.0: a norm over every gradient;",
-                  "#   max_grad_norm=0 turns it off), a learning-rate scheduler step, its loss checks",
+                  f"# - each step: {clipping}, its loss checks",
                   "#   and callbacks: milliseconds a step on small models, timed on the results page",
                   "#   (docs/benchmarks.md, anatomy)"]
         if payload["config"].get("num_workers"):

@@ -68,6 +68,8 @@ class Fit:
     epoch_size: int | None = None  # the samples an epoch holds, where a probe reported them
     bound: int | None = None  # the largest batch that leaves STEPS_PER_EPOCH steps per epoch
     map_style: bool | None = None  # whether the loader sampled the dataset by index, where a probe ran
+    own_autocast: list[str] | None = None  # where the workload turns autocast on itself, where a probe saw it
+    half_params: str | None = None  # bfloat16 or float16: the model as built holds only 16-bit parameters
 
     @property
     def smallest(self) -> int | None:
@@ -102,6 +104,9 @@ def probe_batch(measure_one: Callable[[int], dict], *, device: str, max_memory_m
             upper = min(upper, fit.bound)
         if r.get("status") == "ok" and fit.map_style is None and "map_style" in r:
             fit.map_style = bool(r["map_style"])
+        if r.get("own_autocast") and fit.own_autocast is None:
+            fit.own_autocast = r["own_autocast"]
+        fit.half_params = fit.half_params or r.get("half_params")
         peak = r.get("peak_device_memory_mb") if device == "cuda" else r.get("peak_host_memory_mb")
         step_ms = r.get("step_time_ms")
         if r.get("status") != "ok":
@@ -165,14 +170,16 @@ def _cores(n: int) -> str:
 
 
 def knob_lines(device: str, cores: int, bf16: bool, conv: bool, compiler: bool,
-               fused: bool = True, gpus: int = 1, workers_repeat: bool = False) -> list[tuple[str, object, str]]:
+               fused: bool = True, gpus: int = 1, workers_repeat: bool = False,
+               items_on: str | None = None) -> list[tuple[str, object, str]]:
     """(knob, values, why) for this hardware, micro_batch_size excluded. GPU knobs only on
     a GPU; bf16 on a GPU only where it is supported; the fused optimizer where the
     workload's optimizer has a fused step (``fused``). With several GPUs the DataLoader
     workers go up to a GPU's share of the cores: a search runs a trial per GPU at once,
     and a data-parallel run gives each rank that share. ``workers_repeat``: the dataset
     is an iterable one that every worker reads whole (``tuner.data.workers_repeat``), so
-    at most one worker."""
+    at most one worker. ``items_on``: the dataset's items are already on that device, so
+    no DataLoader workers and nothing to pin or copy."""
     lines: list[tuple[str, object, str]] = []
     if device == "cuda":
         precisions = ["fp32"] + (["bf16"] if bf16 else []) + ["fp16"]
@@ -186,18 +193,22 @@ def knob_lines(device: str, cores: int, bf16: bool, conv: bool, compiler: bool,
     # with the step, and on several recorded 2-core landscapes (benchmarks/landscapes/)
     # as many workers as cores was the fastest split.
     workers = [0] + [w for w in (1, 2, 4, 8, 16) if w <= share]
-    if workers_repeat:
+    if items_on:
+        pass  # a worker cannot use the device from its own process, and the items need no loading
+    elif workers_repeat:
         lines.append(("num_workers", [0, 1], "every worker yields the whole iterable dataset (it does not split "
                       "its stream by get_worker_info()): more workers would train each item once more apiece"))
     else:
         lines.append(("num_workers", workers, f"up to the {_cores(cores)} a trial can have" if share == cores else
                       f"up to a GPU's share of the cores ({cores} over {gpus} GPUs: a trial per GPU at once, as a "
                       f"data-parallel run's ranks)"))
-    lines.append(("persistent_workers", [False, True], "only with num_workers > 0: no respawn per epoch"))
+    if not items_on:
+        lines.append(("persistent_workers", [False, True], "only with num_workers > 0: no respawn per epoch"))
     if device == "cuda":
-        lines += [("pin_memory", [False, True], "a GPU: page-locked buffers for the copies"),
-                  ("non_blocking", [False, True], "a GPU: copies overlap the step"),
-                  ("cudnn_benchmark", [False, True], "a GPU: cudnn picks kernels for fixed shapes"),
+        if not items_on:
+            lines += [("pin_memory", [False, True], "a GPU: page-locked buffers for the copies"),
+                      ("non_blocking", [False, True], "a GPU: copies overlap the step")]
+        lines += [("cudnn_benchmark", [False, True], "a GPU: cudnn picks kernels for fixed shapes"),
                   ("tf32", [False, True], "a GPU: TF32 matmuls on Ampere and newer")]
         if fused:
             lines.append(("fused_optimizer", [False, True], "a GPU: one fused optimizer kernel"))
@@ -403,8 +414,12 @@ def init_space(workload: str, workload_args: dict, out: Path, *, device: str = "
         sizes = "micro_batch_size=1" if not last or last.batch == 1 else f"no micro_batch_size from 1 to {last.batch}"
         raise UserError(f"workload: {sizes} does not fit here: {last.why if last else 'no probe'}"
                         + (f" (the workload's own output: {log})" if wrote else ""))
+    bad = fit.first_too_big
+    if fit.largest == 1 and bad is not None and bad.kind == "workload":  # a space of batches of one trains nothing
+        raise UserError(f"workload: micro_batch_size={bad.batch} raised, and only micro_batch_size=1 ran: {bad.why}"
+                        + (f" (the workload's own output: {log})" if wrote else ""))
     model = wl.model()
-    unfused = apply.fused_optimizer_of(wl.make_optimizer(model.to(device).parameters()), model)
+    unfused = apply.fused_optimizer_of(wl.make_optimizer(model.to(device)), model)
     if unfused:
         say(f"fused_optimizer left out: {unfused}")
     from tuner.data import workers_refused, workers_repeat
@@ -418,13 +433,29 @@ def init_space(workload: str, workload_args: dict, out: Path, *, device: str = "
         if repeat:
             say("num_workers held to [0, 1]: every DataLoader worker yields the whole iterable dataset; split "
                 "its stream by torch.utils.data.get_worker_info() to search more workers")
+    from tuner.data import items_device
+
+    # a dataset kept on the GPU (built once more here, only on a GPU, where it can be)
+    items_on = items_device(wl.dataset()) if fit.map_style and device == "cuda" else None
+    if items_on is not None:
+        say(f"num_workers, persistent_workers, pin_memory and non_blocking left out: the dataset's items are "
+            f"already on {items_on} (a DataLoader worker cannot use the device from its own process, and there "
+            f"is nothing to copy)")
     compiler = shutil.which("cc") is not None or shutil.which("gcc") is not None
     if compiler and apply.compile_disabled():
         compiler = False
         say("compile left out: torch.compile is disabled in this process (TORCHDYNAMO_DISABLE=1 or "
             "TORCH_COMPILE_DISABLE=1 in the environment)")
     lines = knob_lines(device, cores, bf16, apply.has_conv2d(model), compiler, fused=unfused is None,
-                       gpus=torch.cuda.device_count() if device == "cuda" else 1, workers_repeat=repeat)
+                       gpus=torch.cuda.device_count() if device == "cuda" else 1, workers_repeat=repeat,
+                       items_on=str(items_on) if items_on is not None else None)
+    if fit.own_autocast or fit.half_params:
+        lines = [line for line in lines if line[0] != "precision"]
+        say("precision left out: " + (
+            f"the workload turns on torch.autocast itself at {'; '.join(fit.own_autocast)}, and inside it the "
+            f"precision knob has no effect; take it out of the workload to search precision" if fit.own_autocast else
+            f"the model's parameters are {fit.half_params} as the workload builds them, so autocast runs the same "
+            f"ops; build it in float32 to search precision"))
     lines += pipeline_lines(wl.dataset, fit, device, wl.augment is not None, say=say)
     return write_space(out, name=stem, workload=seen_from(workload, out), workload_args=workload_args, device=device,
                        fit=fit, lines=lines, trials=trials, cap_note=cap_note)

@@ -224,6 +224,8 @@ def execute(request: TrialRequest, progress: Callable[[str], None] | None = None
     if config["torch_threads"] is not None and threads != config["torch_threads"]:  # set again in the step
         notes = [*notes, f"the workload's step set torch.set_num_threads({threads}): this trial ran at {threads} "
                          f"intra-op threads, not the knob's {config['torch_threads']}"]
+    notes = [*notes, *(f"the workload turns on torch.autocast itself at {site}: inside it the precision knob has no "
+                       f"effect (this trial's precision={config['precision']})" for site in metrics.get("own_autocast") or [])]
     return {"status": status, "reason": reason, **metrics, "config": config, "notes": notes,
             "nice": os.getpriority(os.PRIO_PROCESS, 0), "intra_op_threads": threads,
             **workload_facts(workload, trainer),
@@ -242,6 +244,8 @@ def workload_facts(workload: Any, trainer: Any) -> dict:
     except Exception:  # an optimizer that cannot be rebuilt from its defaults: unknown
         fused_step = None
     return {"has_groups": workload.groups is not None, "has_augment": workload.augment is not None,
+            "clip_grad_norm": workload.clip_grad_norm, "has_after_step": workload.after_step is not None,
+            "half_params": trainer.half_params,
             "map_style": trainer.sampler is not None, "has_conv2d": apply.has_conv2d(trainer.model),
             "fused_step": fused_step, "hardware": describe()}
 

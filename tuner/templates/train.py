@@ -117,6 +117,8 @@ def train(a, c, device, world):
     model, ddp, opt = build_model(wl, c, device, world)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(c["precision"])
     scaler = torch.amp.GradScaler(device.type) if c["precision"] == "fp16" else None
+    params = [p for g in opt.param_groups for p in g["params"]]  # the eager module's, for clipping
+    eager = ddp.module if ddp is not None else getattr(model, "_orig_mod", model)  # the module as built
     loader = make_loader(wl, c, device, world)
     accum = c["grad_accum_steps"]
     non_blocking = c["non_blocking"] and device.type == "cuda"
@@ -148,12 +150,18 @@ def train(a, c, device, world):
                     loss = wl.loss(model, batch)
                 loss = loss / accum if accum > 1 else loss
                 (scaler.scale(loss) if scaler else loss).backward()
+        if wl.clip_grad_norm is not None:  # the workload's gradient clipping
+            if scaler:
+                scaler.unscale_(opt)
+            torch.nn.utils.clip_grad_norm_(params, wl.clip_grad_norm)
         if scaler:
             scaler.step(opt)
             scaler.update()
         else:
             opt.step()
         opt.zero_grad(set_to_none=True)  # no loss.item() per step: it waits for the device
+        if wl.after_step is not None:  # the rest of the workload's step (an EMA, a scheduler)
+            wl.after_step(eager, opt)
         if refreeze:  # gc_freeze: the first step's objects too (compile's graphs, the optimizer's state)
             refreeze = False
             gc.collect()
@@ -195,7 +203,9 @@ def process_settings(c, device):
 def build_model(wl, c, device, world):
     """The model on its device, its memory format, checkpointing, the optimizer over the
     eager module, DDP, then compile over the final module."""
-    model = wl.model().to(device)
+    from tuner.apply import uncompiled
+
+    model = uncompiled(wl.model())[0].to(device)  # its own torch.compile undone, as in the trials
     if c["channels_last"]:
         model = model.to(memory_format=torch.channels_last)
     if c["activation_checkpointing"]:
@@ -205,11 +215,12 @@ def build_model(wl, c, device, world):
             for block in blocks:
                 block.forward = (lambda f: lambda *x, **k: checkpoint(f, *x, use_reentrant=False, **k))(block.forward)
     model.train()
-    opt = wl.optimizer(model.parameters()) if wl.optimizer else torch.optim.AdamW(model.parameters(), lr=1e-3)
-    if c["fused_optimizer"]:  # the same optimizer and hyperparameters, fused kernels
+    opt = wl.make_optimizer(model)  # the workload's optimizer (AdamW without one), as in the tuner's trials
+    if c["fused_optimizer"]:  # the same optimizer, parameter groups and hyperparameters, fused kernels
         allowed = inspect.signature(type(opt)).parameters
         kw = {k: v for k, v in opt.defaults.items() if k in allowed and k not in ("fused", "foreach", "params")}
-        opt = type(opt)(model.parameters(), **kw, fused=True)
+        groups = [{k: v for k, v in g.items() if k not in ("fused", "foreach")} for g in opt.param_groups]
+        opt = type(opt)(groups, **kw, fused=True)
     ddp = None
     if world > 1:  # DDP before compile, as PyTorch's docs ask
         from torch.nn.parallel import DistributedDataParallel

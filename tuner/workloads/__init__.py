@@ -49,6 +49,8 @@ class Workload:
             Face model's output) gives its first item, a mapping its ``"loss"`` (``the_loss``).
         collate: optional ``collate_fn`` for the DataLoader.
         optimizer: optional ``optimizer(params) -> Optimizer``; default AdamW(lr=1e-3).
+            ``params`` iterates over the model's parameters and also stands for the model:
+            ``model.parameters()`` and ``model.named_parameters()`` (weight decay by name) work.
         flops_per_sample: optional training FLOPs per sample (forward + backward), for MFU.
         groups: optional ``groups(dataset) -> list[list[int]]``: the indices of each
             source of a multi-source dataset. It enables the ``batch_grouping`` knob
@@ -58,6 +60,13 @@ class Workload:
             (flips, crops, noise), kept apart from what ``dataset_cache`` may keep; the
             ``augment_on`` knob runs it on the host (in the DataLoader's collate) or on the
             device (after the batch is copied there), so it must work on both.
+        clip_grad_norm: optional max norm: each optimizer step clips the gradients to it
+            (``torch.nn.utils.clip_grad_norm_``, unscaled first under fp16), as the user's
+            training does; measured with the step, and carried by the exports.
+        after_step: optional ``after_step(model, optimizer)``: the rest of the user's
+            optimizer step (an EMA of the weights, a scheduler's step), run after each one
+            and measured with it; ``model`` is the module as built (not its DDP or compiled
+            wrapper).
     """
 
     model: Callable[[], torch.nn.Module]
@@ -69,21 +78,51 @@ class Workload:
     groups: Callable[[Any], list[list[int]]] | None = None
     epoch_size: int | None = None
     augment: Callable[[Any], Any] | None = None
+    clip_grad_norm: float | None = None
+    after_step: Callable[[Any, Any], None] | None = None
 
     def __post_init__(self) -> None:
+        if self.clip_grad_norm is not None and not (isinstance(self.clip_grad_norm, int | float)
+                                                    and not isinstance(self.clip_grad_norm, bool)
+                                                    and self.clip_grad_norm > 0):
+            raise UserError(f"Workload(clip_grad_norm={self.clip_grad_norm!r}): a max norm above 0, or None")
         # an instance where a builder is asked for (``model=MyModel()``, ``dataset=MyData()``,
         # as a training script holds them) is built by copying it, or stands for itself
+        nn = getattr(sys.modules.get("torch"), "nn", None)  # a loss module is torch's: imported if given
+        if nn is not None and isinstance(self.loss, nn.Module):
+            name = type(self.loss).__name__
+            raise UserError(f"Workload(loss={name}()): loss is called as loss(model, batch), where {name} takes the "
+                            f"model's output and the targets; for (inputs, targets) batches: "
+                            f"loss=lambda model, batch: {name}()(model(batch[0]), batch[1])")
         self.model = copies_of(self.model) or self.model
         self.dataset = dataset_factory(self.dataset)
         if not getattr(self.loss, "the_loss", False):
             self.loss = _scalar(self.loss)
 
-    def make_optimizer(self, params: Any) -> torch.optim.Optimizer:
-        if self.optimizer is None:
-            import torch
+    def make_optimizer(self, model: Any) -> torch.optim.Optimizer:
+        """The workload's optimizer over ``model`` (a module, or its parameters)."""
+        import torch
 
+        params = ModelParameters(model) if isinstance(model, torch.nn.Module) else model
+        if self.optimizer is None:
             return torch.optim.AdamW(params, lr=1e-3)
         return self.optimizer(params)
+
+
+class ModelParameters:
+    """What ``Workload.optimizer`` is called with: the model's parameters, iterated as
+    ``AdamW(params)`` takes them, and the model itself to a factory written against it
+    (``model.parameters()``, ``model.named_parameters()`` for weight decay by name, its
+    modules)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self._model = model
+
+    def __iter__(self) -> Any:
+        return iter(self._model.parameters())
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._model, name)
 
 
 def _scalar(loss: Callable[[Any, Any], Any]) -> Callable[[Any, Any], torch.Tensor]:
@@ -298,6 +337,8 @@ def load_workload(ref: str, args: dict | None = None, base_dir: Path | None = No
     check_args(ref, func, args)
     try:
         workload = func(**args)
+    except UserError as exc:  # the Workload's own check: its message says what to write
+        raise UserError(f"workload '{ref}': {exc}") from exc
     except Exception as exc:
         raise WorkloadError(f"workload '{ref}' raised: {type(exc).__name__}: {exc}{extra_hint(exc)}"
                             f"{field_hint(exc)}") from exc
