@@ -7,7 +7,7 @@ import pytest
 from tests.helpers import FAST_MEASURE, hog_from_first_window, ref
 from tuner.hostload import machine_cpu, own_peak_rss_bytes
 from tuner.trial import make_request, run_isolated
-from tuner.windows import Window, median_error, steady_windows
+from tuner.windows import Window, epoch_fit, median_error, steady_windows
 
 # Rates against references and load beside windows need the machine to themselves
 # (`alone`); memory peaks, page faults, compile caches and pure logic do not.
@@ -661,6 +661,31 @@ def test_the_windows_around_an_epoch_boundary_are_notsteady_windows():
     redo = w(1.1, before=1)
     assert steady_windows([a, b, drain, redo, c, last]) == [a, b, c]
 
+
+
+def test_a_boundary_s_cost_is_fitted_on_whole_epochs_however_many_windows_follow():
+    """Epochs of five windows whose mix of slow and fast steps is fixed by position, so
+    the steady windows read slow. Ten windows (two epochs) or eleven (the eleventh opens
+    a third epoch) fit the same epoch: the average of the whole epochs measured."""
+    def w(wall, boundaries=0, before=0):
+        return Window(samples=96, wall=wall, paused=0.0, boundaries=boundaries, micro_batches=12,
+                      wait=0.0, boundaries_before=before)
+
+    def epoch():
+        return [w(0.25, boundaries=1), w(0.18, before=1), w(0.32), w(0.25), w(0.25)]
+
+    two = epoch() + epoch()
+    whole = sum(x.wall for x in two) / 2
+    for kept in (two, two + [w(0.32, boundaries=1)], two + [w(0.32, boundaries=1), w(0.18, before=1)]):
+        per_sample, overhead = epoch_fit(kept)
+        assert per_sample * 480 + overhead == pytest.approx(whole)
+        assert 1 / per_sample < 480 / whole  # the steady windows alone read slow
+    # one boundary (an epoch longer than the timed phase): the rest of it counts at the
+    # steady rate
+    one = epoch() + [w(0.32)]
+    per_sample, overhead = epoch_fit(one)
+    assert per_sample * 960 + overhead == pytest.approx(sum(x.wall for x in one) + per_sample * 384)
+    assert epoch_fit([w(0.25, boundaries=1), w(0.18, before=1), w(0.32)]) is None  # one steady window
 
 @ALONE
 @pytest.mark.slow

@@ -50,6 +50,7 @@ from tuner.windows import (
     EPOCH_WINDOWS,
     SCREEN_SKIP,
     Window,
+    epoch_fit,
     median_error,
     spread,
     steady_windows,
@@ -517,26 +518,9 @@ def _figures(trainer: Trainer, plan: RunPlan, t: Timed, warm: WarmUp, startup_s:
     elapsed = [w.samples / r for w, r in zip(kept, rates, strict=True)]
     wait_fraction = (sum(w.wait for w in kept) + micro_fetch_s * sum(w.boundaries for w in kept)) / sum(elapsed)
     starts = trainer.epoch_start_s[t.starts_before:]
-    # Steady time per sample: all samples over all time (not a median of window rates:
-    # a right-skewed step time would read fast) of the windows that neither hold an
-    # epoch boundary, nor follow one, nor precede one. A boundary costs what all windows
-    # took beyond that, per boundary: its pause (old workers shut down, new ones spawned,
-    # the dataset reopened) less the catch-up of the batches the new workers then deliver
-    # at once, and less the fast steps before it, on the batches the old workers queued.
-    # That net can be below zero, and is kept so: clipped at zero, a noisy steady figure
-    # (steps of unequal cost, as batches of one source each make them) counted only when
-    # slow, and an epoch of the length measured read below the average of all its
-    # windows (multisource by source: 0.88 of the user's loop beside it, every round).
-    # Unclipped, an epoch as long as those measured reads exactly that average, and the
-    # steady figure only weighs in the extrapolation to a longer one.
-    clear = steady_windows(kept)
-    boundaries = sum(w.boundaries for w in kept)
-    if boundaries and len(clear) >= 2:
-        per_sample = sum(w.wall for w in clear) / sum(w.samples for w in clear)
-        samples = sum(w.samples for w in kept)
-        extra = sum(w.wall for w in kept) - per_sample * samples
-        # (no boundary makes an epoch twice as fast: a bound for a wild steady figure)
-        epoch_overhead_s = max(extra / boundaries, -0.5 * per_sample * samples / boundaries)
+    fit = epoch_fit(kept)
+    if fit is not None:
+        per_sample, epoch_overhead_s = fit
         overhead_from = "windows"
     else:
         # Too few steady windows (epochs as long as the timed phase): each boundary's

@@ -86,3 +86,38 @@ def steady_windows(kept: list[Window]) -> list[Window]:
     return [w for w, after in zip(kept, kept[1:], strict=False)
             if w.boundaries == 0 and w.boundaries_before == 0
             and after.boundaries == 0 and after.boundaries_before == 0]
+
+
+def epoch_fit(kept: list[Window]) -> tuple[float, float] | None:
+    """Steady seconds per sample and the net cost of one epoch boundary, fitted on the
+    kept windows; None where fewer than two windows are steady (``steady_windows``).
+
+    Steady time per sample is all samples over all time of the steady windows (not a
+    median of window rates: a right-skewed step time would read fast). A boundary costs
+    what the windows took beyond that, per boundary: its pause (old workers shut down,
+    new ones spawned, the dataset reopened) less the catch-up of the batches the new
+    workers then deliver at once, and less the fast steps before it, on the batches the
+    old workers queued. That net can be below zero, and is kept so: clipped at zero, a
+    noisy steady figure (steps of unequal cost, as batches of one source each make them)
+    would count only when slow, and an epoch of the length measured would read below the
+    average of all its windows. Unclipped, an epoch as long as those measured reads
+    exactly that average, and the steady figure only weighs in the extrapolation to a
+    longer one.
+
+    That holds where the windows the cost is fitted on span as many epochs as they hold
+    boundaries: from the first window holding a boundary up to the last one, that one
+    left out. Fitted on every kept window, the part of an epoch past the last boundary
+    would be counted at the steady rate, and the boundary before it would weigh the
+    steady figure into the epoch by that part: whether the timed phase ended just after
+    a boundary or just before it would move the figure."""
+    clear = steady_windows(kept)
+    holding = [i for i, w in enumerate(kept) if w.boundaries]
+    fitted = kept[holding[0]:holding[-1]] if len(holding) >= 2 else kept
+    boundaries = sum(w.boundaries for w in fitted)
+    if not boundaries or len(clear) < 2:
+        return None
+    per_sample = sum(w.wall for w in clear) / sum(w.samples for w in clear)
+    samples = sum(w.samples for w in fitted)
+    extra = sum(w.wall for w in fitted) - per_sample * samples
+    # (no boundary makes an epoch twice as fast: a bound for a wild steady figure)
+    return per_sample, max(extra / boundaries, -0.5 * per_sample * samples / boundaries)
