@@ -285,7 +285,7 @@ class Trainer:
         except StopIteration:
             raise UserError("the dataset yields no full batch; lower micro_batch_size") from None
         except Exception as exc:
-            raise _data_error(exc) from exc
+            _raise_data_error(exc)
         self.epoch_start_s.append(perf_counter() - t0 - sync_s)
         return batch, sync_s
 
@@ -322,7 +322,7 @@ class Trainer:
                 batch, sync_s = self._new_epoch(t0)
                 t0 += sync_s
             except Exception as exc:
-                raise _data_error(exc) from exc
+                _raise_data_error(exc)
             self.data_wait_s += perf_counter() - t0
             self._in_epoch += 1
             # The batch and the loss live until the step returns, as in a framework's
@@ -417,32 +417,35 @@ def _ranks(world_size: int) -> tuple[int, int]:
 _UNEVEN = ("stack expects each tensor to be equal size", "Trying to resize storage that is not resizable")
 
 
-def _data_error(exc: Exception) -> Exception:
-    """The workload's data raised while a batch was made (its dataset's ``__getitem__`` or
-    its collate, in this process or a DataLoader worker): one line that says so, with the
-    original message of a worker's error and the fix for items of different sizes.
-    Refusals, OOMs and shared-memory failures pass as they are."""
+# Raised as they are, not as the workload's error: a refusal (the message is already the
+# tuner's), an OOM (the search records it as one).
+_PASS = (torch.OutOfMemoryError, UserError, WorkloadError)
+
+
+def _raise_data_error(exc: Exception) -> NoReturn:
+    """Raise what the workload's data raised while a batch was made (its dataset's
+    ``__getitem__`` or its collate, in this process or a DataLoader worker) as one line
+    that says so, with the original message of a worker's error and the fix for items of
+    different sizes. Refusals, OOMs and shared-memory failures are raised as they are."""
     said = str(exc)
-    if isinstance(exc, (UserError, WorkloadError, torch.OutOfMemoryError)) or "shared memory" in said.lower():
-        return exc
+    if isinstance(exc, _PASS) or "shared memory" in said.lower():
+        raise exc
     lines = [ln.strip() for ln in said.strip().splitlines() if ln.strip()]
     # a worker's error comes back as text, its original message last (its type in it)
     text = lines[-1] if "Original Traceback" in said and lines else \
         f"{type(exc).__name__}: {lines[0] if lines else ''}"
     where = " in a DataLoader worker" if "DataLoader worker" in said else ""
     if any(u in said for u in _UNEVEN):
-        return WorkloadError(f"workload data raised{where}: its items differ in size ({text}), which PyTorch's "
-                             f"default collate cannot stack: give Workload(collate=...) that pads them "
-                             f"(torch.nn.utils.rnn.pad_sequence)")
-    return WorkloadError(f"workload data raised{where}: {text}")
+        raise WorkloadError(f"workload data raised{where}: its items differ in size ({text}), which PyTorch's "
+                            f"default collate cannot stack: give Workload(collate=...) that pads them "
+                            f"(torch.nn.utils.rnn.pad_sequence)") from exc
+    raise WorkloadError(f"workload data raised{where}: {text}") from exc
 
 
 def _raise_as_workload_error(exc: Exception, what: str) -> NoReturn:
     """Raise what the user's ``what`` (its loss, augment, after_step) raised as one line
     that says so; an OOM, a refusal or a compile failure is raised as it is."""
-    module = type(exc).__module__ or ""
-    if isinstance(exc, (torch.OutOfMemoryError, UserError, WorkloadError)) or \
-            module.startswith(("torch._dynamo", "torch._inductor")):
+    if isinstance(exc, _PASS) or (type(exc).__module__ or "").startswith(("torch._dynamo", "torch._inductor")):
         raise exc
     raise WorkloadError(f"workload {what} raised {type(exc).__name__}: {exc}") from exc
 

@@ -12,7 +12,6 @@ import contextlib
 import gc
 import importlib
 import importlib.util
-import inspect
 import random
 import sys
 import time
@@ -203,7 +202,7 @@ def process_settings(c, device):
 def build_model(wl, c, device, world):
     """The model on its device, its memory format, checkpointing, the optimizer over the
     eager module, DDP, then compile over the final module."""
-    from tuner.apply import uncompiled
+    from tuner.apply import apply_fused_optimizer, uncompiled
 
     model = uncompiled(wl.model())[0].to(device)  # its own torch.compile undone, as in the trials
     if c["channels_last"]:
@@ -216,11 +215,8 @@ def build_model(wl, c, device, world):
                 block.forward = (lambda f: lambda *x, **k: checkpoint(f, *x, use_reentrant=False, **k))(block.forward)
     model.train()
     opt = wl.make_optimizer(model)  # the workload's optimizer (AdamW without one), as in the tuner's trials
-    if c["fused_optimizer"]:  # the same optimizer, parameter groups and hyperparameters, fused kernels
-        allowed = inspect.signature(type(opt)).parameters
-        kw = {k: v for k, v in opt.defaults.items() if k in allowed and k not in ("fused", "foreach", "params")}
-        groups = [{k: v for k, v in g.items() if k not in ("fused", "foreach")} for g in opt.param_groups]
-        opt = type(opt)(groups, **kw, fused=True)
+    # fused_optimizer: the same optimizer, parameter groups and hyperparameters, fused kernels
+    opt = apply_fused_optimizer(opt, c["fused_optimizer"], model)
     ddp = None
     if world > 1:  # DDP before compile, as PyTorch's docs ask
         from torch.nn.parallel import DistributedDataParallel
