@@ -182,6 +182,23 @@ def test_workers_that_hide_the_wait_on_a_cpu_but_take_its_cores_advise_the_cache
         assert not any(r.startswith("dataset_cache") for r in diagnose(other).recommendations), other
 
 
+def test_an_input_bound_loader_with_every_core_taken_advises_cheaper_items_for_its_device():
+    """Workers already on every core but one: the advice is cheaper items, and where the
+    per-item work can go is the device's: the GPU on a GPU, a batched augment on a CPU."""
+    def advice(on_gpu):
+        rec = {"status": "ok", "samples_per_sec": 900.0, "data_wait_fraction": 0.4, "hardware": {"cpu_count": 2},
+               "config": {"num_workers": 1, "torch_threads": 1}}
+        if on_gpu:
+            rec.update(peak_device_memory_mb=900.0, gpu_util_pct=40.0)
+        d = diagnose(rec)
+        assert d.verdict == "input-bound"
+        return next(r for r in d.recommendations if r.startswith("the loader already has"))
+
+    cpu, gpu = advice(False), advice(True)
+    assert cpu.startswith("the loader already has 1 worker on 2 CPUs") and "Workload.augment" in cpu
+    assert "GPU" not in cpu and "move augmentation to the GPU" in gpu
+
+
 def test_full_collections_that_take_the_step_s_time_advise_gc_freeze_first():
     # a table's large batches: the collections start while a batch is collated, so the
     # verdict reads the time as data wait; the advice that takes it back comes first

@@ -64,6 +64,36 @@ def make(steps_return="loss"):
     from tuner.lightning import lightning_workload
 
     return lightning_workload(Regression(steps_return), datamodule=Data())
+
+
+class Hooked(Regression):
+    """Per-batch hooks that a LightningModule overrides (an EMA of the weights in
+    on_train_batch_end), and one between backward and the step."""
+
+    events = []  # (hook, batch_idx or None, what it saw)
+
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        return {"loss": loss, "size": batch["x"].shape[0]}
+
+    def on_train_batch_start(self, batch, batch_idx):
+        self.events.append(("start", batch_idx, float(self.net[0].weight.detach().sum())))
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        self.events.append(("end", batch_idx, (outputs["loss"].requires_grad, outputs["size"], len(batch["x"]),
+                                               float(self.net[0].weight.detach().sum()))))
+
+    def on_before_zero_grad(self, optimizer):
+        self.events.append(("zero_grad", None, type(optimizer).__name__))
+
+    def on_after_backward(self):
+        self.events.append(("after_backward", None, None))
+
+
+def make_hooked(after_step=None):
+    from tuner.lightning import lightning_workload
+
+    return lightning_workload(Hooked, datamodule=Data(), after_step=after_step)
 '''
 
 
@@ -140,6 +170,44 @@ def test_a_training_step_without_a_loss_and_manual_optimization_are_one_line_err
         lightning_workload(lit.Regression)
     # the Trainer's gradient_clip_val the module trains with
     assert lightning_workload(lit.Regression, dataset=lit.Pairs(), clip_grad_norm=0.5).clip_grad_norm == 0.5
+
+
+def test_the_module_s_batch_hooks_run_where_lightning_calls_them_and_the_record_says_which_do_not(lit, tmp_path):
+    """A module's on_train_batch_start/end and on_before_zero_grad are part of its step (an
+    EMA): the loop calls them where Lightning does, an accumulation's earlier micro-batch
+    ended after its backward and the last after the optimizer's step; a hook between
+    backward and the step is not called, and the trial's notes say so. The module's hooks
+    are no after_step of the user's for an export to carry; the user's own still is."""
+    from tuner.loop import Trainer
+    from tuner.trial import make_request, resolve_config
+    from tuner.workloads import users_after_step
+
+    req = make_request(workload=f"{tmp_path / 'lit_workload.py'}:make_hooked", device="cpu",
+                       config={"micro_batch_size": 4, "grad_accum_steps": 2})
+    config, _, workload, device = resolve_config(req)
+    t = Trainer(workload, config, device)
+    events = t.eager_model.module.events  # the class as the trial loaded it from the file
+    events.clear()
+    t.start()
+    t.step()
+    t.step()
+    assert [(e[0], e[1]) for e in events] == [
+        ("start", 0), ("end", 0), ("start", 1), ("zero_grad", None), ("end", 1),
+        ("start", 2), ("end", 2), ("start", 3), ("zero_grad", None), ("end", 3)]
+    ends = {e[1]: e[2] for e in events if e[0] == "end"}
+    starts = {e[1]: e[2] for e in events if e[0] == "start"}
+    assert all(seen[:3] == (False, 4, 4) for seen in ends.values())  # outputs as Lightning hands them
+    assert ends[0][3] == starts[0] and ends[1][3] != starts[0]  # the step ran between batch 1's start and end
+    assert events[3][2] == "SGD"
+    assert "on_before_zero_grad, on_train_batch_end, on_train_batch_start ran at each batch" in " ".join(t.notes)
+    assert any("overrides on_after_backward" in n and "not in the figure" in n for n in t.notes)
+    assert users_after_step(workload) is None and lit.make().after_step is not None
+    own = lit.make_hooked(after_step=lambda model, optimizer: None)
+    assert users_after_step(own) is own.after_step.users is not None
+    # a module that overrides no hook calls none, and says nothing of them
+    plain = lit.make()
+    plain.loss(plain.model(), _batch(plain))
+    assert not any("ran at each batch" in n or "overrides" in n for n in plain.model().tuner_notes)
 
 
 @pytest.mark.slow

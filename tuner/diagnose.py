@@ -160,8 +160,11 @@ def diagnose(record: dict, max_memory_mb: float | None = None) -> Diagnosis:
             advise(f"augment_on=device (the per-batch augmentation runs in the loader's workers; {evidence})",
                    augment_on="device")
         if c["num_workers"] >= max(1, cpus - 1):
-            recs.append(f"the loader already has {c['num_workers']} workers on {cpus} CPUs: make the dataset's "
-                        f"per-sample work cheaper (precompute invariant work, move augmentation to the GPU; guide 002)")
+            workers = f"{c['num_workers']} worker{'s' if c['num_workers'] != 1 else ''}"
+            move = ("move augmentation to the GPU" if on_gpu else
+                    "batch the per-item random work in Workload.augment, which runs once per batch")
+            recs.append(f"the loader already has {workers} on {cpus} CPUs: make the dataset's per-sample work "
+                        f"cheaper (precompute invariant work, {move}; guide 002)")
         if not on_gpu and c["torch_threads"] is None and c["num_workers"] > 0:
             threads = max(1, cpus - c["num_workers"])
             advise(f"torch_threads={threads} (training threads compete with {c['num_workers']} worker(s) for "

@@ -140,6 +140,7 @@ class Trainer:
         # 2. the model on its device, then its memory format (weights must exist there);
         model, compiled = apply.uncompiled(_call(workload.model, "model"))
         self.notes += [compiled] if compiled else []
+        self.notes += getattr(model, "tuner_notes", [])  # what a framework's adapter says of the model
         self.half_params = apply.half_parameters(model)
         if self.half_params:
             self.notes.append(f"the model's parameters are {self.half_params} as the workload builds them: the "

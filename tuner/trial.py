@@ -237,6 +237,7 @@ def workload_facts(workload: Any, trainer: Any) -> dict:
     can apply to it (the diagnosis advises none that cannot) and the hardware."""
     from tuner import apply
     from tuner.hardware import describe
+    from tuner.workloads import users_after_step
 
     # whether the optimizer takes a fused step here (its class, its device, no sparse gradients)
     try:
@@ -244,7 +245,7 @@ def workload_facts(workload: Any, trainer: Any) -> dict:
     except Exception:  # an optimizer that cannot be rebuilt from its defaults: unknown
         fused_step = None
     return {"has_groups": workload.groups is not None, "has_augment": workload.augment is not None,
-            "clip_grad_norm": workload.clip_grad_norm, "has_after_step": workload.after_step is not None,
+            "clip_grad_norm": workload.clip_grad_norm, "has_after_step": users_after_step(workload) is not None,
             "half_params": trainer.half_params,
             "map_style": trainer.sampler is not None, "has_conv2d": apply.has_conv2d(trainer.model),
             "fused_step": fused_step, "hardware": describe()}

@@ -109,6 +109,13 @@ class Workload:
         return self.optimizer(params)
 
 
+def users_after_step(workload: Workload) -> Callable[[Any, Any], None] | None:
+    """The user's own ``after_step``: a framework adapter's (``lightning_workload``'s) also
+    calls the hooks its framework calls itself, which an export to that framework need not
+    carry; it names the user's part ``users``."""
+    return getattr(workload.after_step, "users", workload.after_step)
+
+
 class ModelParameters:
     """What ``Workload.optimizer`` is called with: the model's parameters, iterated as
     ``AdamW(params)`` takes them, and the model itself to a factory written against it
