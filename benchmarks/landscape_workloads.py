@@ -1378,3 +1378,200 @@ def volumes(size: int = 2048, side: int = 40, crop: int = 24, classes: int = 3, 
         return nn.functional.cross_entropy(model(scans).float(), labels)
 
     return Workload(model=model, dataset=lambda: Volumes(size, side, crop, classes), loss=loss)
+
+
+# 5x3 bitmaps of the digits, row by row (1: ink)
+_DIGITS = ("111101101101111", "010110010010111", "111001111100111", "111001111001111", "101101111001001",
+           "111100111001111", "111100111101111", "111001001001001", "111101111101111", "111101111001111")
+
+
+class DigitStrings(Dataset):
+    """Lines of 3 to 8 digits rendered on each read from a bitmap font (each glyph scaled,
+    placed with a random gap and baseline jitter), blurred and noised: an OCR line image,
+    its digits the target (labels 1-10; 0 is CTC's blank)."""
+
+    def __init__(self, size: int, height: int, width: int):
+        self.size, self.height, self.width = size, height, width
+        self.glyphs = torch.tensor([[int(c) for c in d] for d in _DIGITS], dtype=torch.float32).view(10, 1, 5, 3)
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        g = torch.Generator().manual_seed(i)
+        n = int(torch.randint(3, 9, (), generator=g))
+        digits = torch.randint(0, 10, (n,), generator=g)
+        scale = int(torch.randint(2, 4, (), generator=g))
+        image = torch.zeros(self.height, self.width)
+        x = int(torch.randint(0, 6, (), generator=g))
+        for d in digits.tolist():
+            glyph = nn.functional.interpolate(self.glyphs[d:d + 1], scale_factor=scale, mode="nearest")[0, 0]
+            h, w = glyph.shape
+            y = int(torch.randint(0, self.height - h + 1, (), generator=g))
+            if x + w > self.width:
+                break
+            image[y:y + h, x:x + w] = torch.maximum(image[y:y + h, x:x + w], glyph)
+            x += w + int(torch.randint(1, 4, (), generator=g))
+        kernel = torch.tensor([[1.0, 2.0, 1.0], [2.0, 4.0, 2.0], [1.0, 2.0, 1.0]]).view(1, 1, 3, 3) / 16
+        image = nn.functional.conv2d(image.view(1, 1, self.height, self.width), kernel, padding=1)[0]
+        image = image + 0.15 * torch.randn(image.shape, generator=g)
+        return image, digits + 1
+
+
+def ctc_batch(items: list) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    images, labels = zip(*items, strict=True)
+    return (torch.stack(images), torch.cat(labels), torch.tensor([len(t) for t in labels]))
+
+
+def ocr(size: int = 4096, height: int = 16, width: int = 96, width_mult: int = 32, hidden: int = 64) -> Workload:
+    """A CRNN line recognizer: a conv stack that keeps the line's width as time steps, a
+    bidirectional LSTM over them, and the CTC loss against the digits."""
+
+    class CRNN(nn.Module):
+        def __init__(self):
+            super().__init__()
+            c = width_mult
+            self.conv = nn.Sequential(nn.Conv2d(1, c, 3, padding=1), nn.BatchNorm2d(c), nn.ReLU(), nn.MaxPool2d(2),
+                                      nn.Conv2d(c, 2 * c, 3, padding=1), nn.BatchNorm2d(2 * c), nn.ReLU(),
+                                      nn.MaxPool2d((2, 1)))
+            self.rnn = nn.LSTM(2 * c * (height // 4), hidden, batch_first=True, bidirectional=True)
+            self.head = nn.Linear(2 * hidden, 11)
+
+        def forward(self, images: torch.Tensor) -> torch.Tensor:
+            f = self.conv(images)  # (batch, channels, height / 4, width / 2)
+            f = f.flatten(1, 2).transpose(1, 2)  # (batch, time, features)
+            out, _ = self.rnn(f)
+            return self.head(out)
+
+    def loss(model, batch):
+        images, targets, lengths = batch
+        logits = model(images).float().log_softmax(-1).transpose(0, 1)  # (time, batch, classes)
+        steps = torch.full((logits.shape[1],), logits.shape[0], dtype=torch.long)
+        return nn.functional.ctc_loss(logits, targets, steps, lengths, zero_infinity=True)
+
+    return Workload(model=CRNN, dataset=lambda: DigitStrings(size, height, width), loss=loss, collate=ctc_batch)
+
+
+class CsvRows(Dataset):
+    """Rows of a table kept as CSV text (as read from a file), parsed on each read in
+    Python: numeric fields to floats, standardized by the column's statistics, a missing
+    value filled; categorical fields looked up in their vocabularies."""
+
+    CATEGORIES = (24, 7, 365, 50, 1000, 12)
+
+    def __init__(self, size: int, numeric: int):
+        import random
+
+        rng = random.Random(0)
+        self.numeric = numeric
+        lines = []
+        for _ in range(size):
+            nums = ["" if rng.random() < 0.05 else f"{rng.gauss(10.0 * (j % 3), 1.0 + j % 5):.4f}"
+                    for j in range(numeric)]
+            cats = [f"c{j}_{rng.randrange(n)}" for j, n in enumerate(self.CATEGORIES)]
+            lines.append(",".join(nums + cats + [str(rng.randrange(2))]))
+        self.lines = lines
+        self.vocab = [{f"c{j}_{k}": k for k in range(n)} for j, n in enumerate(self.CATEGORIES)]
+        self.mean = [10.0 * (j % 3) for j in range(numeric)]
+        self.std = [1.0 + j % 5 for j in range(numeric)]
+
+    def __len__(self) -> int:
+        return len(self.lines)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        fields = self.lines[i].split(",")
+        nums = [(float(f) - m) / s if f else 0.0
+                for f, m, s in zip(fields[:self.numeric], self.mean, self.std, strict=True)]
+        cats = [v.get(f, 0) for f, v in zip(fields[self.numeric:-1], self.vocab, strict=True)]
+        return torch.tensor(nums), torch.tensor(cats), torch.tensor(float(fields[-1]))
+
+
+def csvrows(size: int = 32768, numeric: int = 40, dim: int = 16, width: int = 256) -> Workload:
+    """A tabular classifier on parsed CSV rows: an embedding per categorical column,
+    concatenated with the numeric fields, an MLP with a residual block, a logistic loss."""
+
+    class Tabular(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embeds = nn.ModuleList(nn.Embedding(n, dim) for n in CsvRows.CATEGORIES)
+            self.inp = nn.Linear(numeric + dim * len(CsvRows.CATEGORIES), width)
+            self.block = nn.Sequential(nn.LayerNorm(width), nn.Linear(width, width), nn.GELU(),
+                                       nn.Linear(width, width))
+            self.out = nn.Linear(width, 1)
+
+        def forward(self, nums: torch.Tensor, cats: torch.Tensor) -> torch.Tensor:
+            e = [emb(cats[:, j]) for j, emb in enumerate(self.embeds)]
+            h = nn.functional.gelu(self.inp(torch.cat([nums, *e], 1)))
+            return self.out(h + self.block(h)).squeeze(1)
+
+    def loss(model, batch):
+        nums, cats, labels = batch
+        return nn.functional.binary_cross_entropy_with_logits(model(nums, cats).float(), labels)
+
+    return Workload(model=Tabular, dataset=lambda: CsvRows(size, numeric), loss=loss)
+
+
+class Stripes(Dataset):
+    """Procedural images (oriented stripes and blobs of a random palette), each read made
+    and then cropped and flipped: self-supervised pretraining data, no label."""
+
+    def __init__(self, size: int, image: int, crop: int):
+        self.size, self.image, self.crop = size, image, crop
+        axis = torch.linspace(-1, 1, image)
+        self.y, self.x = torch.meshgrid(axis, axis, indexing="ij")
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        g = torch.Generator().manual_seed(i)
+        angle, freq = torch.rand(2, generator=g) * torch.tensor([3.1416, 12.0]) + torch.tensor([0.0, 2.0])
+        stripes = torch.sin((self.x * angle.cos() + self.y * angle.sin()) * freq)
+        cx, cy = torch.rand(2, generator=g) * 2 - 1
+        blob = torch.exp(-((self.x - cx) ** 2 + (self.y - cy) ** 2) * 8)
+        palette = torch.rand(3, 2, generator=g)
+        img = palette[:, :1, None] * stripes + palette[:, 1:, None] * blob
+        o = torch.randint(0, self.image - self.crop + 1, (2,), generator=g).tolist()
+        img = img[:, o[0]:o[0] + self.crop, o[1]:o[1] + self.crop]
+        if torch.rand((), generator=g) < 0.5:
+            img = img.flip(2)
+        return img.contiguous()
+
+
+def mae(size: int = 4096, image: int = 40, crop: int = 32, patch: int = 4, dim: int = 64, depth: int = 2,
+        heads: int = 4, mask: float = 0.75) -> Workload:
+    """A masked autoencoder (MAE): a ViT encoder on the quarter of the patches a per-batch
+    random mask keeps (an argsort of noise and a gather in the model), a one-layer decoder
+    that fills in mask tokens, the loss on the masked patches' normalized pixels."""
+    n = (crop // patch) ** 2
+    keep = int(n * (1 - mask))
+
+    class MAE(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Linear(3 * patch * patch, dim)
+            self.pos = nn.Parameter(torch.randn(1, n, dim) * 0.02)
+            layer = nn.TransformerEncoderLayer(dim, heads, 4 * dim, dropout=0.0, batch_first=True, norm_first=True)
+            self.encoder = nn.TransformerEncoder(layer, depth, enable_nested_tensor=False)
+            self.mask_token = nn.Parameter(torch.zeros(1, 1, dim))
+            self.decoder = nn.TransformerEncoderLayer(dim, heads, 2 * dim, dropout=0.0, batch_first=True,
+                                                      norm_first=True)
+            self.pixels = nn.Linear(dim, 3 * patch * patch)
+
+        def forward(self, images: torch.Tensor) -> torch.Tensor:
+            b = images.shape[0]
+            patches = images.unfold(2, patch, patch).unfold(3, patch, patch)  # b, 3, h, w, p, p
+            patches = patches.permute(0, 2, 3, 1, 4, 5).reshape(b, n, -1)
+            order = torch.rand(b, n, device=images.device).argsort(1)
+            kept, masked = order[:, :keep], order[:, keep:]
+            tokens = self.embed(patches) + self.pos
+            seen = self.encoder(tokens.gather(1, kept.unsqueeze(-1).expand(-1, -1, dim)))
+            full = self.mask_token.expand(b, n, dim).clone()
+            full = full.scatter(1, kept.unsqueeze(-1).expand(-1, -1, dim), seen.to(full.dtype)) + self.pos
+            pred = self.pixels(self.decoder(full))
+            target = patches.gather(1, masked.unsqueeze(-1).expand(-1, -1, patches.shape[-1]))
+            target = (target - target.mean(-1, keepdim=True)) / (target.var(-1, keepdim=True) + 1e-6).sqrt()
+            guess = pred.gather(1, masked.unsqueeze(-1).expand(-1, -1, pred.shape[-1]))
+            return nn.functional.mse_loss(guess.float(), target.float())
+
+    return Workload(model=MAE, dataset=lambda: Stripes(size, image, crop), loss=lambda model, batch: model(batch))
