@@ -172,14 +172,14 @@ def repeat(space_path: Path, within: float = REPEAT_BAND) -> Path:
     mean of its figures, so every contender for the best needs the same three. The best
     is the judged one (``_judged_best``), taken again after each config's repeats: where
     the best first figure was a lucky draw, its mean sits lower, and the configs within
-    ``within`` of that mean need their three figures too."""
+    ``within`` of that mean need their three figures too (``repeat_band``)."""
     path = space_path.with_suffix(".json")
     landscape = json.loads(path.read_text())
     measure = _measurer(spec.load(space_path))
     repeated = 0
     while True:
         done = {json.dumps(r["config"], sort_keys=True) for r in landscape.get("repeats", [])}
-        band = within * _judged_best(landscape)
+        band = repeat_band(landscape, within)
         g = next((g for g in sorted(landscape["grid"], key=lambda g: -(g["samples_per_sec"] or 0))
                   if (g["samples_per_sec"] or 0) >= band and json.dumps(g["config"], sort_keys=True) not in done),
                  None)
@@ -196,6 +196,16 @@ def repeat(space_path: Path, within: float = REPEAT_BAND) -> Path:
     path.write_text(json.dumps(landscape, indent=1))
     print(f"wrote {path} ({repeated} configs repeated)")
     return path
+
+
+def repeat_band(landscape: dict, within: float = REPEAT_BAND) -> float:
+    """The figure above which a config needs its repeats: ``within`` of the judged best
+    (where the best first figure was a lucky draw, its mean sits lower, and the configs
+    near that mean are the contenders), and never above ``within`` of the best first
+    figure, which the judge (``judged_rates``) asks of every config (where the best's
+    repeats read higher, the machine drifted up between them)."""
+    first_best = max((g["samples_per_sec"] or 0.0 for g in landscape["grid"]), default=0.0)
+    return within * min(_judged_best(landscape), first_best)
 
 
 def _judged_best(landscape: dict) -> float:

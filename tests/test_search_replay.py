@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 
 import optuna
+import pytest
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "benchmarks"))
 
@@ -128,6 +129,11 @@ def test_repeat_s_band_is_set_by_the_judged_best_not_a_lucky_first_figure():
     assert sr._judged_best(landscape) == 92.0  # a contender's mean above the first best's
     landscape["repeats"].append({"config": {"b": 3}, "samples_per_sec": [80.0, None, 70.0]})
     assert sr._judged_best(landscape) == 92.0  # a failed repeat is left out of its mean
+    assert sr.repeat_band({"grid": grid, "repeats": landscape["repeats"][:1]}) == pytest.approx(0.9 * 88.0)
+    # the best's repeats read higher (the machine drifted up): the band stays where the
+    # judge asks for every config's repeats, 0.9 of the best first figure, not of the mean
+    drift = {"grid": grid, "repeats": [{"config": {"b": 1}, "samples_per_sec": [100.0, 114.0, 116.0]}]}
+    assert sr._judged_best(drift) == 110.0 and sr.repeat_band(drift) == pytest.approx(90.0)
 
 
 def test_a_replayed_baseline_runs_as_long_as_an_eager_trial_not_the_grids_median():
