@@ -22,7 +22,10 @@ HERE = Path(__file__).parent
 HF = str(HERE / "hf_workloads.py")
 REFS = {"hf_gpt2": f"{HF}:gpt2", "hf_resnet": f"{HF}:resnet", "conv_long": "conv",
         "hf_gpt2_long": f"{HF}:gpt2", "hf_resnet_long": f"{HF}:resnet", "tiny": f"{HF}:tiny",
-        "rows": str(HERE / "data_workloads.py") + ":rows"}  # a case name -> the workload
+        "rows": str(HERE / "data_workloads.py") + ":rows",
+        # held-out landscapes' workloads, written after the measurement's rules
+        **{name: str(HERE / "landscape_workloads.py") + f":{name}" for name in ("ocr", "csvrows", "mae")}}
+# a case name -> the workload
 
 
 def stamp() -> dict:

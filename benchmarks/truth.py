@@ -181,6 +181,26 @@ CASES.update({
     ]),
 })
 
+# Workloads the measurement was not built on (the held-out landscapes' ocr, csvrows, mae),
+# each at its landscape's best config and at one that hands batches over from a worker.
+CASES.update({
+    "ocr": ({"size": 1024}, [
+        {"precision": "bf16", "micro_batch_size": 128, "torch_threads": 2, "malloc_retain": True},
+        {"precision": "bf16", "micro_batch_size": 32, "num_workers": 1, "persistent_workers": True,
+         "torch_threads": 1},
+    ]),
+    "csvrows": ({"size": 32768}, [
+        {"precision": "bf16", "micro_batch_size": 1024, "num_workers": 2, "persistent_workers": True,
+         "torch_threads": 1, "malloc_retain": True},
+        {"precision": "fp32", "micro_batch_size": 256, "torch_threads": 2},
+    ]),
+    "mae": ({"size": 1024}, [
+        {"precision": "fp32", "micro_batch_size": 128, "torch_threads": 2, "malloc_retain": True},
+        {"precision": "bf16", "micro_batch_size": 32, "num_workers": 1, "persistent_workers": True,
+         "torch_threads": 1},
+    ]),
+})
+
 # GPU cases: the knobs that only matter there, sizes that keep an epoch near a second.
 GPU_CASES = {
     "conv": ({"size": 4096}, [
