@@ -32,6 +32,8 @@ WHAT = {  # what each benchmark answers, in one line
     "truth": "bench and trials against a user's plain loop on the same config",
     "truth_epochs": "bench's figure against a user's plain loop over whole epochs (epoch boundaries in on both "
                     "sides), on the same config",
+    "truth_heldout": "The same, on the workloads of the held-out landscapes recorded after the measurement's "
+                     "rules (ocr, csvrows, mae): none of them was in view when a rule of the measurement was set",
     "tuner_cpu": "The CPU the tuner's own processes use beside a trial",
     "ray_cost": "What Ray's processes cost a trial beside them",
     "hog": "A CPU hog during a measurement: the figure with disturbance detection on and off",
@@ -396,7 +398,7 @@ def _truth_epochs(data: dict) -> list[str]:
             "turns every round), the config's threads set on both sides. bench's figure is its sustained "
             "rate: the steady step over an epoch of the dataset's length plus one boundary. Ratio: "
             "geometric mean of the rounds' bench / plain, with its 90% interval and the verdict against ±"
-            f"{data.get('tolerance', 0.03):.0%}.", "", *_loop_rows(data["rows"])]
+            f"{data.get('tolerance', 0.03):.0%}.", "", *_loop_rows(data["rows"]), *_pooled(data)]
 
 
 def _truth_default(data: dict) -> list[str]:
@@ -424,6 +426,12 @@ def _truth_default(data: dict) -> list[str]:
     if x:
         out += ["", f"Across the rows: {x['geomean']:.3f} (90% {x['interval_90'][0]:.3f}-{x['interval_90'][1]:.3f})."]
     out += _across_loops(data.get("across_loops"), "rows")
+    return out + _pooled(data)
+
+
+def _pooled(data: dict) -> list[str]:
+    """The rows measured again (``truth.py --again``), each config's rounds pooled."""
+    out: list[str] = []
     pooled = data.get("measured_again_pooled") or []
     if pooled:
         out += ["", "Rows measured again with more rounds (`truth.py --again`), each config's rounds pooled "
@@ -715,6 +723,7 @@ def render() -> str:
                   f"Measured {_when(path, data)} on {_machine(data)}; "
                   f"`{data.get('command') or f'python benchmarks/{path.stem}.py'}`.", ""]
         special = {"search_replay": _search_replay, "search_budget": _search_budget, "search_cost": _search_cost, "truth_default": _truth_default, "truth_epochs": _truth_epochs,
+                   "truth_heldout": _truth_epochs,
                    "trial_overhead": _trial_overhead,
                    "many_cores": _many_cores,
                    "framework_speed": _framework_speed, "framework_overhead": _framework_overhead,
