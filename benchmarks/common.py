@@ -20,12 +20,12 @@ HERE = Path(__file__).parent
 # Hugging Face model definitions on synthetic data, as a user wraps them
 # (hf_workloads.py: BatchEncoding and dict batches, the model's own loss).
 HF = str(HERE / "hf_workloads.py")
+# a case name -> the workload
 REFS = {"hf_gpt2": f"{HF}:gpt2", "hf_resnet": f"{HF}:resnet", "conv_long": "conv",
         "hf_gpt2_long": f"{HF}:gpt2", "hf_resnet_long": f"{HF}:resnet", "tiny": f"{HF}:tiny",
         "rows": str(HERE / "data_workloads.py") + ":rows",
         # held-out landscapes' workloads, written after the measurement's rules
         **{name: str(HERE / "landscape_workloads.py") + f":{name}" for name in ("ocr", "csvrows", "mae")}}
-# a case name -> the workload
 
 
 def stamp() -> dict:

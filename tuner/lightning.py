@@ -149,6 +149,8 @@ class _Steps:
 
     def end_batches(self) -> None:
         """``on_train_batch_end`` of the batches whose step has run."""
+        if not self.ended:  # every micro-batch asks, hooks or not
+            return
         ended, self.ended = self.ended, []
         for outputs, batch, idx in ended:
             self.last.on_train_batch_end(outputs, batch, idx)
