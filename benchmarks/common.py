@@ -24,6 +24,8 @@ HF = str(HERE / "hf_workloads.py")
 REFS = {"hf_gpt2": f"{HF}:gpt2", "hf_resnet": f"{HF}:resnet", "conv_long": "conv",
         "hf_gpt2_long": f"{HF}:gpt2", "hf_resnet_long": f"{HF}:resnet", "tiny": f"{HF}:tiny",
         "rows": str(HERE / "data_workloads.py") + ":rows",
+        "reviews": str(HERE / "data_workloads.py") + ":reviews",
+        "gru_reviews": str(HERE / "data_workloads.py") + ":gru_reviews",
         # held-out landscapes' workloads, written after the measurement's rules
         **{name: str(HERE / "landscape_workloads.py") + f":{name}" for name in ("ocr", "csvrows", "mae")}}
 

@@ -8,6 +8,11 @@ it does not). ``jpeg(random_crop=True)`` is its twin that draws a crop in
 ``rows``: a table in a ``TensorDataset`` behind a small MLP, at large batches: each batch
 is collated from thousands of items, and the objects they make start the interpreter's
 full garbage collections every few steps (``gc_freeze``).
+
+``reviews`` and ``gru_reviews``: token lists of 16-256 tokens, padded per batch by their
+collate, behind a transformer encoder layer (it computes on the padding, masked) and a
+bidirectional GRU over packed sequences (it skips most of it); both give their items'
+lengths (``group_by_length``).
 """
 
 from __future__ import annotations
@@ -81,3 +86,69 @@ def rows(size: int = 200_000, features: int = 64) -> Workload:
         dataset=torch.utils.data.TensorDataset(x, y),
         loss=lambda model, batch: nn.functional.binary_cross_entropy_with_logits(model(batch[0]), batch[1]),
     )
+
+
+class Reviews(torch.utils.data.Dataset):
+    """Token lists of 16 to ``longest`` tokens, each the same on every read (the length of
+    item i is drawn once, up front: what ``lengths`` reads without reading the items)."""
+
+    def __init__(self, size: int = 4096, longest: int = 256, vocab: int = 8000):
+        rng = random.Random(0)
+        self.lengths = [rng.randint(16, longest) for _ in range(size)]
+        self.vocab = vocab
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __getitem__(self, i: int):
+        g = torch.Generator().manual_seed(i)
+        return torch.randint(1, self.vocab, (self.lengths[i],), generator=g), i % 2
+
+
+def _padded(items):
+    tokens = nn.utils.rnn.pad_sequence([t for t, _ in items], batch_first=True)
+    return tokens, torch.tensor([len(t) for t, _ in items]), torch.tensor([y for _, y in items])
+
+
+class Encoder(nn.Module):
+    def __init__(self, vocab: int = 8000, dim: int = 128):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim, padding_idx=0)
+        self.layer = nn.TransformerEncoderLayer(dim, 4, 4 * dim, batch_first=True)
+        self.head = nn.Linear(dim, 2)
+
+    def forward(self, tokens, lengths):
+        mask = tokens != 0
+        h = self.layer(self.embed(tokens), src_key_padding_mask=~mask)
+        return self.head((h * mask.unsqueeze(-1)).sum(1) / lengths.unsqueeze(-1))
+
+
+class Recurrent(nn.Module):
+    def __init__(self, vocab: int = 8000, dim: int = 128):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim, padding_idx=0)
+        self.gru = nn.GRU(dim, dim, batch_first=True, bidirectional=True)
+        self.head = nn.Linear(2 * dim, 2)
+
+    def forward(self, tokens, lengths):
+        packed = nn.utils.rnn.pack_padded_sequence(self.embed(tokens), lengths, batch_first=True,
+                                                   enforce_sorted=False)
+        _, h = self.gru(packed)
+        return self.head(torch.cat([h[0], h[1]], 1))
+
+
+def _classify(model, batch):
+    tokens, lengths, y = batch
+    return nn.functional.cross_entropy(model(tokens, lengths), y)
+
+
+def reviews(size: int = 4096, longest: int = 256) -> Workload:
+    """A transformer encoder layer on token lists padded per batch, with their lengths."""
+    return Workload(model=Encoder, dataset=lambda: Reviews(size, longest), loss=_classify, collate=_padded,
+                    lengths=lambda ds: ds.lengths)
+
+
+def gru_reviews(size: int = 4096, longest: int = 256) -> Workload:
+    """A bidirectional GRU over the packed token lists, with their lengths."""
+    return Workload(model=Recurrent, dataset=lambda: Reviews(size, longest), loss=_classify, collate=_padded,
+                    lengths=lambda ds: ds.lengths)

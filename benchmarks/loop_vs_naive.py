@@ -82,7 +82,7 @@ def _compute_seconds_per_sample(workload: str, args: dict, config: dict, device:
                                 threads: int | None) -> float:
     device = torch.device(device)
     wl = load_workload(workload, args)
-    ctx = apply.context_for(device, has_groups=wl.groups is not None)
+    ctx = apply.context_for(device, wl)
     cfg = knobs.resolve({**config, "num_workers": 0, "torch_threads": threads}, ctx, strict=False)[0]
     t = Trainer(wl, cfg, device)
     ds = t.dataset

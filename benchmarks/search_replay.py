@@ -230,7 +230,7 @@ def context(space: spec.Space, hardware: dict | None = None) -> knobs.Context:
 
     resolved = resolve_config(make_request(workload=space.model.workload, workload_args=space.model.workload_args,
                                            base_dir=str(space.base_dir), device="cpu"))
-    ctx = apply.context_for(resolved.device, has_groups=resolved.workload.groups is not None)
+    ctx = apply.context_for(resolved.device, resolved.workload)
     hardware = hardware or {}
     gpu = space.model.device == "cuda"
     return dataclasses.replace(ctx, device="cuda" if gpu else "cpu",
@@ -520,7 +520,8 @@ def check_live(folder: Path) -> int:
         print(f"the end ({live['ended_at']:.1f} s): the policy would measure more ({end})")
         return 1
     ours, theirs = policy.pick().row, summary.get("best")
-    if (ours and ours["key"]) != (theirs and theirs.get("key", _key(policy, theirs))):
+    # (keys made anew from the configs: a knob added since the search ran is in ours only)
+    if (ours and _key(policy, ours)) != (theirs and _key(policy, theirs)):
         print(f"the pick: the policy picks {ours and ours['config']}, the live search picked {theirs and theirs['config']}")
         return 1
     print(f"{folder}: the same {len(decided)} decisions and the same pick ({ours and ours['config']})")

@@ -915,3 +915,65 @@ def detections() -> Workload:
     """Batches of per-item tensors: DataLoader workers hand each tensor over as one file
     descriptor, three per item."""
     return Workload(model=lambda: nn.Linear(8, 1), dataset=Detections, loss=_detection_loss, collate=_per_item)
+
+
+class Sentences(Dataset):
+    """Token lists of lengths 2-``longest`` (an item's length is ``2 + i * 7919 %
+    (longest - 1)``: every length, in no order), each the same on every read."""
+
+    def __init__(self, size: int = 256, longest: int = 40):
+        self.lengths = [2 + (i * 7919) % (longest - 1) for i in range(size)]
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __getitem__(self, i: int):
+        return torch.arange(1, self.lengths[i] + 1) % 50, i % 2
+
+
+def _pad(items):
+    tokens, labels = zip(*items, strict=True)
+    return torch.nn.utils.rnn.pad_sequence(tokens, batch_first=True), torch.tensor(labels)
+
+
+class BagOfTokens(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed, self.head = nn.Embedding(50, 16, padding_idx=0), nn.Linear(16, 2)
+
+    def forward(self, tokens):
+        return self.head(self.embed(tokens).mean(1))
+
+
+def padded(size: int = 256, longest: int = 40, lengths: str = "ok", iterable: bool = False,
+           ms_per_position: float = 0.0) -> Workload:
+    """Sentences padded per batch by the collate, with their lengths (``group_by_length``);
+    ``lengths``: ``ok``, ``short`` (one too few), ``negative``, ``raises`` or ``none``.
+    ``ms_per_position``: each step also sleeps that long per position of its padded batch
+    (a step whose cost grows with its padding, known exactly)."""
+
+    def given(ds):
+        if lengths == "raises":
+            raise KeyError("length")
+        return {"ok": ds.lengths, "short": ds.lengths[1:], "negative": [-1] + ds.lengths[1:]}[lengths]
+
+    def loss(model, batch):
+        tokens, y = batch
+        if ms_per_position:
+            time.sleep(tokens.shape[1] * ms_per_position / 1e3)
+        return nn.functional.cross_entropy(model(tokens), y)
+
+    def dataset():
+        ds = Sentences(size, longest)
+        return IterableSentences(ds) if iterable else ds
+
+    return Workload(model=BagOfTokens, dataset=dataset, loss=loss, collate=_pad,
+                    lengths=None if lengths == "none" else given)
+
+
+class IterableSentences(torch.utils.data.IterableDataset):
+    def __init__(self, ds: Sentences):
+        self.ds, self.lengths = ds, ds.lengths
+
+    def __iter__(self):
+        return (self.ds[i] for i in range(len(self.ds)))

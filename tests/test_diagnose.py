@@ -98,6 +98,16 @@ def test_channels_last_is_advised_for_a_model_with_conv_layers_only():
     assert not advised({**rec, "has_conv2d": False})
 
 
+def test_length_grouping_is_advised_where_the_workload_gives_lengths_and_its_batches_are_mixed():
+    rec = {"status": "ok", "samples_per_sec": 100.0, "data_wait_fraction": 0.01, "config": {},
+           "hardware": {"cpu_count": 2}}
+    advised = lambda r: [x for x in diagnose(r).recommendations if x.startswith("group_by_length=true")]  # noqa: E731
+    [said] = advised({**rec, "has_lengths": True})
+    assert "padding" in said and "data wait only 1%" in said
+    assert not advised(rec) and not advised({**rec, "has_lengths": False})
+    assert not advised({**rec, "has_lengths": True, "config": {"group_by_length": True}})
+
+
 def test_precision_is_not_advised_where_the_workload_turns_autocast_on_itself():
     # inside the workload's own autocast the knob has no effect: bf16 would read the same
     rec = {"status": "ok", "samples_per_sec": 100.0, "data_wait_fraction": 0.01, "config": {},

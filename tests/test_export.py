@@ -34,9 +34,11 @@ def _results(tmp_path, workload, args, config, hardware=None, base_dir=None):
     # the input pipeline's knobs: the cache filled by the workers, the augment on the device
     ("decoded", {"size": 64, "decode_s": 0.0, "augment": True},
      {"micro_batch_size": 8, "num_workers": 1, "dataset_cache": True, "augment_on": "device"}),
+    # batches by length, the lengths read of the dataset the cache was filled from
+    ("padded", {"size": 128}, {"micro_batch_size": 8, "group_by_length": True, "dataset_cache": True}),
 ])
 def test_the_exported_script_trains_as_it_is(tmp_path, workload, args, config):
-    ref = f"{FIXTURES.name}:{workload}" if workload in ("linear", "decoded", "stream") else workload
+    ref = f"{FIXTURES.name}:{workload}" if workload in ("linear", "decoded", "stream", "padded") else workload
     folder = _results(tmp_path, ref, args, config, base_dir=FIXTURES.parent)
     script = tmp_path / "train.py"
     assert main(["export", str(folder), "--format", "python", "-o", str(script)]) == 0
@@ -61,13 +63,14 @@ def test_hugging_face_training_arguments_accept_the_export(tmp_path, monkeypatch
     monkeypatch.chdir(tmp_path)
     text = _snippet(tmp_path, "hf", {"precision": "bf16", "micro_batch_size": 16, "grad_accum_steps": 2,
                                      "num_workers": 2, "persistent_workers": True, "prefetch_factor": 4,
-                                     "channels_last": True, "torch_threads": 1})
+                                     "channels_last": True, "torch_threads": 1, "group_by_length": True})
     ns: dict = {}
     exec(compile(text, "hf.py", "exec"), ns)  # builds TrainingArguments(**training_args)
     args = ns["args"]
     assert args.bf16 and args.per_device_train_batch_size == 16 and args.gradient_accumulation_steps == 2
     assert args.dataloader_num_workers == 2 and args.dataloader_persistent_workers
     assert args.dataloader_prefetch_factor == 4
+    assert args.train_sampling_strategy == "group_by_length"  # the Trainer's own sampler
     assert "channels_last" in text and "torch.set_num_threads(1)" in text  # said, not dropped
 
 
@@ -214,7 +217,8 @@ def test_the_yaml_export_says_where_each_knob_goes_in_a_loop_of_one_s_own(tmp_pa
 
     config = {"precision": "bf16", "micro_batch_size": 16, "num_workers": 2, "persistent_workers": True,
               "channels_last": True, "fused_optimizer": True, "torch_threads": 1, "malloc_retain": True,
-              "compile": "max-autotune-no-cudagraphs", "grad_accum_steps": 2, "gc_freeze": True}
+              "compile": "max-autotune-no-cudagraphs", "grad_accum_steps": 2, "gc_freeze": True,
+              "group_by_length": True}
     folder = _results(tmp_path, "conv", {}, config)
     assert main(["export", str(folder), "-o", str(tmp_path / "best.yaml")]) == 0
     lines = yaml.safe_load((tmp_path / "best.yaml").read_text())["in_your_loop"]
@@ -231,3 +235,25 @@ def test_the_yaml_export_says_where_each_knob_goes_in_a_loop_of_one_s_own(tmp_pa
     plain = _results(tmp_path / "plain", "conv", {}, {"micro_batch_size": 32})
     assert main(["export", str(plain), "--format", "json"]) == 0
     assert json.loads(capsys.readouterr().out)["in_your_loop"] == []
+
+
+def test_the_exported_script_batches_by_length_as_the_trial_did(tmp_path):
+    import importlib.util
+
+    folder = _results(tmp_path, "conv", {}, {"micro_batch_size": 8, "group_by_length": True})
+    script = tmp_path / "train.py"
+    assert main(["export", str(folder), "--format", "python", "-o", str(script)]) == 0
+    spec = importlib.util.spec_from_file_location("exported_train", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    lengths = [2 + (i * 7919) % 39 for i in range(800)]
+    shards = [module.Batches([list(range(800))], lengths, 8, rank=r, world=2) for r in range(2)]
+    epochs = [[list(s) for s in shards], [list(s) for s in shards]]
+    for shard in epochs[0] + epochs[1]:
+        flat = [i for b in shard for i in b]
+        assert len(flat) == len(set(flat)) == 400
+        padded = sum(len(b) * max(lengths[i] for i in b) for b in shard)
+        assert 1 - sum(lengths[i] for i in flat) / padded < 0.1
+    assert not {i for b in epochs[0][0] for i in b} & {i for b in epochs[0][1] for i in b}
+    assert all(max(lengths[i] for i in shard[0]) == max(lengths) for shard in epochs[0])  # the peak first
+    assert epochs[0][0] != epochs[1][0]

@@ -75,6 +75,27 @@ def test_the_trainers_clipping_and_the_rest_of_its_step_reach_the_workload():
     assert hf_workload(torch.nn.Linear(2, 2), [{"x": torch.zeros(2)}]).clip_grad_norm is None
 
 
+def test_lengths_by_key_read_each_item_s_tokens_or_the_dataset_s_column():
+    # as the Trainer's own length-grouped sampler reads input_ids
+    import torch
+
+    from tuner.hf import hf_workload
+
+    items = [{"input_ids": torch.ones(n, dtype=torch.long)} for n in (3, 7, 5)]
+    wl = hf_workload(torch.nn.Linear(2, 2), items, lengths="input_ids")
+    assert wl.lengths(items) == [3, 7, 5]
+
+    class Columns(list):  # a datasets.Dataset answers a column's name with the column
+        column_names = ["input_ids"]
+
+        def __getitem__(self, key):
+            return [x["input_ids"] for x in self] if key == "input_ids" else super().__getitem__(key)
+
+    assert wl.lengths(Columns(items)) == [3, 7, 5]
+    own = lambda ds: [1, 1, 1]  # noqa: E731
+    assert hf_workload(torch.nn.Linear(2, 2), items, lengths=own).lengths is own
+
+
 @pytest.mark.slow
 def test_a_model_that_returns_no_loss_is_one_line_naming_the_fix(tmp_path):
     r = _bench(tmp_path, "labels_from: null")

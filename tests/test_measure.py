@@ -247,6 +247,12 @@ def _plain_epochs_here(name: str, args: dict, config: dict, epochs: int) -> floa
 
     if config.get("batch_grouping") == "by_source":
         loader = DataLoader(dataset, batch_sampler=BySource(), **workers)
+    elif config.get("group_by_length"):  # the order the exported script draws (its Batches)
+        from tuner.loop import GroupedBatchSampler
+
+        sampler = GroupedBatchSampler(None, bs, lengths=workload.lengths(dataset), size=len(dataset),
+                                      seed=random.randrange(1 << 30))
+        loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=workload.collate, **workers)
     else:
         loader = DataLoader(dataset, batch_size=bs, shuffle=True, drop_last=True, **workers)
 
@@ -712,6 +718,24 @@ def test_steps_of_unequal_cost_read_at_their_average():
     assert r["status"] == "ok", r.get("reason")
     assert r["epoch_overhead_from"] == "windows"
     assert r["samples_per_sec"] <= 1.01 * 8 / 0.020  # never above the sleeps alone
+    assert r["samples_per_sec"] == pytest.approx(plain, rel=0.05), (plain, r["samples_per_sec_windows"])
+
+
+@ALONE
+@pytest.mark.slow
+def test_batches_grouped_by_length_read_at_their_epoch_s_rate():
+    # Each step sleeps 1 ms per position of its padded batch: batches by length cost from
+    # 2 to 40 ms, in pairs of a long and a short one, windows of whole pairs. The
+    # reference is a plain loop over whole epochs in the same order, run before and after.
+    # (That the pairs cost alike is test_loop's; here, that the figure is the epochs'.)
+    config = {"micro_batch_size": 8, "group_by_length": True}
+    args = {"size": 1024, "ms_per_position": 1.0}
+    before = _plain_epochs("padded", args, config)
+    r = _run("padded", args, config, measure={"warmup_steps": 2, "window_s": 0.3, "min_windows": 10,
+                                              "max_windows": 10, "max_timed_s": 30.0})
+    plain = (before + _plain_epochs("padded", args, config)) / 2
+    assert r["status"] == "ok", r.get("reason")
+    assert r["window_steps"] % 2 == 0  # whole pairs
     assert r["samples_per_sec"] == pytest.approx(plain, rel=0.05), (plain, r["samples_per_sec_windows"])
 
 

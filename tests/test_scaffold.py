@@ -339,6 +339,12 @@ def test_the_input_pipeline_s_knobs_are_written_where_reading_the_items_costs_th
     # the augment's placement: on a GPU only (on a CPU the device is the host)
     assert pipeline_lines(never, fit(100.0, map_style=False), "cuda", True)[0][:2] == ("augment_on", ["host", "device"])
     assert pipeline_lines(never, fit(100.0, map_style=False), "cpu", True) == []
+    # the batches' own knobs, where the workload gives sources or lengths of a map-style dataset
+    said.clear()
+    lines = {k: v for k, v, _ in pipeline_lines(lambda: rows, fit(0.05), "cpu", False, say=said.append,
+                                                 has_groups=True, has_lengths=True)}
+    assert lines == {"batch_grouping": ["mixed", "by_source"], "group_by_length": [False, True]} and not said
+    assert pipeline_lines(never, fit(100.0, map_style=False), "cpu", False, has_groups=True, has_lengths=True) == []
 
 
 @pytest.mark.slow

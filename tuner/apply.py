@@ -22,15 +22,17 @@ from tuner.knobs import MALLOC_RETAIN_ENV, Context
 _MALLOPT = ((-3, int(MALLOC_RETAIN_ENV["MALLOC_MMAP_THRESHOLD_"])), (-1, -1))  # <malloc.h>: M_MMAP_THRESHOLD, M_TRIM_THRESHOLD
 
 
-def context_for(device: torch.device, has_groups: bool = False, has_augment: bool = False) -> Context:
-    """The Context of this process's hardware."""
+def context_for(device: torch.device, workload: Any = None) -> Context:
+    """The Context of this process's hardware, for ``workload`` (a ``Workload``: the knobs
+    that apply to some workloads only)."""
     from tuner.hardware import cpu_has_bf16, usable_cores
+    from tuner.workloads import workload_facts
 
     bf16_ok = True
     if device.type == "cuda":
         bf16_ok = torch.cuda.is_bf16_supported()
-    return Context(device=device.type, cpu_count=usable_cores(),
-                   has_groups=has_groups, has_augment=has_augment, bf16_ok=bf16_ok, fp16_ok=True,
+    return Context(device=device.type, cpu_count=usable_cores(), **workload_facts(workload), bf16_ok=bf16_ok,
+                   fp16_ok=True,
                    bf16_native=device.type != "cpu" or cpu_has_bf16())
 
 

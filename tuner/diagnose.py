@@ -186,6 +186,9 @@ def diagnose(record: dict, max_memory_mb: float | None = None) -> Diagnosis:
             advise(f"precision=bf16 ({evidence}; {GUIDES['compute']})", precision="bf16")
         if c["compile"] == "off":
             advise(f"compile=default (measure: on small CPU models it can be slower; {evidence})", compile="default")
+        if not c.get("group_by_length") and record.get("has_lengths"):
+            advise(f"group_by_length=true (items of similar length batched together: less of the step's work is "
+                   f"padding; {evidence})", group_by_length=True)
         if not c["fused_optimizer"] and record.get("fused_step") is not False:  # unknown in older records
             advise("fused_optimizer=true", fused_optimizer=True)
         if not c["channels_last"] and record.get("has_conv2d") is not False:  # unknown in older records

@@ -14,7 +14,7 @@ lines: the model's own loss, batches passed to the model as keyword arguments.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from tuner.errors import UserError, WorkloadError
@@ -25,7 +25,8 @@ def hf_workload(model: Any, dataset: Any, *, model_class: Any = None, labels_fro
                 collate: Callable[[list], Any] | None = None,
                 optimizer: Callable[[Any], Any] | None = None,
                 flops_per_sample: float | None = None, clip_grad_norm: float | None = None,
-                after_step: Callable[[Any, Any], None] | None = None) -> Workload:
+                after_step: Callable[[Any, Any], None] | None = None,
+                lengths: Callable[[Any], Sequence[int]] | str | None = None) -> Workload:
     """A Workload whose loss is the model's own (``model(**batch).loss``).
 
     Args:
@@ -44,10 +45,28 @@ def hf_workload(model: Any, dataset: Any, *, model_class: Any = None, labels_fro
         collate, optimizer, flops_per_sample, clip_grad_norm, after_step: as in
             ``tuner.Workload`` (a ``DataCollatorWithPadding`` for token lists of unequal
             length; ``clip_grad_norm=1.0`` measures the clipping the Trainer does by default).
+        lengths: each item's length, as in ``tuner.Workload`` (``group_by_length``), or the
+            name of the item's key to take it from (``"input_ids"``, as the Trainer's own
+            length-grouped sampler: every item is read once for it).
     """
     return Workload(model=_model_factory(model, model_class), dataset=dataset,
                     loss=ModelLoss(labels_from), collate=collate, optimizer=optimizer,
-                    flops_per_sample=flops_per_sample, clip_grad_norm=clip_grad_norm, after_step=after_step)
+                    flops_per_sample=flops_per_sample, clip_grad_norm=clip_grad_norm, after_step=after_step,
+                    lengths=KeyLengths(lengths) if isinstance(lengths, str) else lengths)
+
+
+class KeyLengths:
+    """``lengths(dataset)``: the length of each item's ``key`` (a ``datasets.Dataset`` is
+    read by column, where the Trainer's own sampler would read its ``length`` column)."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+
+    def __call__(self, dataset: Any) -> list[int]:
+        names = getattr(dataset, "column_names", None)
+        if names is not None and self.key in names:
+            return [len(x) for x in dataset[self.key]]
+        return [len(dataset[i][self.key]) for i in range(len(dataset))]
 
 
 class ModelLoss:

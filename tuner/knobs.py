@@ -39,6 +39,7 @@ class Context:
     cpu_count: int
     has_groups: bool = False  # the workload has several sources (batch_grouping)
     has_augment: bool = False  # the workload has a per-batch augment (augment_on)
+    has_lengths: bool = False  # the workload gives its items' lengths (group_by_length)
     bf16_ok: bool = True
     fp16_ok: bool = True
     # bf16 in hardware (a CPU with AVX512-BF16 or AMX): without it a CPU runs bf16 autocast
@@ -78,6 +79,11 @@ def _needs_workers(config: dict, ctx: Context) -> str | None:
 def _needs_groups(config: dict, ctx: Context) -> str | None:
     """multi-source workloads (Workload.groups)"""
     return None if ctx.has_groups else "the workload has a single source"
+
+
+def _needs_lengths(config: dict, ctx: Context) -> str | None:
+    """workloads that give their items' lengths (Workload.lengths)"""
+    return None if ctx.has_lengths else "the workload gives no lengths (Workload.lengths)"
 
 
 def _needs_augment(config: dict, ctx: Context) -> str | None:
@@ -176,6 +182,16 @@ _TABLE = [
     Knob("batch_grouping", str, "multi-source data: mixed batches, or each batch from one source",
          "mixed", lambda ctx: "by_source" if ctx.has_groups else "mixed", choices=GROUPINGS,
          inactive=_needs_groups, recompiles=True, loader=True, priority=3),
+    # A collate pads a batch to its longest item: in a batch drawn at random from items of
+    # lengths 20-300, about half of the step's work is padding. Batches of items of similar
+    # length (drawn from a window of many batches, as the Hugging Face Trainer's
+    # group_by_length does) pad little; the order of the batches stays random, in pairs
+    # that cost about alike (tuner.loop.balanced).
+    Knob("group_by_length", bool, "each batch from items of similar length (Workload.lengths): the items of "
+         "50 batches drawn at random, sorted by length and cut into batches, which come in pairs of a long and a "
+         "short one, the pairs in a random order",
+         False, lambda ctx: ctx.has_lengths, inactive=_needs_lengths, recompiles=True, loader=True, priority=3,
+         cost="batches are not drawn independently: each holds items of similar length"),
     # The input pipeline's own work (tuner/data.py): what an item costs to produce, paid
     # once rather than every epoch, where reading an item twice gives the same item.
     Knob("dataset_cache", bool, "items read once through __getitem__, then served from memory the DataLoader "

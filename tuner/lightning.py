@@ -27,7 +27,7 @@ module the same way for the same reason).
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -51,7 +51,8 @@ _LIGHTNING = ("lightning", "pytorch_lightning", "lightning_fabric")
 def lightning_workload(module: Any, *, datamodule: Any = None, dataset: Any = None,
                        collate: Callable[[list], Any] | None = None,
                        flops_per_sample: float | None = None, clip_grad_norm: float | None = None,
-                       after_step: Callable[[Any, Any], None] | None = None) -> Workload:
+                       after_step: Callable[[Any, Any], None] | None = None,
+                       lengths: Callable[[Any], Sequence[int]] | None = None) -> Workload:
     """A Workload that trains a LightningModule with its own ``training_step``.
 
     Args:
@@ -68,6 +69,7 @@ def lightning_workload(module: Any, *, datamodule: Any = None, dataset: Any = No
         after_step: the rest of each optimizer step that a Lightning callback does (an EMA
             callback), as in ``tuner.Workload``; ``model`` is the ``TrainingStep`` (its
             ``module`` the LightningModule). The module's own batch hooks need none.
+        lengths: each item's length, as in ``tuner.Workload`` (``group_by_length``).
     """
     if (datamodule is None) == (dataset is None):
         raise UserError("lightning_workload: give a datamodule or a dataset (one of the two)")
@@ -81,7 +83,7 @@ def lightning_workload(module: Any, *, datamodule: Any = None, dataset: Any = No
     steps = _Steps(factory)
     return Workload(model=steps.model, dataset=dataset, loss=steps.loss, collate=collate,
                     optimizer=steps.optimizer, flops_per_sample=flops_per_sample, clip_grad_norm=clip_grad_norm,
-                    after_step=_AfterStep(steps, after_step))
+                    after_step=_AfterStep(steps, after_step), lengths=lengths)
 
 
 def overrides(module: Any, hook: str) -> bool:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import random
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NoReturn
 
 import torch
@@ -81,27 +81,47 @@ class EpochSampler(_EpochLimit, Sampler[int]):
             yield index
 
 
-class GroupedBatchSampler(_EpochLimit, Sampler[list[int]]):
-    """Batches that each hold samples of one source (``batch_grouping=by_source``)."""
+# group_by_length draws the items of this many batches at random, then sorts them by length
+# (the Hugging Face Trainer's LengthGroupedSampler's window, ``mega_batch_mult``)
+LENGTH_WINDOW_BATCHES = 50
 
-    def __init__(self, groups: list[list[int]], batch_size: int, limit: int | None = None, seed: int = 0,
-                 rank: int = 0, world: int = 1):
-        self.groups, self.batch_size, self.limit, self.current = groups, batch_size, limit, limit
+
+class GroupedBatchSampler(_EpochLimit, Sampler[list[int]]):
+    """Batches built per epoch, then shuffled: each holds samples of one source
+    (``groups``: ``batch_grouping=by_source``; None: one source, the whole dataset) and,
+    with ``lengths`` (``group_by_length``), of similar length: each source's items in a
+    random order, cut into windows of ``LENGTH_WINDOW_BATCHES`` batches, each window
+    sorted by length and cut into batches, the batches in pairs of a long one and a short
+    one (``balanced``), and the first epoch starts on the longest.
+    With ``world`` ranks, each rank takes its share of the batches."""
+
+    def __init__(self, groups: list[list[int]] | None, batch_size: int, limit: int | None = None, seed: int = 0,
+                 rank: int = 0, world: int = 1, lengths: Sequence[int] | None = None, size: int = 0):
+        self.groups = groups if groups is not None else [list(range(size))]
+        self.batch_size, self.limit, self.current, self.lengths = batch_size, limit, limit, lengths
         self.seed, self.epoch, self.rank, self.world = seed, 0, rank, world
 
     def _all_batches(self) -> list[list[int]]:
         rng = random.Random(self.seed + self.epoch)
-        batches = []
+        bs, batches = self.batch_size, []
         for group in self.groups:
             idx = list(group)
             rng.shuffle(idx)
-            batches += [idx[i:i + self.batch_size] for i in range(0, len(idx) - self.batch_size + 1, self.batch_size)]
+            if self.lengths is not None:
+                window = bs * max(1, min(LENGTH_WINDOW_BATCHES, len(idx) // (4 * bs)))
+                idx = [i for w in range(0, len(idx), window)
+                       for i in sorted(idx[w:w + window], key=self.lengths.__getitem__, reverse=True)]
+            batches += [idx[i:i + bs] for i in range(0, len(idx) - bs + 1, bs)]
+        if self.lengths is not None:
+            cost = [max(map(self.lengths.__getitem__, b)) for b in batches]
+            return balanced(batches, cost, rng, self.rank, self.world, longest_first=self.epoch == 0)
         rng.shuffle(batches)
         per_rank = len(batches) // self.world
         return batches[self.rank:per_rank * self.world:self.world]
 
     def __len__(self) -> int:
-        n = sum(len(g) // self.batch_size for g in self.groups) // self.world
+        n = sum(len(g) // self.batch_size for g in self.groups)
+        n = 2 * (n // 2 // self.world) if self.lengths is not None else n // self.world  # balanced()'s pairs
         return n if self.limit is None else min(n, max(1, self.limit // self.batch_size))
 
     def __iter__(self) -> Iterator[list[int]]:
@@ -112,6 +132,48 @@ class GroupedBatchSampler(_EpochLimit, Sampler[list[int]]):
             if self._ends(i * self.batch_size):
                 return
             yield batch
+
+
+def balanced(batches: list[list[int]], cost: list[int], rng: random.Random, rank: int = 0, world: int = 1,
+             longest_first: bool = False) -> list[list[int]]:
+    """Rank ``rank``'s share of ``batches`` (of ``world``), in pairs of a long batch and a
+    short one (the longest with the shortest, the second longest with the second
+    shortest...: pairs that cost about alike), the pairs in a random order. Shuffled one by
+    one, batches of one length cost alike and come in runs of long ones or of short ones:
+    a few seconds of steps then read a rate of their own, not the epoch's. In pairs, every
+    two steps cost about the epoch's mean, for a measurement as for a progress bar; and the
+    ranks, dealt whole pairs in turn, step long batches at once (none waits on another's).
+    ``longest_first``: each rank starts on its pair that holds its longest batch, as the
+    Hugging Face sampler does: the warm-up meets the run's peak memory, so a config that
+    cannot hold its longest batch fails there, not hours into the user's run. An odd
+    batch out and the pairs left after the ranks' equal shares are left out."""
+    order = sorted(range(len(batches)), key=cost.__getitem__)
+    pairs = [(order[-1 - k], order[k]) for k in range(len(order) // 2)]
+    rng.shuffle(pairs)
+    mine = pairs[rank:len(pairs) // world * world:world]
+    if longest_first and mine:
+        top = max(range(len(mine)), key=lambda p: cost[mine[p][0]])
+        mine.insert(0, mine.pop(top))
+    return [batches[b] for pair in mine for b in pair]
+
+
+def item_lengths(workload: Workload, dataset: Any) -> list[int]:
+    """``Workload.lengths`` of ``dataset``, checked: one non-negative whole number per item
+    (a ``UserError`` naming it otherwise)."""
+    got = _call(lambda: workload.lengths(dataset), "lengths")
+    got = got.tolist() if callable(getattr(got, "tolist", None)) else got  # a tensor or an array
+    try:
+        lengths = [int(n) for n in got]
+        bad = next((was for n, was in zip(lengths, got, strict=True) if n < 0 or n != was), None)
+    except (TypeError, ValueError):
+        raise UserError(f"Workload.lengths returned {type(got).__name__}: return one whole number per item "
+                        f"(a list, or a 1-D tensor)") from None
+    if len(lengths) != len(dataset):
+        raise UserError(f"Workload.lengths returned {len(lengths)} lengths for a dataset of {len(dataset)} items: "
+                        f"return one per item")
+    if bad is not None:
+        raise UserError(f"Workload.lengths returned {bad!r}: each item's length is a whole number >= 0")
+    return lengths
 
 
 class Trainer:
@@ -126,6 +188,8 @@ class Trainer:
         self.workload, self.config, self.device, self.baseline = workload, config, device, baseline
         self.accum = config["grad_accum_steps"]
         self.samples_per_step = config["micro_batch_size"] * self.accum  # per rank
+        # micro-batches that cost about the epoch's mean together (``balanced``'s pairs)
+        self.batch_round = 2 if config["group_by_length"] else 1
         self.rank, self.world = _ranks(config["world_size"])
         self.notes: list[str] = []  # what the Trainer decided on its own (find_unused_parameters)
         torch.manual_seed(seed)
@@ -179,6 +243,7 @@ class Trainer:
         # 4b. the dataset's items read once, into memory the loader's workers share (before
         #     the loader: the workers it starts read the cache, not the dataset);
         self.cache_fill_s: float | None = None
+        self.own_dataset = self.dataset  # what Workload.groups and .lengths are asked of, cached or not
         if config["dataset_cache"]:
             self.dataset = apply.apply_dataset_cache(self.dataset, config["num_workers"])
             self.cache_fill_s = self.dataset.fill_s
@@ -243,15 +308,25 @@ class Trainer:
             kwargs["worker_init_fn"] = self.worker_collections
         bs = cfg["micro_batch_size"]
         if isinstance(ds, IterableDataset) or not hasattr(ds, "__len__"):
+            if cfg["group_by_length"]:
+                raise KnobRefused("knob 'group_by_length=True': the dataset is iterable, so its stream orders its "
+                                  "items (a map-style dataset is batched by length)", "group_by_length",
+                                  values=[True])
             return DataLoader(ds, batch_size=bs, drop_last=True, collate_fn=collate, **kwargs), None
         if len(ds) < bs:
             raise KnobRefused(f"knob 'micro_batch_size={bs}' is larger than the dataset ({len(ds)} samples)",
                               "micro_batch_size", at_least=bs)
-        if cfg["batch_grouping"] == "by_source":
-            groups = _call(lambda: self.workload.groups(ds), "groups")
-            sampler = GroupedBatchSampler(groups, bs, seed=seed, rank=self.rank, world=self.world)
+        if cfg["batch_grouping"] == "by_source" or cfg["group_by_length"]:
+            own = self.own_dataset
+            groups = (_call(lambda: self.workload.groups(own), "groups") if cfg["batch_grouping"] == "by_source"
+                      else None)
+            lengths = item_lengths(self.workload, own) if cfg["group_by_length"] else None
+            sampler = GroupedBatchSampler(groups, bs, seed=seed, rank=self.rank, world=self.world, lengths=lengths,
+                                          size=len(ds))
             if len(sampler) == 0:
-                raise UserError(f"knob 'micro_batch_size={bs}' is larger than every source of the dataset")
+                raise UserError(f"knob 'micro_batch_size={bs}' is larger than every source of the dataset"
+                                if groups is not None else f"knob 'micro_batch_size={bs}' is larger than a rank's "
+                                f"share of the dataset ({len(ds) // self.world} samples)")
             return DataLoader(ds, batch_sampler=sampler, collate_fn=collate, **kwargs), sampler
         if len(ds) // self.world < bs:
             raise UserError(f"knob 'micro_batch_size={bs}' is larger than a rank's shard of the dataset "

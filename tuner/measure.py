@@ -277,7 +277,9 @@ class WindowPlan:
         # window is also capped in time, and sizes the windows after it.
         est = agree.max(min(warm.steps[-2:]) if len(warm.steps) >= 2 else warm.steps[-1])[0]
         workers = getattr(trainer.loader, "num_workers", 0)
-        cycle = math.lcm(workers, trainer.accum) // trainer.accum if workers else 1
+        # (and batches by length come in pairs of a long and a short one: whole pairs too)
+        round_ = math.lcm(max(workers, 1), trainer.batch_round)
+        cycle = math.lcm(round_, trainer.accum) // trainer.accum if round_ > 1 else 1
         min_steps = cycle * max(1, math.ceil(2 * workers / (cycle * trainer.accum)))  # two rounds
         # Five windows must fit in an epoch (see size_epochs): where the dataset is shorter
         # than five windows of the asked length but holds five of two rounds each, the

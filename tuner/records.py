@@ -132,6 +132,7 @@ class Outcome(TypedDict, total=False):
     intra_op_threads: int  # torch.get_num_threads() in the trial: the knob's, or the user's default
     has_groups: bool
     has_augment: bool  # the workload has a per-batch augment (augment_on)
+    has_lengths: bool  # the workload gives its items' lengths (group_by_length)
     map_style: bool  # the dataset reads items by index (dataset_cache can apply)
     has_conv2d: bool  # the model has Conv2d layers (channels_last can matter)
     clip_grad_norm: float | None  # the workload's gradient clipping (Workload.clip_grad_norm)
@@ -408,8 +409,8 @@ def aggregate(records: list[Record], metric: str) -> list[dict]:
         row["memory_mb"] = memory_mb(row) if ok else None
         row["hardware"] = rs[0].get("hardware")
         row["notes"] = rs[0].get("notes") or []
-        for fact in ("has_groups", "has_augment", "map_style", "has_conv2d", "clip_grad_norm", "has_after_step",
-                     "half_params"):
+        for fact in ("has_groups", "has_augment", "has_lengths", "map_style", "has_conv2d", "clip_grad_norm",
+                     "has_after_step", "half_params"):
             row[fact] = rs[0].get(fact)
         row["own_autocast"] = next((r["own_autocast"] for r in ok if r.get("own_autocast")), None)
         rows.append(row)

@@ -180,6 +180,24 @@ def export_payload(res: Results, row: dict) -> dict:
     }
 
 
+# group_by_length in a loop of one's own (the exported script's Batches sampler does it)
+GROUP_BY_LENGTH = ("a batch_sampler that takes the items of 50 batches at random, sorts them by length, cuts them into "
+                   "batches and shuffles the batches (the first epoch starting on the longest, where its peak "
+                   "memory shows at once)")
+
+
+def _hf_group_by_length() -> dict:
+    """The Trainer's own length-grouped sampler, by the name this transformers gives it."""
+    try:
+        from transformers import TrainingArguments
+    except ImportError:  # no transformers here: the current name
+        return {"train_sampling_strategy": "group_by_length"}
+    fields = getattr(TrainingArguments, "__dataclass_fields__", {})
+    if "train_sampling_strategy" in fields or "group_by_length" not in fields:
+        return {"train_sampling_strategy": "group_by_length"}
+    return {"group_by_length": True}
+
+
 def in_your_loop(config: dict, *, gpu: bool, find_unused: bool = False) -> list[str]:
     """One line of plain PyTorch per knob the config sets away from PyTorch's defaults:
     where it goes in a training loop of one's own."""
@@ -229,6 +247,8 @@ def in_your_loop(config: dict, *, gpu: bool, find_unused: bool = False) -> list[
         lines.append('tf32=True: torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True')
     if c["batch_grouping"] == "by_source":
         lines.append("batch_grouping=by_source: a batch_sampler whose batches each hold one source")
+    if c["group_by_length"]:
+        lines.append(f"group_by_length=True: {GROUP_BY_LENGTH}")
     lines += _data_lines(c)
     if c["world_size"] > 1:
         hook = "" if c["ddp_comm_hook"] == "none" else f"; model.register_comm_hook(None, default_hooks.{c['ddp_comm_hook']}_hook)"
@@ -331,6 +351,10 @@ def hf_kwargs(payload: dict) -> tuple[dict, list[str]]:
         unsaid.append("non_blocking=True: the Trainer moves batches itself (not settable)")
     if c["batch_grouping"] == "by_source":
         unsaid.append("batch_grouping=by_source: a batch sampler of one source per batch (override get_train_dataloader)")
+    if c["group_by_length"]:
+        kw.update(_hf_group_by_length())
+        unsaid.append("group_by_length=True: the Trainer reads each item's input_ids for its length, once, at the "
+                      "start (a datasets.Dataset with a 'length' column is read for it instead)")
     if c["fused_optimizer"]:
         unsaid.append("fused_optimizer: optim='adamw_torch_fused' is AdamW; with another optimizer pass fused=True to it")
     unsaid += _data_lines(c)
@@ -417,6 +441,8 @@ def lightning_kwargs(payload: dict) -> tuple[dict, dict, list[str]]:
         code.append(f"model = {_compile_call(c)}  # the LightningModule, before trainer.fit")
     if c["batch_grouping"] == "by_source":
         code.append("# batch_grouping=by_source: a batch_sampler whose batches each hold one source")
+    if c["group_by_length"]:
+        code.append(f"# group_by_length: {GROUP_BY_LENGTH}")
     if payload.get("has_after_step"):
         code.append("# the workload's after_step (measured after each optimizer step): call it from a Callback's "
                     "on_train_batch_end")

@@ -232,14 +232,23 @@ def knob_lines(device: str, cores: int, bf16: bool, conv: bool, compiler: bool,
 
 
 def pipeline_lines(dataset: Callable[[], Any], fit: Fit, device: str, has_augment: bool,
-                   say: Callable[[str], None] = print) -> list[tuple[str, object, str]]:
-    """(knob, values, why) for the input pipeline's own knobs. ``dataset_cache`` where
+                   say: Callable[[str], None] = print, *, has_groups: bool = False,
+                   has_lengths: bool = False) -> list[tuple[str, object, str]]:
+    """(knob, values, why) for the input pipeline's own knobs. ``batch_grouping`` where the
+    workload has sources, ``group_by_length`` where it gives a map-style dataset's lengths.
+    ``dataset_cache`` where
     reading a micro-batch's items takes ``CACHE_WAIT`` of the probe's step at the largest
     batch more than reading them from the cache (timed here on a sample of the items of
     ``dataset()``, a map-style one), and the items are the same on two reads and fit in
     the memory free now (otherwise ``say`` says why it is left out, and the fix where
     there is one); ``augment_on`` on a GPU where the workload has a per-batch augment."""
     lines: list[tuple[str, object, str]] = []
+    if has_groups and fit.map_style:
+        lines.append(("batch_grouping", ["mixed", "by_source"], "the workload has sources (Workload.groups): "
+                                                               "batches of one source each"))
+    if has_lengths and fit.map_style:
+        lines.append(("group_by_length", [False, True], "the workload gives its items' lengths (Workload.lengths): "
+                                                       "batches of items of similar length pad less"))
     probe = fit.at_largest
     if probe is not None and probe.step_ms and fit.map_style:
         try:
@@ -456,6 +465,7 @@ def init_space(workload: str, workload_args: dict, out: Path, *, device: str = "
             f"precision knob has no effect; take it out of the workload to search precision" if fit.own_autocast else
             f"the model's parameters are {fit.half_params} as the workload builds them, so autocast runs the same "
             f"ops; build it in float32 to search precision"))
-    lines += pipeline_lines(wl.dataset, fit, device, wl.augment is not None, say=say)
+    lines += pipeline_lines(wl.dataset, fit, device, wl.augment is not None, say=say,
+                            has_groups=wl.groups is not None, has_lengths=wl.lengths is not None)
     return write_space(out, name=stem, workload=seen_from(workload, out), workload_args=workload_args, device=device,
                        fit=fit, lines=lines, trials=trials, cap_note=cap_note)

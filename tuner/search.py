@@ -251,7 +251,7 @@ def trial_context(space: spec.Space, device: str, gpus_per_trial: int, shape: di
     a trial's process can use gets a ``note``."""
     import ray
 
-    from tuner.workloads import load_workload
+    from tuner.workloads import load_workload, workload_facts
 
     m = space.model
     facts = (ray.remote(num_gpus=gpus_per_trial)(_gpu_facts) if device == "cuda"
@@ -270,8 +270,8 @@ def trial_context(space: spec.Space, device: str, gpus_per_trial: int, shape: di
     for name, values in space.domain.items():  # a GPU knob searched on CPUs is a wasted trial
         if knobs.KNOBS[name].gpu_only and device != "cuda" and len(values) > 1:
             raise UserError(f"knobs.{name}: a GPU knob, but this search runs on CPUs; remove it or fix it")
-    return knobs.Context(device=device, cpu_count=shape["max_node_cpus"], has_groups=workload.groups is not None,
-                         has_augment=workload.augment is not None, bf16_ok=bf16_ok, bf16_native=bf16_native), cuda_there
+    return knobs.Context(device=device, cpu_count=shape["max_node_cpus"], **workload_facts(workload),
+                         bf16_ok=bf16_ok, bf16_native=bf16_native), cuda_there
 
 
 def _gpu_facts() -> tuple[bool, bool, int]:

@@ -129,8 +129,7 @@ def resolve_config(request: TrialRequest) -> Resolved:
     device = torch.device(pick_device(request.device))
     base = Path(request.base_dir) if request.base_dir else None
     workload = load_workload(request.workload, request.workload_args, base)
-    ctx = apply.context_for(device, has_groups=workload.groups is not None,
-                            has_augment=workload.augment is not None)
+    ctx = apply.context_for(device, workload)
     config, notes = knobs.resolve(request.config, ctx, strict=request.strict)
     return Resolved(config, notes, workload, device)
 
@@ -149,8 +148,7 @@ def bench_request(space: Any, overrides: dict | None = None, baseline: bool = Fa
     if baseline:
         config = {**space.baseline_config(), **overrides}
     else:
-        ctx = apply.context_for(resolved.device, has_groups=resolved.workload.groups is not None,
-                                has_augment=resolved.workload.augment is not None)
+        ctx = apply.context_for(resolved.device, resolved.workload)
         config = space.recommended_config(ctx, given=overrides)
     config = space.derive(config)
     # only what the user set is checked strictly: advice it leaves without effect
@@ -237,14 +235,14 @@ def workload_facts(workload: Any, trainer: Any) -> dict:
     can apply to it (the diagnosis advises none that cannot) and the hardware."""
     from tuner import apply
     from tuner.hardware import describe
-    from tuner.workloads import users_after_step
+    from tuner.workloads import users_after_step, workload_facts
 
     # whether the optimizer takes a fused step here (its class, its device, no sparse gradients)
     try:
         fused_step = trainer.config["fused_optimizer"] or apply.fused_optimizer_of(trainer.optimizer, trainer.model) is None
     except Exception:  # an optimizer that cannot be rebuilt from its defaults: unknown
         fused_step = None
-    return {"has_groups": workload.groups is not None, "has_augment": workload.augment is not None,
+    return {**workload_facts(workload),
             "clip_grad_norm": workload.clip_grad_norm, "has_after_step": users_after_step(workload) is not None,
             "half_params": trainer.half_params,
             "map_style": trainer.sampler is not None, "has_conv2d": apply.has_conv2d(trainer.model),

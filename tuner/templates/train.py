@@ -60,22 +60,45 @@ def move(batch, device, non_blocking, channels_last):
     return batch
 
 
-class BySource(torch.utils.data.Sampler):
-    """batch_grouping=by_source: each batch holds samples of one source."""
+class Batches(torch.utils.data.Sampler):
+    """batch_grouping=by_source: each batch holds samples of one source (groups);
+    group_by_length: of similar length (lengths): the items of 50 batches drawn at random,
+    sorted by length and cut into batches; the batches then come in pairs of a long one
+    and a short one (every two steps cost about the epoch's mean), the pairs in a random
+    order, each rank taking whole pairs in turn, and the first epoch starting on the
+    longest (its peak memory shows at once). Without lengths the batches' order is random;
+    with several ranks each takes its share."""
 
-    def __init__(self, groups, batch_size):
-        self.groups, self.batch_size = groups, batch_size
+    def __init__(self, groups, lengths, batch_size, rank=0, world=1, seed=0):
+        self.groups, self.lengths, self.batch_size = groups, lengths, batch_size
+        self.rank, self.world, self.seed, self.epoch = rank, world, seed, 0
 
     def __len__(self):
-        return sum(len(g) // self.batch_size for g in self.groups)
+        n = sum(len(g) // self.batch_size for g in self.groups)
+        return 2 * (n // 2 // self.world) if self.lengths is not None else n // self.world
 
     def __iter__(self):
-        batches = []
+        rng, bs, batches = random.Random(self.seed + self.epoch), self.batch_size, []
         for g in self.groups:
-            g = random.sample(g, len(g))
-            batches += [g[i:i + self.batch_size] for i in range(0, len(g) - self.batch_size + 1, self.batch_size)]
-        random.shuffle(batches)
-        return iter(batches)
+            g = rng.sample(g, len(g))
+            if self.lengths is not None:
+                window = bs * max(1, min(50, len(g) // (4 * bs)))
+                g = [i for w in range(0, len(g), window)
+                     for i in sorted(g[w:w + window], key=self.lengths.__getitem__, reverse=True)]
+            batches += [g[i:i + bs] for i in range(0, len(g) - bs + 1, bs)]
+        first, self.epoch = self.epoch == 0, self.epoch + 1
+        if self.lengths is None:
+            rng.shuffle(batches)
+            per_rank = len(batches) // self.world
+            return iter(batches[self.rank:per_rank * self.world:self.world])
+        cost = [max(self.lengths[i] for i in b) for b in batches]
+        order = sorted(range(len(batches)), key=cost.__getitem__)
+        pairs = [(order[-1 - k], order[k]) for k in range(len(order) // 2)]
+        rng.shuffle(pairs)
+        mine = pairs[self.rank:len(pairs) // self.world * self.world:self.world]
+        if first and mine:  # the peak memory first, not hours in
+            mine.insert(0, mine.pop(max(range(len(mine)), key=lambda p: cost[mine[p][0]])))
+        return iter([batches[b] for pair in mine for b in pair])
 
 
 def main():
@@ -245,7 +268,7 @@ class Augmented:
 
 
 def make_loader(wl, c, device, world):
-    dataset = wl.dataset()
+    dataset = own = wl.dataset()  # own: what the workload's groups and lengths read
     if c.get("dataset_cache"):
         # items read once (the first read is paid here, up front), then served from memory
         # the DataLoader's workers share
@@ -266,8 +289,11 @@ def make_loader(wl, c, device, world):
     if isinstance(dataset, torch.utils.data.IterableDataset) or not hasattr(dataset, "__len__"):
         # a stream orders its own items (and splits them among the workers): no sampler
         loader = torch.utils.data.DataLoader(dataset, batch_size=bs, drop_last=True, **kw)
-    elif c["batch_grouping"] == "by_source" and wl.groups:
-        loader = torch.utils.data.DataLoader(dataset, batch_sampler=BySource(wl.groups(dataset), bs), **kw)
+    elif (c["batch_grouping"] == "by_source" and wl.groups) or (c.get("group_by_length") and wl.lengths):
+        groups = wl.groups(own) if c["batch_grouping"] == "by_source" else [list(range(len(dataset)))]
+        lengths = [int(n) for n in wl.lengths(own)] if c.get("group_by_length") else None
+        rank = dist.get_rank() if world > 1 else 0
+        loader = torch.utils.data.DataLoader(dataset, batch_sampler=Batches(groups, lengths, bs, rank, world), **kw)
     elif world > 1:  # each rank its own shard
         sampler = torch.utils.data.DistributedSampler(dataset, shuffle=True, drop_last=True)
         loader = torch.utils.data.DataLoader(dataset, batch_size=bs, sampler=sampler, drop_last=True, **kw)

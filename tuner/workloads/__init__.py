@@ -24,7 +24,7 @@ import importlib
 import importlib.util
 import inspect
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -55,6 +55,10 @@ class Workload:
         groups: optional ``groups(dataset) -> list[list[int]]``: the indices of each
             source of a multi-source dataset. It enables the ``batch_grouping`` knob
             (``by_source`` batches samples of one source together).
+        lengths: optional ``lengths(dataset) -> list[int]``: each item's length (its tokens,
+            frames, points: what a collate pads to the batch's longest). It enables the
+            ``group_by_length`` knob (batches of items of similar length, as the Hugging Face
+            Trainer's ``group_by_length``): less of each batch is padding.
         epoch_size: optional samples per epoch, for iterable datasets without ``len``.
         augment: optional ``augment(batch) -> batch``: the random, per-batch part of the data
             (flips, crops, noise), kept apart from what ``dataset_cache`` may keep; the
@@ -76,6 +80,7 @@ class Workload:
     optimizer: Callable[[Any], torch.optim.Optimizer] | None = None
     flops_per_sample: float | None = None
     groups: Callable[[Any], list[list[int]]] | None = None
+    lengths: Callable[[Any], Sequence[int]] | None = None
     epoch_size: int | None = None
     augment: Callable[[Any], Any] | None = None
     clip_grad_norm: float | None = None
@@ -107,6 +112,15 @@ class Workload:
         if self.optimizer is None:
             return torch.optim.AdamW(params, lr=1e-3)
         return self.optimizer(params)
+
+
+def workload_facts(workload: Workload | None) -> dict[str, bool]:
+    """What the knobs that apply to some workloads only ask of one (``knobs.Context``'s
+    ``has_*``): several sources, a per-batch augment, its items' lengths."""
+    if workload is None:
+        return {}
+    return {"has_groups": workload.groups is not None, "has_augment": workload.augment is not None,
+            "has_lengths": workload.lengths is not None}
 
 
 def users_after_step(workload: Workload) -> Callable[[Any, Any], None] | None:
