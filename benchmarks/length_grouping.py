@@ -109,7 +109,7 @@ def main() -> None:
     if a.plain:
         print(_plain_here(a.plain, a.on, a.epochs))
         return
-    results = {**stamp(), "config": CONFIG, "rounds": a.rounds, "cases": {}}
+    results = {**stamp(), "config": CONFIG, "cases": {}}
     with tempfile.TemporaryDirectory() as tmp:
         for case in a.cases.split(","):
             space = space_file(Path(tmp), REFS[case], CASES[case], name="length")
@@ -130,7 +130,7 @@ def main() -> None:
             bench = paired_interval(runs["bench_on"], runs["bench_off"])
             user = paired_interval(runs["plain_on"], runs["plain_off"])
             results["cases"][case] = {
-                "args": CASES[case], **runs,
+                "args": CASES[case], "rounds": a.rounds, "measured": results["date"], **runs,
                 "medians": {k: statistics.median(v) for k, v in runs.items()},
                 "bench_ratio": bench, "plain_ratio": user,
                 "padding_off": padding(case, False), "padding_on": padding(case, True),

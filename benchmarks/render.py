@@ -720,14 +720,15 @@ def _length_grouping(data: dict) -> list[str]:
         return f"{v[0]:.2f} ({v[1]:.2f}-{v[2]:.2f})" if isinstance(v, list) and len(v) == 3 else "-"
 
     config = " ".join(f"{k}={v}" for k, v in (data.get("config") or {}).items())
-    lines = [f"{config}; {data.get('rounds', '?')} rounds, each run in a shuffled order within its round; "
-             "medians. Padding: the share of an epoch's padded batch positions that is padding.", "",
-             "| workload | padding off -> on | bench off | bench on | bench on/off | plain off | plain on | "
+    lines = [f"{config}; each run in a shuffled order within its round; medians. Padding: the share of an "
+             "epoch's padded batch positions that is padding.", "",
+             "| workload | rounds | padding off -> on | bench off | bench on | bench on/off | plain off | plain on | "
              "plain on/off | bench's window spread off / on |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for name, c in (data.get("cases") or {}).items():
         m, spread = c.get("medians", {}), c.get("bench_spread", {})
-        lines.append(f"| {name} | {c['padding_off']:.0%} -> {c['padding_on']:.0%} | {_fmt(m.get('bench_off'))} | "
+        lines.append(f"| {name} | {c.get('rounds', '?')} ({c.get('measured', '?')}) | "
+                     f"{c['padding_off']:.0%} -> {c['padding_on']:.0%} | {_fmt(m.get('bench_off'))} | "
                      f"{_fmt(m.get('bench_on'))} | {ratio(c.get('bench_ratio'))} | {_fmt(m.get('plain_off'))} | "
                      f"{_fmt(m.get('plain_on'))} | {ratio(c.get('plain_ratio'))} | "
                      f"{spread.get('off', 0):.0%} / {spread.get('on', 0):.0%} |")
