@@ -345,6 +345,16 @@ def test_the_input_pipeline_s_knobs_are_written_where_reading_the_items_costs_th
                                                  has_groups=True, has_lengths=True)}
     assert lines == {"batch_grouping": ["mixed", "by_source"], "group_by_length": [False, True]} and not said
     assert pipeline_lines(never, fit(100.0, map_style=False), "cpu", False, has_groups=True, has_lengths=True) == []
+    # items whose length varies, from a workload that gives none: said, with the fix
+    from tests.fixture_workloads import Sentences
+
+    said.clear()
+    assert pipeline_lines(lambda: Sentences(256), fit(1000.0), "cpu", False, say=said.append) == []
+    assert len(said) == 1 and said[0].startswith("group_by_length left out: the items' lengths vary (2-") \
+        and "in a sample of 32" in said[0] and "Workload(lengths=" in said[0], said
+    said.clear()
+    assert pipeline_lines(lambda: Sentences(256), fit(1000.0), "cpu", False, say=said.append, has_lengths=True)
+    assert not said
 
 
 @pytest.mark.slow

@@ -252,9 +252,15 @@ def pipeline_lines(dataset: Callable[[], Any], fit: Fit, device: str, has_augmen
     probe = fit.at_largest
     if probe is not None and probe.step_ms and fit.map_style:
         try:
-            lines += _cache_line(dataset(), probe, say)
+            items = dataset()
+            lines += _cache_line(items, probe, say)
         except Exception as exc:  # the probes' processes read it: the space is written all the same
             say(f"dataset_cache left out: the dataset raised here: {type(exc).__name__}: {exc}")
+        else:
+            if not has_lengths and (varied := _varied_lengths(items)):
+                say(f"group_by_length left out: the items' lengths vary ({varied}), and the workload gives none; "
+                    f"Workload(lengths=lambda dataset: [...]) (each item's length, from what the dataset holds) "
+                    f"lets the search batch items of similar length, which pads less")
     if has_augment and device == "cuda":
         lines.append(("augment_on", ["host", "device"], "a GPU: Workload.augment after the copy, on the GPU, leaves "
                                                         "the DataLoader's workers the rest"))
@@ -295,6 +301,28 @@ def _cache_line(items: Any, probe: Probe, say: Callable[[str], None]) -> list[tu
                                              f"{min(saved / probe.step_ms, 1.0):.0%} of a step's time saved at "
                                              f"micro_batch_size={probe.batch} (the cache: about "
                                              f"{size / 2**20:,.0f} MB, filled once, up front)")]
+
+
+def _varied_lengths(items: Any, sample: int = 32) -> str | None:
+    """Where the items' first tensor whose leading dimension differs between items (token
+    lists, audio frames) spans at least 1.5x over ``sample`` items spread over the
+    dataset: what it spans, said; else None (and None for items it cannot read)."""
+    from torch.utils import _pytree as pytree
+
+    from tuner.data import spread
+
+    try:
+        shapes = [[tuple(x.shape) for x in pytree.tree_leaves(items[i]) if hasattr(x, "shape")]
+                  for i in spread(len(items), sample)]
+    except Exception:  # the probes read the items: a dataset that raises here is said elsewhere
+        return None
+    if len(shapes) < 2 or len({len(s) for s in shapes}) != 1:
+        return None
+    for leaf in range(len(shapes[0])):
+        firsts = [s[leaf][0] for s in shapes if s[leaf]]
+        if len(firsts) == len(shapes) and min(firsts) > 0 and max(firsts) >= 1.5 * min(firsts):
+            return f"{min(firsts)}-{max(firsts)} in a sample of {len(shapes)}"
+    return None
 
 
 def _read_ms(items: Any, indices: list[int]) -> float:
