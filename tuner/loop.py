@@ -87,7 +87,7 @@ LENGTH_WINDOW_BATCHES = 50
 
 
 class GroupedBatchSampler(_EpochLimit, Sampler[list[int]]):
-    """Batches built per epoch, then shuffled: each holds samples of one source
+    """Batches built per epoch, in a random order: each holds samples of one source
     (``groups``: ``batch_grouping=by_source``; None: one source, the whole dataset) and,
     with ``lengths`` (``group_by_length``), of similar length: each source's items in a
     random order, cut into windows of ``LENGTH_WINDOW_BATCHES`` batches, each window

@@ -181,9 +181,10 @@ def export_payload(res: Results, row: dict) -> dict:
 
 
 # group_by_length in a loop of one's own (the exported script's Batches sampler does it)
-GROUP_BY_LENGTH = ("a batch_sampler that takes the items of 50 batches at random, sorts them by length, cuts them into "
-                   "batches and shuffles the batches (the first epoch starting on the longest, where its peak "
-                   "memory shows at once)")
+GROUP_BY_LENGTH = ("a batch_sampler that takes the items of 50 batches at random, sorts them by length and cuts "
+                   "them into batches, which then come in pairs of a long and a short one, the pairs shuffled (the "
+                   "first epoch starting on the longest, where its peak memory shows at once; the exported "
+                   "script's Batches)")
 
 
 def _hf_group_by_length() -> dict:
