@@ -13,12 +13,18 @@ full garbage collections every few steps (``gc_freeze``).
 collate, behind a transformer encoder layer (it computes on the padding, masked) and a
 bidirectional GRU over packed sequences (it skips most of it); both give their items'
 lengths (``group_by_length``).
+
+``tokenized``: texts split into words and looked up in a vocabulary in ``__getitem__``,
+items as a tokenizer without ``return_tensors`` gives them (Python lists of ids and a
+mask), padded per batch; ``tokenized(word_dropout=0.1)`` is its twin that drops words at
+random in ``__getitem__``, which the cache must refuse.
 """
 
 from __future__ import annotations
 
 import io
 import random
+import re
 
 import numpy as np
 import torch
@@ -152,3 +158,50 @@ def gru_reviews(size: int = 4096, longest: int = 256) -> Workload:
     """A bidirectional GRU over the packed token lists, with their lengths."""
     return Workload(model=Recurrent, dataset=lambda: Reviews(size, longest), loss=_classify, collate=_padded,
                     lengths=lambda ds: ds.lengths)
+
+
+class Texts(torch.utils.data.Dataset):
+    """Texts of 20-120 words, tokenized on every read: a regular expression splits the words
+    and punctuation, a dict maps them to ids; the items are dicts of Python lists."""
+
+    def __init__(self, size: int = 8192, vocab: int = 5000, word_dropout: float = 0.0):
+        rng = random.Random(0)
+        words = [f"w{i}" for i in range(vocab)]
+        self.texts = [" ".join(rng.choice(words) + rng.choice([",", ".", ""]) for _ in range(rng.randint(20, 120)))
+                      for _ in range(size)]
+        self.ids = {w: i + 2 for i, w in enumerate(words + [",", "."])}
+        self.word_dropout = word_dropout
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    def __getitem__(self, i: int) -> dict:
+        words = re.findall(r"\w+|[^\w\s]", self.texts[i].lower())
+        if self.word_dropout:
+            words = [w for w in words if random.random() >= self.word_dropout]
+        ids = [self.ids.get(w, 1) for w in words]
+        return {"input_ids": ids, "attention_mask": [1] * len(ids), "label": i % 2}
+
+
+def _pad_lists(items):
+    longest = max(len(it["input_ids"]) for it in items)
+    ids = torch.tensor([it["input_ids"] + [0] * (longest - len(it["input_ids"])) for it in items])
+    mask = torch.tensor([it["attention_mask"] + [0] * (longest - len(it["attention_mask"])) for it in items])
+    return ids, mask, torch.tensor([it["label"] for it in items])
+
+
+class MeanOfWords(nn.Module):
+    def __init__(self, vocab: int = 5004, dim: int = 64):  # 5000 words, 2 marks, padding and unknown
+        super().__init__()
+        self.embed, self.head = nn.Embedding(vocab, dim, padding_idx=0), nn.Linear(dim, 2)
+
+    def forward(self, ids, mask):
+        h = self.embed(ids) * mask.unsqueeze(-1)
+        return self.head(h.sum(1) / mask.sum(1, keepdim=True))
+
+
+def tokenized(size: int = 8192, word_dropout: float = 0.0) -> Workload:
+    """A mean-of-embeddings classifier on texts tokenized per read (see the module's docstring)."""
+    return Workload(model=MeanOfWords, dataset=lambda: Texts(size, word_dropout=word_dropout),
+                    loss=lambda model, batch: nn.functional.cross_entropy(model(batch[0], batch[1]), batch[2]),
+                    collate=_pad_lists)

@@ -48,6 +48,7 @@ WHAT = {  # what each benchmark answers, in one line
     "export_speed": "The exported script against the tuner's own figure",
     "hotpath_pairs": "The defects the hot-path check names, against the same workload with them fixed",
     "cache_pairs": "dataset_cache on and off on an input-bound workload (JPEG decode per item)",
+    "cache_pairs_tokenized": "dataset_cache on and off on texts tokenized per read into Python lists of ids",
     "augment_pairs": "The per-batch augmentation in the DataLoader's workers against on the device",
     "cache_read": "What a batch read from dataset_cache costs the DataLoader per item: one item at a time against "
                   "a batch at once (`__getitems__`), beside the same items held in a list",
@@ -685,7 +686,7 @@ def _cache_pairs(data: dict) -> list[str]:
             f"{med('cached', 'peak_host_memory_mb'):,.0f} | {med('cached', 'cache_fill_s'):.1f} | "
             f"{med('cached', 'cache_mb'):,.0f} |", "",
             f"Second over first: {data['cached_over_uncached']:.2f}x (90% interval {lo:.2f}-{hi:.2f}). The fill is "
-            f"paid once, up front (in startup_s and projected_run_s). The twin that draws a crop in `__getitem__`: "
+            f"paid once, up front (in startup_s and projected_run_s). The twin whose items differ between reads (a random draw in `__getitem__`): "
             f"exit {data['twin']['exit']}, `{data['twin']['stderr']}`."]
 
 
@@ -752,7 +753,7 @@ def render() -> str:
                    "many_cores": _many_cores,
                    "framework_speed": _framework_speed, "framework_overhead": _framework_overhead,
                    "anatomy": _anatomy, "gpu": _gpu, "restart_trace": _restart_trace,
-                   "hotpath_pairs": _hotpath_pairs, "cache_pairs": _cache_pairs,
+                   "hotpath_pairs": _hotpath_pairs, "cache_pairs": _cache_pairs, "cache_pairs_tokenized": _cache_pairs,
                    "augment_pairs": _cache_pairs, "length_grouping": _length_grouping}.get(path.stem, _knob_ab if path.stem.startswith("knob_ab_")
                                                       else _generic)
         parts += special(data)

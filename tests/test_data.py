@@ -78,6 +78,50 @@ def test_a_batch_read_at_once_is_the_items_read_one_by_one():
         assert type(c.__getitems__([1])[0]) is type(items[1])
 
 
+class Rows(torch.utils.data.Dataset):
+    """Items as a tokenizer or a table gives them: Python lists of numbers whose length
+    differs from item to item (token ids, a few ids per field, possibly none), floats a
+    float32 would round, and booleans."""
+
+    def __len__(self) -> int:
+        return 30
+
+    def __getitem__(self, i: int) -> dict:
+        return {"input_ids": list(range(100, 100 + 3 + i * 7 % 20)), "fields": [[i] * (i % 4), [i, i + 1]],
+                "label": 0.1 * i, "weights": [0.1 * i] * (i % 3), "flag": i % 2 == 0}
+
+
+def test_lists_of_numbers_that_differ_in_length_are_cached_and_read_back_as_lists():
+    """Lists of numbers are one part of an item each, whatever their length, so items whose
+    lists differ in length share one structure; they come back as lists of the same
+    numbers, floats exact, one by one and a batch at once."""
+    ds = Rows()
+    c = cached(ds)
+    assert c.numeric == ["list", "list", "list", "float", "list", "bool"]
+    assert all(same(c[i], ds[i]) for i in range(len(ds)))
+    assert same(c.__getitems__([29, 0, 4, 4]), [ds[i] for i in (29, 0, 4, 4)])
+    assert c[7]["label"] == 0.1 * 7  # a float32 would read 0.699999988079071
+    # through a DataLoader and PyTorch's own collate, the batches are the uncached ones
+    for a, b in zip(DataLoader(c, batch_size=1), DataLoader(ds, batch_size=1), strict=True):
+        assert same(a, b)
+
+
+def test_items_that_differ_in_structure_are_refused_before_the_cache_reads_them():
+    """A key present in some items only is found in the sample read up front, naming two
+    items, not after the whole dataset was read."""
+    reads = []
+
+    class Ragged(Rows):
+        def __getitem__(self, i: int) -> dict:
+            reads.append(i)
+            item = super().__getitem__(i)
+            return item if i < 20 else {**item, "extra": 1}
+
+    with pytest.raises(CacheRefused, match=r"^dataset_cache: items 0 and 20 differ in structure"):
+        cached(Ragged())
+    assert max(reads) == 20 and len(reads) < len(Ragged())  # the sample up to the first that differs
+
+
 def test_a_random_dataset_and_an_iterable_one_are_refused_naming_the_cache():
     with pytest.raises(CacheRefused, match=r"^dataset_cache: item \d+ differs between two reads") as refused:
         cached(Decoded(16, 0.0, random=True))

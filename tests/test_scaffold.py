@@ -355,6 +355,15 @@ def test_the_input_pipeline_s_knobs_are_written_where_reading_the_items_costs_th
     said.clear()
     assert pipeline_lines(lambda: Sentences(256), fit(1000.0), "cpu", False, say=said.append, has_lengths=True)
     assert not said
+    # the same for token ids as Python lists; but a few ids per field beside a larger
+    # part (packed by an EmbeddingBag, not padded) are no reason for it
+    tokens = [{"input_ids": list(range(2 + i % 40)), "label": i % 2} for i in range(64)]
+    clicks = [{"dense": torch.zeros(13), "ids": [[1] * (1 + i % 6), [2] * (1 + i % 3)]} for i in range(64)]
+    said.clear()
+    assert pipeline_lines(lambda: tokens, fit(1000.0), "cpu", False, say=said.append) == []
+    assert len(said) == 1 and said[0].startswith("group_by_length left out: the items' lengths vary (2-"), said
+    said.clear()
+    assert pipeline_lines(lambda: clicks, fit(1000.0), "cpu", False, say=said.append) == [] and not said
 
 
 @pytest.mark.slow

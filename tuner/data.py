@@ -9,6 +9,8 @@ tokenizing) is done once, not once per epoch. The items live in a few flat tenso
 shared memory, one per field of an item, so the DataLoader's workers (forked or spawned)
 read one copy, not one each; an item costs a slice and a copy, and a batch of items of
 one shape (as the DataLoader reads them, through ``__getitems__``) one gathered copy.
+A field is a tensor, a numpy array, a Python number or a list of Python numbers (token
+ids as a tokenizer gives them), whose length may differ between items.
 
 Only where it is correct: a sample of items is read twice first, and a dataset whose
 items differ between reads (a random augmentation drawn in ``__getitem__``) is refused
@@ -47,15 +49,46 @@ class CacheRefused(KnobRefused):
         super().__init__(message, "dataset_cache", values=[True])
 
 
+_NUMBERS = {bool, int, float}
+
+
+def _number_list(v: Any) -> bool:
+    """A list of Python numbers of one type (token ids, multi-hot ids, a feature row), of
+    any length: one leaf of the cache, so that items whose lists differ in length share
+    one structure."""
+    return type(v) is list and len(types := {type(e) for e in v}) <= 1 and types <= _NUMBERS
+
+
+def flatten(item: Any) -> tuple[list[Any], Any]:
+    """An item's leaves and structure as the cache keeps them: tensors, numpy arrays,
+    Python numbers and lists of Python numbers."""
+    return pytree.tree_flatten(item, is_leaf=_number_list)
+
+
 def _leaf(v: Any) -> torch.Tensor:
     if isinstance(v, torch.Tensor):
         return v
     if isinstance(v, np.ndarray):
         return torch.from_numpy(np.ascontiguousarray(v))
-    if isinstance(v, bool | int | float):
-        return torch.tensor(v)
+    if isinstance(v, bool | int | float) or _number_list(v):
+        # exact values: a float as float64, as the default collate makes it; an empty list takes its field's type
+        first = (v[0] if v else 0) if isinstance(v, list) else v
+        dtype = torch.bool if isinstance(first, bool) else torch.int64 if isinstance(first, int) else torch.float64
+        try:
+            return torch.tensor(v, dtype=dtype)
+        except (OverflowError, RuntimeError) as exc:  # an int beyond int64
+            raise CacheRefused(f"dataset_cache: an item holds a number the cache cannot keep ({exc})") from None
     raise CacheRefused(f"dataset_cache: an item holds a {type(v).__name__}; the cache keeps tensors, "
-                       f"numpy arrays and numbers")
+                       f"numpy arrays, numbers and lists of numbers")
+
+
+def _kind(v: Any) -> str:
+    """How a field's leaf comes back: a tensor, a numpy array, a list or a Python number."""
+    if isinstance(v, torch.Tensor):
+        return "tensor"
+    if isinstance(v, np.ndarray):
+        return "numpy"
+    return "list" if isinstance(v, list) else type(v).__name__
 
 
 def same_items(a: Any, b: Any) -> bool:
@@ -95,11 +128,24 @@ def check_cacheable(dataset: Any, sample: int = 8) -> None:
     if (on := items_device(dataset)) is not None:
         raise CacheRefused(f"dataset_cache: the dataset's items are already on {on}: a cache in host memory "
                            f"would only add a copy")
+    first = None
     for i in spread(n, sample):
-        if not same_items(dataset[i], dataset[i]):
+        item = dataset[i]
+        if not same_items(item, dataset[i]):
             raise CacheRefused(f"dataset_cache: item {i} differs between two reads (a random transform in "
                                f"__getitem__?), so a cache would replay one draw every epoch; move the random "
                                f"part to Workload(augment=...), which runs per batch after the cache")
+        spec = flatten(item)[1]
+        if first is None:
+            first = (i, spec)
+        elif spec != first[1]:
+            raise _structure_refused(first[0], i)
+
+
+def _structure_refused(i: int, j: int) -> CacheRefused:
+    return CacheRefused(f"dataset_cache: items {i} and {j} differ in structure; the cache keeps items of one "
+                        f"shape of nesting (the same keys, the same tuple length; lists of numbers may differ "
+                        f"in length)")
 
 
 def items_device(dataset: Any) -> torch.device | None:
@@ -236,7 +282,7 @@ def workers_repeat(dataset: Any) -> bool:
 
 
 def item_bytes(item: Any) -> int:
-    return sum(_leaf(v).nbytes for v in pytree.tree_leaves(item))
+    return sum(_leaf(v).nbytes for v in flatten(item)[0])
 
 
 def estimate_bytes(dataset: Any, sample: int = 8) -> int:
@@ -262,18 +308,16 @@ class CachedDataset(Dataset):
         fields: list[list[torch.Tensor]] | None = None
         shapes: list[list[tuple]] = []
         self.spec = None
-        self.numeric: list[str] = []  # per field: "tensor", "numpy" or the Python number type
+        self.numeric: list[str] = []  # per field: "tensor", "numpy", "list" or the Python number type
         reader = DataLoader(dataset, batch_size=None, shuffle=False, num_workers=workers,
                             collate_fn=_identity, persistent_workers=False)
-        for item in reader:
-            leaves, spec = pytree.tree_flatten(item)
+        for index, item in enumerate(reader):
+            leaves, spec = flatten(item)
             if fields is None:
                 self.spec, fields, shapes = spec, [[] for _ in leaves], [[] for _ in leaves]
-                self.numeric = ["tensor" if isinstance(v, torch.Tensor) else "numpy" if isinstance(v, np.ndarray)
-                                else type(v).__name__ for v in leaves]
+                self.numeric = [_kind(v) for v in leaves]
             elif spec != self.spec:
-                raise CacheRefused("dataset_cache: items differ in structure; the cache keeps items of one shape "
-                                   "of nesting (the same keys, the same tuple length)")
+                raise _structure_refused(0, index)
             for f, shape, v in zip(fields, shapes, leaves, strict=True):
                 t = _leaf(v)
                 f.append(t.reshape(-1))
@@ -282,12 +326,13 @@ class CachedDataset(Dataset):
         # one flat tensor per field, offsets and shapes beside it, all in shared memory
         self.data, self.offsets = [], []
         for j, f in enumerate(fields):
-            dtypes = {t.dtype for t in f}
+            # an empty list of numbers has no type of its own: it takes its field's
+            dtypes = {t.dtype for t in f if t.numel() or self.numeric[j] != "list"} or {f[0].dtype}
             if len(dtypes) > 1:
                 raise CacheRefused(f"dataset_cache: field {j} of the items changes dtype ({sorted(map(str, dtypes))})")
             sizes = torch.tensor([t.numel() for t in f], dtype=torch.int64)
             self.offsets.append(torch.cat([torch.zeros(1, dtype=torch.int64), sizes.cumsum(0)]).share_memory_())
-            self.data.append(torch.cat(f).share_memory_())
+            self.data.append(torch.cat([t.to(next(iter(dtypes))) for t in f]).share_memory_())
             f.clear()
         self.shapes = [_shape_tensor(j, lst).share_memory_() for j, lst in enumerate(shapes)]
         # per field, the one shape all its items have (None where they differ, or hold nothing)
@@ -307,6 +352,8 @@ class CachedDataset(Dataset):
             v = data[int(off[i]):int(off[i + 1])].view(torch.Size(shapes[i].tolist())).clone()
             if kind == "numpy":
                 v = v.numpy()
+            elif kind == "list":
+                v = v.tolist()
             elif kind != "tensor":
                 v = v.item()
             leaves.append(v)
@@ -329,13 +376,18 @@ class CachedDataset(Dataset):
                     column = list(rows.unbind(0))
                 elif kind == "numpy":
                     column = [r.numpy() for r in rows.unbind(0)]
-                else:  # Python numbers: one per item
+                else:  # Python numbers, or lists of them: one per item
                     column = rows.tolist()
             else:  # the items' spans gathered in one copy too, then split at their lengths
                 starts, lengths = off[ix], off[ix + 1] - off[ix]
                 within = torch.arange(int(lengths.sum())) - torch.repeat_interleave(lengths.cumsum(0) - lengths, lengths)
                 flat = data[torch.repeat_interleave(starts, lengths) + within]
-                column = [v.view(dims) for v, dims in zip(flat.split(lengths.tolist()), shapes[ix].tolist(), strict=True)]
+                if kind == "list":  # one conversion to Python numbers, then cut (a tensor per item costs more)
+                    values, ends = flat.tolist(), lengths.cumsum(0).tolist()
+                    column = [values[end - n:end] for n, end in zip(lengths.tolist(), ends, strict=True)]
+                else:
+                    column = [v.view(dims) for v, dims in zip(flat.split(lengths.tolist()), shapes[ix].tolist(),
+                                                              strict=True)]
                 if kind == "numpy":  # (numbers are all of one shape, (), so gathered above)
                     column = [v.numpy() for v in column]
             columns.append(column)

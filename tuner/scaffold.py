@@ -251,14 +251,19 @@ def pipeline_lines(dataset: Callable[[], Any], fit: Fit, device: str, has_augmen
                                                        "batches of items of similar length pad less"))
     probe = fit.at_largest
     if probe is not None and probe.step_ms and fit.map_style:
+        from tuner.data import CacheRefused
+
+        items = None
         try:
             items = dataset()
             lines += _cache_line(items, probe, say)
+        except CacheRefused as exc:  # found while caching the sample: what a sample's check cannot see
+            say(f"dataset_cache left out: {str(exc).removeprefix('dataset_cache: ')}")
         except Exception as exc:  # the probes' processes read it: the space is written all the same
             say(f"dataset_cache left out: the dataset raised here: {type(exc).__name__}: {exc}")
-        else:
+        if items is not None:
             if not has_lengths and (varied := _varied_lengths(items)):
-                say(f"group_by_length left out: the items' lengths vary ({varied}), and the workload gives none; "
+                say(f"group_by_length left out: the items' {varied}, and the workload gives none; "
                     f"Workload(lengths=lambda dataset: [...]) (each item's length, from what the dataset holds) "
                     f"lets the search batch items of similar length, which pads less")
     if has_augment and device == "cuda":
@@ -304,25 +309,31 @@ def _cache_line(items: Any, probe: Probe, say: Callable[[str], None]) -> list[tu
 
 
 def _varied_lengths(items: Any, sample: int = 32) -> str | None:
-    """Where the items' first tensor whose leading dimension differs between items (token
-    lists, audio frames) spans at least 1.5x over ``sample`` items spread over the
-    dataset: what it spans, said; else None (and None for items it cannot read)."""
-    from torch.utils import _pytree as pytree
+    """Where the items' largest part (the tensor or list of numbers with the most elements
+    on average: token lists, audio frames, an image) varies in size by at least 1.5x over
+    ``sample`` items spread over the dataset, what it spans, said; else None (and None
+    for items it cannot read). The largest part, since that is what padding costs: a
+    short list beside it (a few ids per field, packed by an EmbeddingBag) is not padded."""
+    import math
 
-    from tuner.data import spread
+    from tuner.data import flatten, spread
+
+    def sizes(item: Any) -> list[tuple[int, int]]:  # per part: (elements, dimensions)
+        return [(len(x), 1) if isinstance(x, list) else (math.prod(x.shape), len(x.shape)) if hasattr(x, "shape")
+                else (1, 0) for x in flatten(item)[0]]
 
     try:
-        shapes = [[tuple(x.shape) for x in pytree.tree_leaves(items[i]) if hasattr(x, "shape")]
-                  for i in spread(len(items), sample)]
+        rows = [sizes(items[i]) for i in spread(len(items), sample)]
     except Exception:  # the probes read the items: a dataset that raises here is said elsewhere
         return None
-    if len(shapes) < 2 or len({len(s) for s in shapes}) != 1:
+    if len(rows) < 2 or len({len(r) for r in rows}) != 1 or not rows[0]:
         return None
-    for leaf in range(len(shapes[0])):
-        firsts = [s[leaf][0] for s in shapes if s[leaf]]
-        if len(firsts) == len(shapes) and min(firsts) > 0 and max(firsts) >= 1.5 * min(firsts):
-            return f"{min(firsts)}-{max(firsts)} in a sample of {len(shapes)}"
-    return None
+    part = max(range(len(rows[0])), key=lambda j: sum(r[j][0] for r in rows))
+    counts = [r[part][0] for r in rows]
+    if min(counts) == 0 or max(counts) < 1.5 * min(counts):
+        return None
+    what = "lengths" if rows[0][part][1] == 1 else "sizes"
+    return f"{what} vary ({min(counts)}-{max(counts)}{'' if what == 'lengths' else ' elements'} in a sample of {len(rows)})"
 
 
 def _read_ms(items: Any, indices: list[int]) -> float:
