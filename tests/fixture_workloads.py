@@ -428,15 +428,21 @@ class SlowData(Dataset):
         return torch.ones(8) * (i % 7), torch.zeros(1)
 
 
-def slow_data(sample_s: float = 0.002, step_s: float = 0.01, size: int = 512, spin: bool = False) -> Workload:
+def slow_data(sample_s: float = 0.002, step_s: float = 0.01, size: int = 512, spin: bool = False,
+              collate_s: float = 0.0) -> Workload:
     """Loading a batch of 8 takes 8 * sample_s (slept, or spun with ``spin``); the step
-    takes step_s (a sleep)."""
+    takes step_s (a sleep); with ``collate_s``, the collate sleeps that long per item."""
 
     def loss(model, batch):
         time.sleep(step_s)
         return _mse(model, batch)
 
-    return Workload(model=lambda: nn.Linear(8, 1), dataset=lambda: SlowData(sample_s, size, spin), loss=loss)
+    def collate(items):
+        time.sleep(collate_s * len(items))
+        return torch.utils.data.default_collate(items)
+
+    return Workload(model=lambda: nn.Linear(8, 1), dataset=lambda: SlowData(sample_s, size, spin), loss=loss,
+                    collate=collate if collate_s else None)
 
 
 class SlowExitWorkers(Dataset):

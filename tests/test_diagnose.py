@@ -240,3 +240,20 @@ def test_the_cache_is_advised_with_an_item_s_cost_where_it_has_something_to_save
         assert not advice
         return
     assert len(advice) == 1 and f"an item costs {said} to produce" in advice[0]
+
+
+def test_a_collate_that_is_the_loading_cost_is_named_and_no_cache_is_advised_for_it():
+    """A loading process's time per item is reading the item and its share of the collate:
+    where the collate is most of it, the advice names the collate, and the cache (which
+    saves the read) is advised only where the read left over is worth caching."""
+    rec = {"status": "ok", "samples_per_sec": 1000.0, "config": {"micro_batch_size": 64, "num_workers": 1},
+           "map_style": True, "hardware": {"cpu_count": 2}, "data_wait_fraction": 0.5,
+           "load_samples_per_sec_per_process": 50_000.0}  # 20 µs an item
+    collate_bound = diagnose({**rec, "collate_s_per_sample": 16e-6}).recommendations
+    assert not [r for r in collate_bound if r.startswith("dataset_cache")]  # 4 µs left to read: nothing to save
+    named = [r for r in collate_bound if r.startswith("the collate takes")]
+    assert len(named) == 1 and "16.0 µs of the 20.0 µs an item costs" in named[0], collate_bound
+    read_bound = diagnose({**rec, "collate_s_per_sample": 2e-6}).recommendations
+    cache = [r for r in read_bound if r.startswith("dataset_cache")]
+    assert len(cache) == 1 and "an item costs 20.0 µs to produce in a loading process, 18.0 µs of it reading" in cache[0]
+    assert not [r for r in read_bound if r.startswith("the collate takes")]

@@ -259,6 +259,37 @@ class WorkerCollections:
         return float(sum(self.seconds))
 
 
+class CollateClock:
+    """The loader's collate (``collate``, PyTorch's default where None), timed in every
+    loading process: its seconds and the items it collated, each process in its own slots
+    of an array it shares with the training process (slot 0 the training process's,
+    worker k's slot k + 1; a worker started anew at each epoch adds to the same slot).
+    A loading process's time per item is reading the item and its share of the collate:
+    the cache saves the first, not the second (``diagnose``)."""
+
+    def __init__(self, collate: Callable[[list], Any] | None, workers: int) -> None:
+        import multiprocessing
+
+        from torch.utils.data import default_collate
+
+        self.collate = collate or default_collate
+        self.slots = multiprocessing.RawArray("d", 2 * (workers + 1))  # (seconds, items) per process
+
+    def __call__(self, items: list) -> Any:
+        t0 = time.perf_counter()
+        batch = self.collate(items)
+        info = torch.utils.data.get_worker_info()
+        slot = 2 * (info.id + 1 if info is not None else 0)
+        self.slots[slot] += time.perf_counter() - t0
+        self.slots[slot + 1] += len(items)
+        return batch
+
+    def totals(self) -> tuple[float, float]:
+        """Seconds in the collate and items collated so far, all processes."""
+        values = list(self.slots)
+        return sum(values[0::2]), sum(values[1::2])
+
+
 def workers_repeat(dataset: Any) -> bool:
     """Read an iterable dataset's first items through two DataLoader workers and tell
     whether each worker yields the whole stream (it does not split it by

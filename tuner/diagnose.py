@@ -39,13 +39,21 @@ NOISY = 0.20  # windows spread above this
 # Page faults per step above this, with glibc moving its thresholds by itself: the heap
 # churns, and where those thresholds settle is drawn per process (tens with malloc_retain).
 CHURN_FAULTS = 1000
-# An item that a loading process produces (and collates) in less time than this leaves a
-# dataset cache nothing to save: reading a batch from the cache costs a few µs an item
-# itself (`cache_read` on the results page), and the collate stays.
+# An item that a loading process reads (its time per item, the collate's share taken out)
+# in less time than this leaves a dataset cache nothing to save: reading a batch from
+# the cache costs a few µs an item itself (`cache_read` on the results page), and the
+# collate stays.
 CACHE_FLOOR_S = 10e-6
+# The collate above this share of a loading process's time per item: the batch's own
+# assembly, not the items, is the input pipeline's cost, and no knob of the items saves it
+COLLATE_HEAVY = 0.5
 # The interpreter's full garbage collections above this share of the timed windows: as
 # much as tells a search's top configs apart, and gc_freeze takes it back.
 GC_HEAVY = 0.05
+
+
+def _per_item(seconds: float) -> str:
+    return f"{seconds * 1e3:.2f} ms" if seconds >= 1e-4 else f"{seconds * 1e6:.1f} µs"
 
 
 @dataclass
@@ -151,11 +159,19 @@ def diagnose(record: dict, max_memory_mb: float | None = None) -> Diagnosis:
         if c["batch_grouping"] == "mixed" and record.get("has_groups"):
             advise(f"batch_grouping=by_source ({GUIDES['group']})", batch_grouping="by_source")
         rate = record.get("load_samples_per_sec_per_process")
-        if not c.get("dataset_cache") and record.get("map_style") and not (rate and 1 / rate < CACHE_FLOOR_S):
-            each = f"{1e3 / rate:.2f} ms" if rate and rate < 1e4 else f"{1e6 / rate:.1f} µs" if rate else ""
-            cost = f"an item costs {each} to produce in a loading process; " if each else ""
+        collate = record.get("collate_s_per_sample") if rate else None
+        # what reading an item costs a loading process: its time per item less the collate's share
+        read = max(0.0, 1 / rate - collate) if rate and collate is not None else 1 / rate if rate else None
+        if not c.get("dataset_cache") and record.get("map_style") and not (read is not None and read < CACHE_FLOOR_S):
+            cost = (f"an item costs {_per_item(1 / rate)} to produce in a loading process"
+                    f"{f', {_per_item(read)} of it reading the item' if collate is not None else ''}; " if rate else "")
             advise(f"dataset_cache=true ({cost}read once, it is paid once, not every epoch; {evidence}; "
                    f"refused where items differ between reads)", dataset_cache=True)
+        if rate and collate is not None and collate * rate >= COLLATE_HEAVY:
+            recs.append(f"the collate takes {_per_item(collate)} of the {_per_item(1 / rate)} an item costs its "
+                        f"loading process ({evidence}): build the batch's tensors at once (torch.stack, "
+                        f"pad_sequence, one torch.tensor of the batch) rather than item by item in Python; "
+                        f"more workers share it, no knob of the items saves it")
         if record.get("has_augment") and on_gpu and c.get("augment_on") != "device":
             advise(f"augment_on=device (the per-batch augmentation runs in the loader's workers; {evidence})",
                    augment_on="device")

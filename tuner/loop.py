@@ -22,7 +22,13 @@ from torch.utils.data import DataLoader, IterableDataset, Sampler
 
 from tuner import apply, knobs
 from tuner.batches import Mover
-from tuner.data import WorkerCollections, device_items_refusal, same_items, workers_refused
+from tuner.data import (
+    CollateClock,
+    WorkerCollections,
+    device_items_refusal,
+    same_items,
+    workers_refused,
+)
 from tuner.errors import KnobRefused, UserError, WorkloadError
 from tuner.workloads import Workload
 
@@ -300,8 +306,10 @@ class Trainer:
         return unused
 
     def _make_loader(self, seed: int) -> tuple[DataLoader, Sampler | None]:
-        cfg, ds, collate = self.config, self.dataset, self.collate
+        cfg, ds = self.config, self.dataset
         kwargs = knobs.loader_kwargs(cfg, self.device.type)
+        # the collate times itself in whichever process runs it (the record's collate_s_per_sample)
+        collate = self.collate_clock = CollateClock(self.collate, cfg["num_workers"])
         # the workers time their own full garbage collections (the record's workers_gc_share)
         self.worker_collections = WorkerCollections(cfg["num_workers"]) if cfg["num_workers"] else None
         if self.worker_collections is not None:

@@ -93,8 +93,10 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
     # 2. timed windows, synchronized at their edges only
     windows = WindowPlan.size(trainer, settings, agree, warm)
     nvml = NvmlSampler(trainer.device)
+    collated = trainer.collate_clock.totals()
     with nvml, hushed() as driver_asleep, FullCollections(trainer.worker_collections) as collections:
         timed = _timed_windows(trainer, settings, windows, agree, LoadMeter(probe, nvml), probe, screen, say)
+    collated = [after - before for after, before in zip(trainer.collate_clock.totals(), collated, strict=True)]
     if timed.nonfinite:
         return _nonfinite(trainer, warm.seconds)
     # 3. the figures
@@ -104,7 +106,8 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
     record = _record(trainer, timed, figures, probe, windows, warm, startup_s, screen, left_out)
     # driver_asleep: the driver slept through the windows
     record.update(nvml.summary(), driver_asleep=driver_asleep, gc_share=collections.share(),
-                  workers_gc_share=collections.workers_share())
+                  workers_gc_share=collections.workers_share(),
+                  collate_s_per_sample=collated[0] / collated[1] if collated[1] else None)
     return _energy(_across_ranks(record, trainer, agree, timed, rank_info))
 
 

@@ -63,6 +63,7 @@ class Figures(TypedDict, total=False):
     data_wait_fraction: float  # of the timed time, waiting for the next batch
     compute_samples_per_sec: float | None  # the step's rate with the data wait taken out
     load_samples_per_sec_per_process: float | None  # one loading process's rate, where it was the bottleneck
+    collate_s_per_sample: float | None  # of it: the collate's seconds per item (the cache cannot save them)
     windows: int
     window_steps: int
     timed_s: float
@@ -397,7 +398,7 @@ def aggregate(records: list[Record], metric: str) -> list[dict]:
         for m in ("samples_per_sec", "projected_run_s", "peak_host_memory_mb", "peak_device_memory_mb",
                   "compile_s", "data_wait_fraction", "samples_per_sec_spread", "step_time_ms",
                   "gpu_util_pct", "samples_per_sec_per_rank", "joules_per_sample", "samples_per_joule",
-                  "load_samples_per_sec_per_process", "cache_fill_s", "cache_mb", "trial_cpu_cores",
+                  "load_samples_per_sec_per_process", "collate_s_per_sample", "cache_fill_s", "cache_mb", "trial_cpu_cores",
                   "loader_cpu_cores", "interference_cores", "recompiles_in_windows", "gc_share",
                   "workers_gc_share"):
             # the row's other figures from the same measurements as its objective's: a
