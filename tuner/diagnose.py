@@ -52,7 +52,8 @@ COLLATE_HEAVY = 0.5
 GC_HEAVY = 0.05
 
 
-def _per_item(seconds: float) -> str:
+def per_item(seconds: float) -> str:
+    """A time per item, in the unit that reads it (µs below a tenth of a millisecond)."""
     return f"{seconds * 1e3:.2f} ms" if seconds >= 1e-4 else f"{seconds * 1e6:.1f} µs"
 
 
@@ -160,15 +161,17 @@ def diagnose(record: dict, max_memory_mb: float | None = None) -> Diagnosis:
             advise(f"batch_grouping=by_source ({GUIDES['group']})", batch_grouping="by_source")
         rate = record.get("load_samples_per_sec_per_process")
         collate = record.get("collate_s_per_sample") if rate else None
-        # what reading an item costs a loading process: its time per item less the collate's share
+        # what a cache could save a loading process: its time per item less the collate's share
+        # (reading the item, and the loader's own per-item work and hand-over)
         read = max(0.0, 1 / rate - collate) if rate and collate is not None else 1 / rate if rate else None
         if not c.get("dataset_cache") and record.get("map_style") and not (read is not None and read < CACHE_FLOOR_S):
-            cost = (f"an item costs {_per_item(1 / rate)} to produce in a loading process"
-                    f"{f', {_per_item(read)} of it reading the item' if collate is not None else ''}; " if rate else "")
+            cost = (f"an item costs {per_item(1 / rate)} to produce in a loading process"
+                    f"{f' ({per_item(collate)} of it in the collate, which the cache does not save)' if collate else ''}; "
+                    if rate else "")
             advise(f"dataset_cache=true ({cost}read once, it is paid once, not every epoch; {evidence}; "
                    f"refused where items differ between reads)", dataset_cache=True)
         if rate and collate is not None and collate * rate >= COLLATE_HEAVY:
-            recs.append(f"the collate takes {_per_item(collate)} of the {_per_item(1 / rate)} an item costs its "
+            recs.append(f"the collate takes {per_item(collate)} of the {per_item(1 / rate)} an item costs its "
                         f"loading process ({evidence}): build the batch's tensors at once (torch.stack, "
                         f"pad_sequence, one torch.tensor of the batch) rather than item by item in Python; "
                         f"more workers share it, no knob of the items saves it")

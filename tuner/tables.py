@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from tuner import knobs, spec
-from tuner.diagnose import Diagnosis, diagnose
+from tuner.diagnose import Diagnosis, diagnose, per_item
 from tuner.records import baseline_drift, configs_tried, speedup
 from tuner.results import Results
 
@@ -157,6 +157,16 @@ def print_diagnosis(what: str, d: Diagnosis, out: Any = None) -> None:
         print(f"  note: {f}", file=out)
 
 
+def _collate(result: dict) -> str:
+    """The collate's time per item, beside a loading process's whole time per item where
+    the loading showed."""
+    collate, load = result.get("collate_s_per_sample"), result.get("load_samples_per_sec_per_process")
+    if collate is None:
+        return "-"
+    return f"{per_item(collate)} an item" + (f" (of the {per_item(1 / load)} an item costs a loading process)"
+                                             if load else "")
+
+
 def print_bench(result: dict, out: Any = None) -> None:
     """A readable table of one measurement."""
     out = sys.stdout if out is None else out  # at call time: a replaced sys.stdout is honoured
@@ -169,6 +179,7 @@ def print_bench(result: dict, out: Any = None) -> None:
         ("step time", fmt(result.get("step_time_ms"), " ms", 2)),
         ("data wait", fmt((result.get("data_wait_fraction") or 0) * 100, "% of step")
          if result.get("data_wait_fraction") is not None else "-"),
+        ("collate", _collate(result)),
         ("full garbage collections", (fmt(result["gc_share"] * 100, "% of the windows", 1)
                                       if result.get("gc_share") is not None else "-")
          + (f" (the workers': {result['workers_gc_share']:.1%} of theirs)"
