@@ -345,25 +345,43 @@ def test_the_input_pipeline_s_knobs_are_written_where_reading_the_items_costs_th
                                                  has_groups=True, has_lengths=True)}
     assert lines == {"batch_grouping": ["mixed", "by_source"], "group_by_length": [False, True]} and not said
     assert pipeline_lines(never, fit(100.0, map_style=False), "cpu", False, has_groups=True, has_lengths=True) == []
-    # items whose length varies, from a workload that gives none: said, with the fix
-    from tests.fixture_workloads import Sentences
+    # items whose length varies, padded by the workload's collate, from a workload that
+    # gives no lengths: said, with the padding measured and the fix
+    from tests.fixture_workloads import Sentences, _pad
 
     said.clear()
-    assert pipeline_lines(lambda: Sentences(256), fit(1000.0), "cpu", False, say=said.append) == []
-    assert len(said) == 1 and said[0].startswith("group_by_length left out: the items' lengths vary (2-") \
-        and "in a sample of 32" in said[0] and "Workload(lengths=" in said[0], said
+    assert pipeline_lines(lambda: Sentences(256), fit(1000.0), "cpu", False, say=said.append, collate=_pad) == []
+    assert len(said) == 1 and said[0].startswith("group_by_length left out: the workload gives no lengths, and its "
+                                                 "items' lengths vary (2-") \
+        and re.search(r"in a sample of 32\): collated as one batch, they are \d\d% padding", said[0]) \
+        and "Workload(lengths=" in said[0], said
     said.clear()
-    assert pipeline_lines(lambda: Sentences(256), fit(1000.0), "cpu", False, say=said.append, has_lengths=True)
+    assert pipeline_lines(lambda: Sentences(256), fit(1000.0), "cpu", False, say=said.append, has_lengths=True,
+                          collate=_pad)
     assert not said
     # the same for token ids as Python lists; but a few ids per field beside a larger
-    # part (packed by an EmbeddingBag, not padded) are no reason for it
+    # part (packed by an EmbeddingBag, not padded) are no reason for it, nor are parts
+    # that the collate concatenates (a batch of graphs) rather than pads
     tokens = [{"input_ids": list(range(2 + i % 40)), "label": i % 2} for i in range(64)]
+
+    def pad_lists(items):
+        longest = max(len(it["input_ids"]) for it in items)
+        return torch.tensor([it["input_ids"] + [0] * (longest - len(it["input_ids"])) for it in items])
+
     clicks = [{"dense": torch.zeros(13), "ids": [[1] * (1 + i % 6), [2] * (1 + i % 3)]} for i in range(64)]
+    graphs = [{"x": torch.zeros(4 + i % 30, 8), "edges": torch.zeros(2, 3 + i % 50, dtype=torch.long)}
+              for i in range(64)]
+
+    def concatenated(items):
+        return torch.cat([it["x"] for it in items]), torch.cat([it["edges"] for it in items], dim=1)
+
     said.clear()
-    assert pipeline_lines(lambda: tokens, fit(1000.0), "cpu", False, say=said.append) == []
-    assert len(said) == 1 and said[0].startswith("group_by_length left out: the items' lengths vary (2-"), said
+    assert pipeline_lines(lambda: tokens, fit(1000.0), "cpu", False, say=said.append, collate=pad_lists) == []
+    assert len(said) == 1 and "its items' lengths vary (2-" in said[0], said
     said.clear()
-    assert pipeline_lines(lambda: clicks, fit(1000.0), "cpu", False, say=said.append) == [] and not said
+    assert pipeline_lines(lambda: clicks, fit(1000.0), "cpu", False, say=said.append, collate=list) == [] and not said
+    assert pipeline_lines(lambda: graphs, fit(1000.0), "cpu", False, say=said.append, collate=concatenated) == []
+    assert not said
 
 
 @pytest.mark.slow

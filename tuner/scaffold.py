@@ -233,7 +233,8 @@ def knob_lines(device: str, cores: int, bf16: bool, conv: bool, compiler: bool,
 
 def pipeline_lines(dataset: Callable[[], Any], fit: Fit, device: str, has_augment: bool,
                    say: Callable[[str], None] = print, *, has_groups: bool = False,
-                   has_lengths: bool = False) -> list[tuple[str, object, str]]:
+                   has_lengths: bool = False, collate: Callable[[list], Any] | None = None
+                   ) -> list[tuple[str, object, str]]:
     """(knob, values, why) for the input pipeline's own knobs. ``batch_grouping`` where the
     workload has sources, ``group_by_length`` where it gives a map-style dataset's lengths.
     ``dataset_cache`` where
@@ -241,7 +242,8 @@ def pipeline_lines(dataset: Callable[[], Any], fit: Fit, device: str, has_augmen
     batch more than reading them from the cache (timed here on a sample of the items of
     ``dataset()``, a map-style one), and the items are the same on two reads and fit in
     the memory free now (otherwise ``say`` says why it is left out, and the fix where
-    there is one); ``augment_on`` on a GPU where the workload has a per-batch augment."""
+    there is one); ``augment_on`` on a GPU where the workload has a per-batch augment.
+    ``collate``: the workload's, which tells whether items whose lengths vary are padded."""
     lines: list[tuple[str, object, str]] = []
     if has_groups and fit.map_style:
         lines.append(("batch_grouping", ["mixed", "by_source"], "the workload has sources (Workload.groups): "
@@ -262,8 +264,8 @@ def pipeline_lines(dataset: Callable[[], Any], fit: Fit, device: str, has_augmen
         except Exception as exc:  # the probes' processes read it: the space is written all the same
             say(f"dataset_cache left out: the dataset raised here: {type(exc).__name__}: {exc}")
         if items is not None:
-            if not has_lengths and (varied := _varied_lengths(items)):
-                say(f"group_by_length left out: the items' {varied}, and the workload gives none; "
+            if not has_lengths and (varied := _varied_lengths(items, collate)):
+                say(f"group_by_length left out: the workload gives no lengths, and its items' {varied}; "
                     f"Workload(lengths=lambda dataset: [...]) (each item's length, from what the dataset holds) "
                     f"lets the search batch items of similar length, which pads less")
     if has_augment and device == "cuda":
@@ -308,13 +310,25 @@ def _cache_line(items: Any, probe: Probe, say: Callable[[str], None]) -> list[tu
                                              f"{size / 2**20:,.0f} MB, filled once, up front)")]
 
 
-def _varied_lengths(items: Any, sample: int = 32) -> str | None:
+# A batch of items whose sizes vary, collated, with this share of its largest tensor more
+# than its items hold: padding worth batching by length (below it, the collate
+# concatenates or packs them: a graph batch, packed sequences)
+PADDING_WORTH = 0.10
+
+
+def _varied_lengths(items: Any, collate: Callable[[list], Any] | None = None, sample: int = 32) -> str | None:
     """Where the items' largest part (the tensor or list of numbers with the most elements
     on average: token lists, audio frames, an image) varies in size by at least 1.5x over
-    ``sample`` items spread over the dataset, what it spans, said; else None (and None
-    for items it cannot read). The largest part, since that is what padding costs: a
-    short list beside it (a few ids per field, packed by an EmbeddingBag) is not padded."""
+    ``sample`` items spread over the dataset, and those items collated as one batch (by
+    ``collate``, PyTorch's default where None) are padded: what the part spans and the
+    batch's padding, said; else None (and None for items it cannot read). The largest
+    part, since that is what padding costs: a short list beside it (a few ids per field,
+    packed by an EmbeddingBag) is not padded; and measured padding, since a collate that
+    concatenates (a graph batch) or packs has none to save."""
     import math
+
+    import torch
+    from torch.utils import _pytree as pytree
 
     from tuner.data import flatten, spread
 
@@ -323,7 +337,8 @@ def _varied_lengths(items: Any, sample: int = 32) -> str | None:
                 else (1, 0) for x in flatten(item)[0]]
 
     try:
-        rows = [sizes(items[i]) for i in spread(len(items), sample)]
+        read = [items[i] for i in spread(len(items), sample)]
+        rows = [sizes(item) for item in read]
     except Exception:  # the probes read the items: a dataset that raises here is said elsewhere
         return None
     if len(rows) < 2 or len({len(r) for r in rows}) != 1 or not rows[0]:
@@ -333,7 +348,16 @@ def _varied_lengths(items: Any, sample: int = 32) -> str | None:
     if min(counts) == 0 or max(counts) < 1.5 * min(counts):
         return None
     what = "lengths" if rows[0][part][1] == 1 else "sizes"
-    return f"{what} vary ({min(counts)}-{max(counts)}{'' if what == 'lengths' else ' elements'} in a sample of {len(rows)})"
+    spans = f"{min(counts)}-{max(counts)}{'' if what == 'lengths' else ' elements'} in a sample of {len(rows)}"
+    try:
+        batch = (collate or torch.utils.data.default_collate)(read)
+        largest = max((x.numel() for x in pytree.tree_leaves(batch) if isinstance(x, torch.Tensor)), default=0)
+    except Exception:  # the probes collated their batches: not said here
+        return None
+    padding = 1 - sum(counts) / largest if largest > sum(counts) else 0.0
+    if padding < PADDING_WORTH:
+        return None
+    return f"{what} vary ({spans}): collated as one batch, they are {padding:.0%} padding"
 
 
 def _read_ms(items: Any, indices: list[int]) -> float:
@@ -505,6 +529,6 @@ def init_space(workload: str, workload_args: dict, out: Path, *, device: str = "
             f"the model's parameters are {fit.half_params} as the workload builds them, so autocast runs the same "
             f"ops; build it in float32 to search precision"))
     lines += pipeline_lines(wl.dataset, fit, device, wl.augment is not None, say=say,
-                            has_groups=wl.groups is not None, has_lengths=wl.lengths is not None)
+                            has_groups=wl.groups is not None, has_lengths=wl.lengths is not None, collate=wl.collate)
     return write_space(out, name=stem, workload=seen_from(workload, out), workload_args=workload_args, device=device,
                        fit=fit, lines=lines, trials=trials, cap_note=cap_note)
