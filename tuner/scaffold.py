@@ -332,9 +332,9 @@ def _varied_lengths(items: Any, collate: Callable[[list], Any] | None = None, sa
 
     from tuner.data import flatten, spread
 
-    def sizes(item: Any) -> list[tuple[int, int]]:  # per part: (elements, dimensions)
-        return [(len(x), 1) if isinstance(x, list) else (math.prod(x.shape), len(x.shape)) if hasattr(x, "shape")
-                else (1, 0) for x in flatten(item)[0]]
+    def sizes(item: Any) -> list[tuple[int, tuple]]:  # per part: (elements, shape)
+        return [(len(x), (len(x),)) if isinstance(x, list) else (math.prod(x.shape), tuple(x.shape))
+                if hasattr(x, "shape") else (1, ()) for x in flatten(item)[0]]
 
     try:
         read = [items[i] for i in spread(len(items), sample)]
@@ -347,8 +347,12 @@ def _varied_lengths(items: Any, collate: Callable[[list], Any] | None = None, sa
     counts = [r[part][0] for r in rows]
     if min(counts) == 0 or max(counts) < 1.5 * min(counts):
         return None
-    what = "lengths" if rows[0][part][1] == 1 else "sizes"
-    spans = f"{min(counts)}-{max(counts)}{'' if what == 'lengths' else ' elements'} in a sample of {len(rows)}"
+    shapes = [r[part][1] for r in rows]
+    if len({shape[1:] for shape in shapes}) == 1:  # only the leading dimension varies: a length
+        lengths, rest = [shape[0] for shape in shapes], "".join(f" x {d}" for d in shapes[0][1:])
+        spans = f"lengths vary ({min(lengths)}-{max(lengths)}{rest} in a sample of {len(rows)})"
+    else:
+        spans = f"sizes vary ({min(counts)}-{max(counts)} elements in a sample of {len(rows)})"
     try:
         batch = (collate or torch.utils.data.default_collate)(read)
         largest = max((x.numel() for x in pytree.tree_leaves(batch) if isinstance(x, torch.Tensor)), default=0)
@@ -357,7 +361,7 @@ def _varied_lengths(items: Any, collate: Callable[[list], Any] | None = None, sa
     padding = 1 - sum(counts) / largest if largest > sum(counts) else 0.0
     if padding < PADDING_WORTH:
         return None
-    return f"{what} vary ({spans}): collated as one batch, they are {padding:.0%} padding"
+    return f"{spans}: collated as one batch, they are {padding:.0%} padding"
 
 
 def _read_ms(items: Any, indices: list[int]) -> float:
