@@ -2,6 +2,7 @@
 
 import contextlib
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -484,6 +485,9 @@ def test_workers_out_of_file_descriptors_are_a_hang_that_names_the_limit(tmp_pat
                        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard)))
     assert r.returncode == 3, r.stdout + r.stderr
     why = r.stderr.strip().splitlines()[-1]
-    assert why.startswith("infeasible: hung: no step after") and "open files its limit allows" in why, why
+    # found idle ("no step after ..."), or, where the machine is busy enough that the trial's
+    # processes never look idle for long, at the trial's time limit: either way the limit named
+    assert re.match(r"infeasible: hung: (no step after|no result within the trial time limit)", why) \
+        and "open files its limit allows" in why, why
     raise_to = 65536 if hard == resource.RLIM_INFINITY else hard
     assert "of the 256 open files" in why and f"raise the limit (ulimit -n {raise_to})" in why, why
