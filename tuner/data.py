@@ -361,9 +361,10 @@ class CachedDataset(Dataset):
             dtypes = {t.dtype for t in f if t.numel() or self.numeric[j] != "list"} or {f[0].dtype}
             if len(dtypes) > 1:
                 raise CacheRefused(f"dataset_cache: field {j} of the items changes dtype ({sorted(map(str, dtypes))})")
+            dtype = dtypes.pop()
             sizes = torch.tensor([t.numel() for t in f], dtype=torch.int64)
             self.offsets.append(torch.cat([torch.zeros(1, dtype=torch.int64), sizes.cumsum(0)]).share_memory_())
-            self.data.append(torch.cat([t.to(next(iter(dtypes))) for t in f]).share_memory_())
+            self.data.append(torch.cat([t.to(dtype) for t in f]).share_memory_())
             f.clear()
         self.shapes = [_shape_tensor(j, lst).share_memory_() for j, lst in enumerate(shapes)]
         # per field, the one shape all its items have (None where they differ, or hold nothing)

@@ -332,22 +332,21 @@ def _varied_lengths(items: Any, collate: Callable[[list], Any] | None = None, sa
 
     from tuner.data import flatten, spread
 
-    def sizes(item: Any) -> list[tuple[int, tuple]]:  # per part: (elements, shape)
-        return [(len(x), (len(x),)) if isinstance(x, list) else (math.prod(x.shape), tuple(x.shape))
-                if hasattr(x, "shape") else (1, ()) for x in flatten(item)[0]]
+    def part_shapes(item: Any) -> list[tuple]:  # per part (a number's is ())
+        return [(len(x),) if isinstance(x, list) else tuple(getattr(x, "shape", ())) for x in flatten(item)[0]]
 
     try:
         read = [items[i] for i in spread(len(items), sample)]
-        rows = [sizes(item) for item in read]
+        rows = [part_shapes(item) for item in read]
     except Exception:  # the probes read the items: a dataset that raises here is said elsewhere
         return None
     if len(rows) < 2 or len({len(r) for r in rows}) != 1 or not rows[0]:
         return None
-    part = max(range(len(rows[0])), key=lambda j: sum(r[j][0] for r in rows))
-    counts = [r[part][0] for r in rows]
+    part = max(range(len(rows[0])), key=lambda j: sum(math.prod(r[j]) for r in rows))
+    shapes = [r[part] for r in rows]
+    counts = [math.prod(shape) for shape in shapes]
     if min(counts) == 0 or max(counts) < 1.5 * min(counts):
         return None
-    shapes = [r[part][1] for r in rows]
     if len({shape[1:] for shape in shapes}) == 1:  # only the leading dimension varies: a length
         lengths, rest = [shape[0] for shape in shapes], "".join(f" x {d}" for d in shapes[0][1:])
         spans = f"lengths vary ({min(lengths)}-{max(lengths)}{rest} in a sample of {len(rows)})"
