@@ -18,6 +18,11 @@ lengths (``group_by_length``).
 items as a tokenizer without ``return_tensors`` gives them (Python lists of ids and a
 mask), padded per batch; ``tokenized(word_dropout=0.1)`` is its twin that drops words at
 random in ``__getitem__``, which the cache must refuse.
+
+``keywords``: keyword spotting on clips of 0.5-3 s, whose spectrogram the loading
+process computes per read (a short-time Fourier transform), padded per batch to the
+batch's longest clip, behind a 1-D conv net that computes on the padding; it gives its
+items' lengths (``group_by_length``), so grouping cuts both the padding and its compute.
 """
 
 from __future__ import annotations
@@ -205,3 +210,52 @@ def tokenized(size: int = 8192, word_dropout: float = 0.0) -> Workload:
     return Workload(model=MeanOfWords, dataset=lambda: Texts(size, word_dropout=word_dropout),
                     loss=lambda model, batch: nn.functional.cross_entropy(model(batch[0], batch[1]), batch[2]),
                     collate=_pad_lists)
+
+
+class Clips(torch.utils.data.Dataset):
+    """Clips of 0.5-3 s at 8 kHz (a few tones in noise, each the same on every read), read
+    as a log-magnitude spectrogram: frames x 201 frequency bins."""
+
+    def __init__(self, size: int = 3000, rate: int = 8000, classes: int = 12):
+        rng = random.Random(0)
+        self.samples = [rng.randint(rate // 2, 3 * rate) for _ in range(size)]
+        self.rate, self.classes = rate, classes
+        self.window = torch.hann_window(400)
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def lengths(self) -> list[int]:
+        return [1 + n // 80 for n in self.samples]  # the spectrogram's frames (hop 80)
+
+    def __getitem__(self, i: int):
+        g = torch.Generator().manual_seed(i)
+        t = torch.arange(self.samples[i]) / self.rate
+        label = i % self.classes
+        wave = torch.sin(2 * torch.pi * (300 + 150 * label) * t) + 0.5 * torch.randn(len(t), generator=g)
+        spec = torch.stft(wave, 400, hop_length=80, window=self.window, return_complex=True)
+        return torch.log1p(spec.abs()).T.contiguous(), label
+
+
+def _pad_clips(items):
+    return (nn.utils.rnn.pad_sequence([x for x, _ in items], batch_first=True),
+            torch.tensor([y for _, y in items]))
+
+
+class Spotter(nn.Module):
+    def __init__(self, bins: int = 201, width: int = 96, classes: int = 12):
+        super().__init__()
+        self.net = nn.Sequential(nn.Conv1d(bins, width, 5, padding=2), nn.ReLU(),
+                                 nn.Conv1d(width, width, 5, padding=2), nn.ReLU(),
+                                 nn.Conv1d(width, width, 5, padding=2), nn.ReLU())
+        self.head = nn.Linear(width, classes)
+
+    def forward(self, x):
+        return self.head(self.net(x.transpose(1, 2)).mean(2))
+
+
+def keywords(size: int = 3000) -> Workload:
+    """Keyword spotting on spectrograms of clips of varying length, with their lengths."""
+    return Workload(model=Spotter, dataset=lambda: Clips(size),
+                    loss=lambda model, batch: nn.functional.cross_entropy(model(batch[0]), batch[1]),
+                    collate=_pad_clips, lengths=lambda ds: ds.lengths())

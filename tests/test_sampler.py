@@ -357,6 +357,40 @@ def test_a_search_its_loading_bounds_adds_workers_rather_than_threads(throughput
     assert (study.best_value >= best * 0.999) is throughput
 
 
+@pytest.mark.parametrize("batches", [[16, 32, 64, 128], [16, 128]])
+def test_on_a_cpu_the_best_config_is_measured_next_at_half_the_largest_batch(batches):
+    """After the starts (the advice at the largest batch listed), the best config measured
+    in full is measured at the batch listed nearest half the largest, once: the model's
+    one-value moves from the largest stop where the next one down reads the same, and a
+    peak below it went unmeasured. Not with two batches listed (the move is the model's
+    own), nor for an objective other than samples/s."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    domain = {**DOMAIN, "micro_batch_size": batches}
+    defaults = {**START, "precision": "fp32", "num_workers": 0, "micro_batch_size": 16}
+    advice = {**START, "micro_batch_size": 128}
+
+    def rate(c):  # flat from 128 down to 64 (the model's next move), best at 32
+        return speed(c) * {16: 1.0, 32: 1.6, 64: 1.05, 128: 1.05}[c["micro_batch_size"]]
+
+    def run(throughput, trials):
+        sampler = GuidedSampler(domain, [defaults, advice], key, seed=0, cores=2, throughput=throughput)
+        study = optuna.create_study(direction="maximize", sampler=sampler)
+        for _ in range(trials):
+            trial = study.ask()
+            config = {k: trial.suggest_categorical(k, v) for k, v in domain.items()}
+            trial.set_user_attr("data_wait_fraction", 0.0)
+            study.tell(trial, rate(config))
+        return [t.params for t in study.trials]
+
+    asked = run(True, 6)
+    assert asked[:2] == [defaults, advice]
+    halved = [c for c in asked[2:] if c == {**advice, "micro_batch_size": 64}]
+    assert len(halved) == (1 if len(batches) > 2 else 0)
+    if len(batches) > 2:
+        assert asked[2] == halved[0]
+    assert {**advice, "micro_batch_size": 64} != run(False, 3)[2]
+
+
 @pytest.mark.parametrize(("peak_mb", "grown"), [(None, 128), (1000.0, 128), (3000.0, 64), (5000.0, None)])
 def test_on_a_gpu_the_best_config_is_measured_next_at_the_largest_batch_its_memory_fits(peak_mb, grown):
     """After the starts, the best config measured in full is measured at the largest

@@ -9,7 +9,8 @@ alone, the starts after them take the value of that pair that read faster, and o
 trial's workers reported the cores they used, the splits' threads are what those cores
 leave (``LoaderUse``). On GPUs, once the starts are asked and one config is measured in
 full, the best so far is measured at the largest micro-batch its measured device memory
-fits (``_grown``). Each next trial is the untried config of highest expected
+fits (``_grown``); on CPUs, where the advice starts at the largest micro-batch, it is
+measured once at the batch listed nearest half the largest (``_halved``). Each next trial is the untried config of highest expected
 improvement under a Bayesian ridge model of log-throughput: one effect per (knob, value),
 one per pair of knob values, and, on CPUs, a term for intra-op threads that DataLoader
 workers leave without cores (``oversubscription``); for a samples/s objective the model
@@ -159,7 +160,7 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         if not done:
             return next((c for c in self._candidates(self.start) if self.canonical(c) not in seen),
                         self._untried(seen, number))
-        grown = self._grown(trials) if self.grow_batch else None
+        grown = self._grown(trials) if self.grow_batch else self._halved(trials)
         if grown is not None and self.canonical(grown) not in seen:
             return grown
         full = [d for d in done if not d[2]]
@@ -212,6 +213,31 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         if any(p["micro_batch_size"] == target for p in asked):
             return None
         return {**config, "micro_batch_size": target}
+
+    def _halved(self, trials: list[FrozenTrial]) -> dict | None:
+        """On a CPU, the best config measured in full so far at the micro-batch listed
+        nearest half the largest (``middle_batch``), or None: where fewer than three are
+        listed, once a config past the starts has been asked at that batch, for an
+        objective other than samples/s, and while the best config's workers bound its rate
+        (its data wait says so: ``stage_rates``). The advice starts at the largest batch listed, and
+        the model's moves from there go one listed value at a time: where the rate is flat
+        from the largest to the next, no move goes further down, and a faster batch below
+        them goes unmeasured (seen on a 1-D conv net over spectrograms). This one move tells the model what a smaller batch is worth."""
+        target = middle_batch(self.domain.get("micro_batch_size", ())) if self.cores and self.throughput else None
+        full = [t for t in trials if t.state == TrialState.COMPLETE and t.values
+                and not t.user_attrs.get("screened") and 0 < t.values[0] < 1e17]
+        if target is None or not full:
+            return None
+        starts = {self.canonical(s) for s in self.starts}
+        asked = [p for p in self._plans.values() if p is not None] + [self._complete(t.params) for t in trials]
+        if any(p["micro_batch_size"] == target and self.canonical(p) not in starts for p in asked):
+            return None
+        top = max(full, key=lambda t: self.sign * t.values[0])
+        best, wait = self._complete(top.params), top.user_attrs.get("data_wait_fraction")
+        workers = int({**self.fixed, **best}.get("num_workers") or 0)
+        if workers and wait is not None and stage_rates(top.values[0], wait, workers, self.cores)[1] is not None:
+            return None  # its workers bound it: no batch loads faster (the model's moves come first)
+        return {**best, "micro_batch_size": target}
 
     def _settled(self, start: dict, done: list) -> dict:
         """``start`` with each knob that two measured starts settled between them: where
@@ -320,6 +346,16 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         values = self.domain[knob]
         i = values.index(value) if value in values else 0
         return [values[j] for j in (i + dist, i - dist) if 0 <= j < len(values)]
+
+
+def middle_batch(batches: list) -> int | None:
+    """The micro-batch listed nearest half the largest (by ratio), of those strictly
+    between the smallest and the largest; None where there is none (two listed)."""
+    inner = [b for b in batches if min(batches) < b < max(batches)] if len(batches) > 2 else []
+    if not inner:
+        return None
+    half = max(batches) / 2
+    return min(inner, key=lambda b: abs(math.log(b / half)))
 
 
 # A micro-batch "fits" where the peak device memory measured at a smaller one, scaled in
