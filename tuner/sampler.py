@@ -10,8 +10,8 @@ trial's workers reported the cores they used, the splits' threads are what those
 leave (``LoaderUse``). On GPUs, once the starts are asked and one config is measured in
 full, the best so far is measured at the largest micro-batch its measured device memory
 fits (``_grown``); on CPUs, where the advice starts at the largest micro-batch, it is
-measured once at the batch listed nearest half the largest (``_halved``). Each next trial is the untried config of highest expected
-improvement under a Bayesian ridge model of log-throughput: one effect per (knob, value),
+measured once at the batch listed nearest half the largest (``_halved``). Each next
+trial is the untried config of highest expected improvement under a Bayesian ridge model of log-throughput: one effect per (knob, value),
 one per pair of knob values, and, on CPUs, a term for intra-op threads that DataLoader
 workers leave without cores (``oversubscription``); for a samples/s objective the model
 is the step's rate, held to the loading's measured rate (``Pipeline``). Pairs are shrunk
@@ -38,7 +38,7 @@ import itertools
 import math
 import statistics
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -219,10 +219,13 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         nearest half the largest (``middle_batch``), or None: where fewer than three are
         listed, once a config past the starts has been asked at that batch, for an
         objective other than samples/s, and while the best config's workers bound its rate
-        (its data wait says so: ``stage_rates``). The advice starts at the largest batch listed, and
-        the model's moves from there go one listed value at a time: where the rate is flat
-        from the largest to the next, no move goes further down, and a faster batch below
-        them goes unmeasured (seen on a 1-D conv net over spectrograms). This one move tells the model what a smaller batch is worth."""
+        (its data wait says so: ``stage_rates``).
+
+        The advice starts at the largest batch listed, and the model's moves from there go
+        one listed value at a time: where the rate is flat from the largest to the next, no
+        move goes further down, and a faster batch below them goes unmeasured (seen on a
+        1-D conv net over spectrograms). This one move tells the model what a smaller batch
+        is worth."""
         target = middle_batch(self.domain.get("micro_batch_size", ())) if self.cores and self.throughput else None
         full = [t for t in trials if t.state == TrialState.COMPLETE and t.values
                 and not t.user_attrs.get("screened") and 0 < t.values[0] < 1e17]
@@ -348,7 +351,7 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         return [values[j] for j in (i + dist, i - dist) if 0 <= j < len(values)]
 
 
-def middle_batch(batches: list) -> int | None:
+def middle_batch(batches: Sequence[int]) -> int | None:
     """The micro-batch listed nearest half the largest (by ratio), of those strictly
     between the smallest and the largest; None where there is none (two listed)."""
     inner = [b for b in batches if min(batches) < b < max(batches)] if len(batches) > 2 else []
