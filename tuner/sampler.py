@@ -196,11 +196,9 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         does not start there because the largest listed may not fit, and an infeasible
         start teaches the model that every value it holds is bad; one measured config
         tells what fits, and this one move tells the model what the batch is worth."""
-        full = [t for t in trials if t.state == TrialState.COMPLETE and t.values
-                and not t.user_attrs.get("screened") and 0 < t.values[0] < 1e17]
-        if not full:
+        best = self._best_full(trials)
+        if best is None:
             return None
-        best = max(full, key=lambda t: self.sign * t.values[0])
         config = self._complete(best.params)
         batch = config["micro_batch_size"]
         peak, total = best.user_attrs.get("peak_device_memory_mb"), best.user_attrs.get("gpu_memory_mb")
@@ -209,10 +207,21 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         if not fits:
             return None
         target = max(fits)
-        asked = [p for p in self._plans.values() if p is not None] + [self._complete(t.params) for t in trials]
-        if any(p["micro_batch_size"] == target for p in asked):
+        if self._asked_at(target, trials):
             return None
         return {**config, "micro_batch_size": target}
+
+    def _best_full(self, trials: list[FrozenTrial]) -> FrozenTrial | None:
+        """The best trial measured in full (not screened, feasible), or None."""
+        full = [t for t in trials if t.state == TrialState.COMPLETE and t.values
+                and not t.user_attrs.get("screened") and 0 < t.values[0] < 1e17]
+        return max(full, key=lambda t: self.sign * t.values[0]) if full else None
+
+    def _asked_at(self, batch: int, trials: list[FrozenTrial], besides: set = frozenset()) -> bool:
+        """Whether a config at micro-batch ``batch`` was asked for (planned or run), of those
+        whose key is not in ``besides``."""
+        asked = [p for p in self._plans.values() if p is not None] + [self._complete(t.params) for t in trials]
+        return any(p["micro_batch_size"] == batch and self.canonical(p) not in besides for p in asked)
 
     def _halved(self, trials: list[FrozenTrial]) -> dict | None:
         """On a CPU, the best config measured in full so far at the micro-batch listed
@@ -227,15 +236,9 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         1-D conv net over spectrograms). This one move tells the model what a smaller batch
         is worth."""
         target = middle_batch(self.domain.get("micro_batch_size", ())) if self.cores and self.throughput else None
-        full = [t for t in trials if t.state == TrialState.COMPLETE and t.values
-                and not t.user_attrs.get("screened") and 0 < t.values[0] < 1e17]
-        if target is None or not full:
+        top = self._best_full(trials) if target is not None else None
+        if top is None or self._asked_at(target, trials, {self.canonical(s) for s in self.starts}):
             return None
-        starts = {self.canonical(s) for s in self.starts}
-        asked = [p for p in self._plans.values() if p is not None] + [self._complete(t.params) for t in trials]
-        if any(p["micro_batch_size"] == target and self.canonical(p) not in starts for p in asked):
-            return None
-        top = max(full, key=lambda t: self.sign * t.values[0])
         best, wait = self._complete(top.params), top.user_attrs.get("data_wait_fraction")
         workers = int({**self.fixed, **best}.get("num_workers") or 0)
         if workers and wait is not None and stage_rates(top.values[0], wait, workers, self.cores)[1] is not None:

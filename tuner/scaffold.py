@@ -328,7 +328,6 @@ def _varied_lengths(items: Any, collate: Callable[[list], Any] | None = None, sa
     import math
 
     import torch
-    from torch.utils import _pytree as pytree
 
     from tuner.data import flatten, spread
 
@@ -354,7 +353,7 @@ def _varied_lengths(items: Any, collate: Callable[[list], Any] | None = None, sa
         spans = f"sizes vary ({min(counts)}-{max(counts)} elements in a sample of {len(rows)})"
     try:
         batch = (collate or torch.utils.data.default_collate)(read)
-        largest = max((x.numel() for x in pytree.tree_leaves(batch) if isinstance(x, torch.Tensor)), default=0)
+        largest = max((x.numel() for x in flatten(batch)[0] if isinstance(x, torch.Tensor)), default=0)
     except Exception:  # the probes collated their batches: not said here
         return None
     padding = 1 - sum(counts) / largest if largest > sum(counts) else 0.0
