@@ -23,11 +23,17 @@ random in ``__getitem__``, which the cache must refuse.
 process computes per read (a short-time Fourier transform), padded per batch to the
 batch's longest clip, behind a 1-D conv net that computes on the padding; it gives its
 items' lengths (``group_by_length``), so grouping cuts both the padding and its compute.
+
+``utterances``: dialogue turns whose lengths have a long tail (most a few dozen tokens, a
+few hundred at most), padded per batch behind two transformer encoder layers: a batch's
+padding grows with the chance that it holds one of the long turns, and attention's cost
+with the square of its longest.
 """
 
 from __future__ import annotations
 
 import io
+import math
 import random
 import re
 
@@ -259,3 +265,41 @@ def keywords(size: int = 3000) -> Workload:
     return Workload(model=Spotter, dataset=lambda: Clips(size),
                     loss=lambda model, batch: nn.functional.cross_entropy(model(batch[0]), batch[1]),
                     collate=_pad_clips, lengths=lambda ds: ds.lengths())
+
+
+class Utterances(torch.utils.data.Dataset):
+    """Token lists whose lengths are log-normal (median 40 tokens), 4 to ``longest``, each
+    the same on every read."""
+
+    def __init__(self, size: int = 2048, longest: int = 384, vocab: int = 8000):
+        rng = random.Random(1)
+        self.lengths = [min(longest, max(4, round(rng.lognormvariate(math.log(40), 0.8)))) for _ in range(size)]
+        self.vocab = vocab
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __getitem__(self, i: int):
+        g = torch.Generator().manual_seed(i)
+        return torch.randint(1, self.vocab, (self.lengths[i],), generator=g), i % 4
+
+
+class Turns(nn.Module):
+    def __init__(self, vocab: int = 8000, dim: int = 192, classes: int = 4):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim, padding_idx=0)
+        layer = nn.TransformerEncoderLayer(dim, 4, 2 * dim, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+        self.head = nn.Linear(dim, classes)
+
+    def forward(self, tokens, lengths):
+        mask = tokens != 0
+        h = self.encoder(self.embed(tokens), src_key_padding_mask=~mask)
+        return self.head((h * mask.unsqueeze(-1)).sum(1) / lengths.unsqueeze(-1))
+
+
+def utterances(size: int = 2048, longest: int = 384) -> Workload:
+    """Two transformer encoder layers on long-tailed token lists padded per batch, with
+    their lengths."""
+    return Workload(model=Turns, dataset=lambda: Utterances(size, longest), loss=_classify, collate=_padded,
+                    lengths=lambda ds: ds.lengths)

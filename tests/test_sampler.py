@@ -391,6 +391,29 @@ def test_on_a_cpu_the_best_config_is_measured_next_at_half_the_largest_batch(bat
     assert {**advice, "micro_batch_size": 64} != run(False, 3)[2]
 
 
+@pytest.mark.parametrize(("by_batch", "walked"), [({16: 2.0, 32: 1.6, 64: 1.3, 128: 1.0}, [64, 32, 16]),
+                                                  ({16: 1.0, 32: 1.2, 64: 1.3, 128: 1.0}, [64, 32]),
+                                                  ({16: 1.0, 32: 1.0, 64: 0.9, 128: 1.0}, [64])])
+def test_on_a_cpu_the_batch_walks_down_while_each_halving_wins(by_batch, walked):
+    """Where the step to half the largest batch won, the best config is measured next at
+    half its batch, and so on while each step wins; the walk stops at the first step that
+    loses (padded sequences: the per-sample cost grows with the batch all the way down)."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    defaults = {**START, "precision": "fp32", "num_workers": 0, "micro_batch_size": 16}
+    advice = {**START, "micro_batch_size": 128}
+    sampler = GuidedSampler(DOMAIN, [defaults, advice], key, seed=0, cores=2, throughput=True)
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    for _ in range(2 + len(walked) + 1):
+        trial = study.ask()
+        config = {k: trial.suggest_categorical(k, v) for k, v in DOMAIN.items()}
+        trial.set_user_attr("data_wait_fraction", 0.0)
+        study.tell(trial, speed({**config, "micro_batch_size": 64}) * by_batch[config["micro_batch_size"]])
+    asked = [t.params for t in study.trials]
+    assert asked[2:2 + len(walked)] == [{**advice, "micro_batch_size": b} for b in walked]
+    after = asked[2 + len(walked)]
+    assert {k: v for k, v in after.items() if k != "micro_batch_size"} != advice or after["micro_batch_size"] in walked
+
+
 @pytest.mark.parametrize(("peak_mb", "grown"), [(None, 128), (1000.0, 128), (3000.0, 64), (5000.0, None)])
 def test_on_a_gpu_the_best_config_is_measured_next_at_the_largest_batch_its_memory_fits(peak_mb, grown):
     """After the starts, the best config measured in full is measured at the largest

@@ -10,9 +10,10 @@ trial's workers reported the cores they used, the splits' threads are what those
 leave (``LoaderUse``). On GPUs, once the starts are asked and one config is measured in
 full, the best so far is measured at the largest micro-batch its measured device memory
 fits (``_grown``); on CPUs, where the advice starts at the largest micro-batch, it is
-measured once at the batch listed nearest half the largest (``_halved``). Each next
-trial is the untried config of highest expected improvement under a Bayesian ridge model of log-throughput: one effect per (knob, value),
-one per pair of knob values, and, on CPUs, a term for intra-op threads that DataLoader
+measured at the batch listed nearest half the largest, and at each next halving while
+the last one won (``_halved``). Each next trial is the untried config of highest
+expected improvement under a Bayesian ridge model of log-throughput: one effect per
+(knob, value), one per pair of knob values, and, on CPUs, a term for intra-op threads that DataLoader
 workers leave without cores (``oversubscription``); for a samples/s objective the model
 is the step's rate, held to the loading's measured rate (``Pipeline``). Pairs are shrunk
 harder than single knobs, so that with few trials the model stays near the additive one
@@ -225,21 +226,30 @@ class GuidedSampler(optuna.samplers.BaseSampler):
 
     def _halved(self, trials: list[FrozenTrial]) -> dict | None:
         """On a CPU, the best config measured in full so far at the micro-batch listed
-        nearest half the largest (``middle_batch``), or None: where fewer than three are
-        listed, once a config past the starts has been asked at that batch, for an
-        objective other than samples/s, and while the best config's workers bound its rate
-        (its data wait says so: ``stage_rates``).
+        nearest half the largest (``middle_batch``); where the best is already at that
+        batch or below it, at the listed batch nearest half its own (a walk down while each
+        step wins). None where fewer than three are listed, once a config past the starts
+        has been asked at the target batch, for an objective other than samples/s, and
+        while the best config's workers bound its rate (its data wait says so:
+        ``stage_rates``).
 
         The advice starts at the largest batch listed, and the model's moves from there go
         one listed value at a time: where the rate is flat from the largest to the next, no
         move goes further down, and a faster batch below them goes unmeasured (seen on a
-        1-D conv net over spectrograms). This one move tells the model what a smaller batch
-        is worth."""
-        target = middle_batch(self.domain.get("micro_batch_size", ())) if self.cores and self.throughput else None
-        top = self._best_full(trials) if target is not None else None
-        if top is None or self._asked_at(target, trials, {self.canonical(s) for s in self.starts}):
+        1-D conv net over spectrograms). Where a step down won, the next one down is asked
+        before the model's moves: on padded sequences the per-sample cost grows with the
+        batch (its longest item grows with it) all the way down (seen on a transformer over
+        long-tailed turns), and one listed value per model move comes down too slowly."""
+        batches = self.domain.get("micro_batch_size", ())
+        middle = middle_batch(batches) if self.cores and self.throughput else None
+        top = self._best_full(trials) if middle is not None else None
+        if top is None:
             return None
         best, wait = self._complete(top.params), top.user_attrs.get("data_wait_fraction")
+        batch = best["micro_batch_size"]
+        target = middle if batch > middle else nearest([b for b in batches if b < batch], batch / 2)
+        if target is None or self._asked_at(target, trials, {self.canonical(s) for s in self.starts}):
+            return None
         workers = int({**self.fixed, **best}.get("num_workers") or 0)
         if workers and wait is not None and stage_rates(top.values[0], wait, workers, self.cores)[1] is not None:
             return None  # its workers bound it: no batch loads faster (the model's moves come first)
@@ -357,11 +367,14 @@ class GuidedSampler(optuna.samplers.BaseSampler):
 def middle_batch(batches: Sequence[int]) -> int | None:
     """The micro-batch listed nearest half the largest (by ratio), of those strictly
     between the smallest and the largest; None where there is none (two listed)."""
-    inner = [b for b in batches if min(batches) < b < max(batches)] if len(batches) > 2 else []
-    if not inner:
+    if len(batches) < 3:
         return None
-    half = max(batches) / 2
-    return min(inner, key=lambda b: abs(math.log(b / half)))
+    return nearest([b for b in batches if min(batches) < b < max(batches)], max(batches) / 2)
+
+
+def nearest(values: Sequence[int], target: float) -> int | None:
+    """The value nearest ``target`` by ratio; None where there is none."""
+    return min(values, key=lambda b: abs(math.log(b / target))) if values else None
 
 
 # A micro-batch "fits" where the peak device memory measured at a smaller one, scaled in

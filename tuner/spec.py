@@ -212,7 +212,8 @@ class Space:
         On a CPU the advice starts at the largest micro-batch listed (the guides: a small
         batch leaves the device underused; a larger one spreads each step's fixed costs
         over more samples; where three or more are listed, the guided sampler measures the
-        best start at half the largest too: ``GuidedSampler._halved``). Not on a GPU: the
+        best start at half the largest too, and lower while each halving wins:
+        ``GuidedSampler._halved``). Not on a GPU: the
         largest listed may not fit, and an infeasible start teaches the model that every
         value it holds is bad; the guided sampler grows the batch there once the memory of a
         measured config says what fits (``GuidedSampler._grown``).
