@@ -13,12 +13,12 @@ fits (``_grown``); on CPUs, where the advice starts at the largest micro-batch, 
 measured at the batch listed nearest half the largest, and at each next halving while
 the last one won (``_halved``). Each next trial is the untried config of highest
 expected improvement under a Bayesian ridge model of log-throughput: one effect per
-(knob, value), one per pair of knob values, and, on CPUs, a term for intra-op threads that DataLoader
-workers leave without cores (``oversubscription``); for a samples/s objective the model
-is the step's rate, held to the loading's measured rate (``Pipeline``). Pairs are shrunk
-harder than single knobs, so that with few trials the model stays near the additive one
-and departs from it where the data disagree; the posterior's spread is what makes an
-unmeasured value worth a trial.
+(knob, value), one per pair of knob values, and, on CPUs, a term for intra-op threads
+that DataLoader workers leave without cores (``oversubscription``); for a samples/s
+objective the model is the step's rate, held to the loading's measured rate
+(``Pipeline``). Pairs are shrunk harder than single knobs, so that with few trials the
+model stays near the additive one and departs from it where the data disagree; the
+posterior's spread is what makes an unmeasured value worth a trial.
 Every config of the space is scored (spaces of more than ``SCORE_ALL`` configs: the one-
 and two-knob moves from the best so far): a local search from the incumbent stays on the
 side of the cores' split that its start had.

@@ -213,10 +213,10 @@ class Space:
         batch leaves the device underused; a larger one spreads each step's fixed costs
         over more samples; where three or more are listed, the guided sampler measures the
         best start at half the largest too, and lower while each halving wins:
-        ``GuidedSampler._halved``). Not on a GPU: the
-        largest listed may not fit, and an infeasible start teaches the model that every
-        value it holds is bad; the guided sampler grows the batch there once the memory of a
-        measured config says what fits (``GuidedSampler._grown``).
+        ``GuidedSampler._halved``). Not on a GPU: the largest listed may not fit, and an
+        infeasible start teaches the model that every value it holds is bad; the guided
+        sampler grows the batch there once the memory of a measured config says what fits
+        (``GuidedSampler._grown``).
 
         On a CPU where the advice is bf16 and fp32 is listed, the next start is the advice
         in fp32: whether bf16 autocast is faster depends on the host more than the CPU's
