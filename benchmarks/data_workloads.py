@@ -109,6 +109,8 @@ class Reviews(torch.utils.data.Dataset):
     """Token lists of 16 to ``longest`` tokens, each the same on every read (the length of
     item i is drawn once, up front: what ``lengths`` reads without reading the items)."""
 
+    classes = 2
+
     def __init__(self, size: int = 4096, longest: int = 256, vocab: int = 8000):
         rng = random.Random(0)
         self.lengths = [rng.randint(16, longest) for _ in range(size)]
@@ -119,7 +121,7 @@ class Reviews(torch.utils.data.Dataset):
 
     def __getitem__(self, i: int):
         g = torch.Generator().manual_seed(i)
-        return torch.randint(1, self.vocab, (self.lengths[i],), generator=g), i % 2
+        return torch.randint(1, self.vocab, (self.lengths[i],), generator=g), i % self.classes
 
 
 def _padded(items):
@@ -267,21 +269,16 @@ def keywords(size: int = 3000) -> Workload:
                     collate=_pad_clips, lengths=lambda ds: ds.lengths())
 
 
-class Utterances(torch.utils.data.Dataset):
+class Utterances(Reviews):
     """Token lists whose lengths are log-normal (median 40 tokens), 4 to ``longest``, each
     the same on every read."""
+
+    classes = 4
 
     def __init__(self, size: int = 2048, longest: int = 384, vocab: int = 8000):
         rng = random.Random(1)
         self.lengths = [min(longest, max(4, round(rng.lognormvariate(math.log(40), 0.8)))) for _ in range(size)]
         self.vocab = vocab
-
-    def __len__(self) -> int:
-        return len(self.lengths)
-
-    def __getitem__(self, i: int):
-        g = torch.Generator().manual_seed(i)
-        return torch.randint(1, self.vocab, (self.lengths[i],), generator=g), i % 4
 
 
 class Turns(nn.Module):
