@@ -132,7 +132,10 @@ def _trial_overhead(data: dict) -> list[str]:
 def _search_replay(data: dict) -> list[str]:
     budgets = data["budgets"]
     out = [f"The replay drives the search policy itself (`tuner.policy.SearchPolicy`), one search per count of "
-           f"configs, under the live search's window caps and retry room. {data['seeds']} seeds per landscape "
+           f"configs, under the live search's window caps and retry room. A replayed measurement draws the "
+           f"config's recorded windows (the first two in order, the rest at random), scaled to its rate and times "
+           f"a drift drawn from the landscape's repeats, and reads them as a trial does: all samples over all "
+           f"time. {data['seeds']} seeds per landscape "
            f"({data['gp_seeds']} for the GP sampler); each cell is the pick's rate over the landscape's best: "
            f"median / 10th percentile. A config's rate is the mean of its three figures where every config "
            f"within 10% of the landscape's best was measured three times on one host (\"means\"), and its first "

@@ -288,6 +288,15 @@ def judged_rates(landscape: dict, canon: Canonical, ss: SearchSpace) -> tuple[di
     return rates_by(landscape, key), "means"
 
 
+def per_time(rates: list[float]) -> float:
+    """A trial's figure from its windows' rates: all samples over all time, as the trial
+    takes it (``tuner.windows.epoch_fit``). Windows hold equal samples, so that is the
+    harmonic mean. (A median would read a config whose windows spread several-fold, as
+    grouped batches of unequal length make them, tens of percent apart from one replay to
+    the next, where the landscape's own repeats of it agree to a few percent.)"""
+    return statistics.harmonic_mean(rates)
+
+
 class Machine:
     """Measurements drawn from a landscape, for one seed, under a search's window caps."""
 
@@ -327,7 +336,7 @@ class Machine:
         steady = recorded[self.TRANSIENT:] or recorded
         # every window at the judged rate's scale: the threshold and the full figures are
         # judged means, so must be the windows screened against them
-        scale = self.rate[key] / statistics.median(steady)
+        scale = self.rate[key] / per_time(steady)
         factor = max(0.5, self.rng.gauss(1.0, self.cv))
         rates, verdict = [], None
         s = self.settings
@@ -339,7 +348,7 @@ class Machine:
                                       screen_windows=s["screen_windows"], capped=len(rates) >= s["max_windows"])
         screened = verdict == "screened"
         body = rates[self.TRANSIENT:]
-        figure = statistics.median(rates) if screened or not body else statistics.median(body)
+        figure = per_time(rates) if screened or not body else per_time(body)
         return {"status": "ok", "config": task.config, "samples_per_sec": figure,
                 "samples_per_sec_error": median_error(rates) if len(rates) > 1 else 0.05, "screened": screened,
                 "trial_wall_s": wall * (0.5 + 0.5 * len(rates) / max(len(recorded), 1)),
