@@ -28,6 +28,11 @@ items' lengths (``group_by_length``), so grouping cuts both the padding and its 
 few hundred at most), padded per batch behind two transformer encoder layers: a batch's
 padding grows with the chance that it holds one of the long turns, and attention's cost
 with the square of its longest.
+
+``sessions``: clickstream sessions with long-tailed lengths (most a couple of dozen
+events, a few hundred at most), each event's features built per read, behind a two-layer
+LSTM over packed sequences: it skips the padding's compute, but steps through the batch's
+longest session one event at a time.
 """
 
 from __future__ import annotations
@@ -300,3 +305,54 @@ def utterances(size: int = 2048, longest: int = 384) -> Workload:
     their lengths."""
     return Workload(model=Turns, dataset=lambda: Utterances(size, longest), loss=_classify, collate=_padded,
                     lengths=lambda ds: ds.lengths)
+
+
+class Sessions(torch.utils.data.Dataset):
+    """Clickstream sessions of 2 to ``longest`` events (log-normal lengths, median 24),
+    each event an item id and the log of the seconds since the one before, built per read
+    from the raw event times (the same on every read)."""
+
+    def __init__(self, size: int = 1536, longest: int = 320, items: int = 20000):
+        rng = random.Random(2)
+        self.lengths = [min(longest, max(2, round(rng.lognormvariate(math.log(24), 0.9)))) for _ in range(size)]
+        self.items = items
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __getitem__(self, i: int):
+        g = torch.Generator().manual_seed(i)
+        n = self.lengths[i]
+        times = torch.cumsum(torch.empty(n).exponential_(1 / 30, generator=g), 0)
+        gaps = torch.log1p(torch.diff(times, prepend=times[:1]))
+        ids = torch.randint(1, self.items, (n,), generator=g)
+        return ids, gaps, i % 2
+
+
+def _pad_sessions(items):
+    ids = nn.utils.rnn.pad_sequence([x for x, _, _ in items], batch_first=True)
+    gaps = nn.utils.rnn.pad_sequence([t for _, t, _ in items], batch_first=True)
+    return ids, gaps, torch.tensor([len(x) for x, _, _ in items]), torch.tensor([y for _, _, y in items])
+
+
+class SessionNet(nn.Module):
+    def __init__(self, items: int = 20000, dim: int = 96):
+        super().__init__()
+        self.embed = nn.Embedding(items, dim, padding_idx=0)
+        self.gap = nn.Linear(1, dim)
+        self.lstm = nn.LSTM(dim, dim, num_layers=2, batch_first=True)
+        self.head = nn.Linear(dim, 2)
+
+    def forward(self, ids, gaps, lengths):
+        x = self.embed(ids) + self.gap(gaps.unsqueeze(-1))
+        packed = nn.utils.rnn.pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
+        _, (h, _) = self.lstm(packed)
+        return self.head(h[-1])
+
+
+def sessions(size: int = 1536, longest: int = 320) -> Workload:
+    """A two-layer LSTM over packed clickstream sessions with long-tailed lengths, with
+    their lengths."""
+    return Workload(model=SessionNet, dataset=lambda: Sessions(size, longest),
+                    loss=lambda model, batch: nn.functional.cross_entropy(model(*batch[:3]), batch[3]),
+                    collate=_pad_sessions, lengths=lambda ds: ds.lengths)
