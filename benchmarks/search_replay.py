@@ -291,9 +291,9 @@ def judged_rates(landscape: dict, canon: Canonical, ss: SearchSpace) -> tuple[di
 def per_time(rates: list[float]) -> float:
     """A trial's figure from its windows' rates: all samples over all time, as the trial
     takes it (``tuner.windows.epoch_fit``). Windows hold equal samples, so that is the
-    harmonic mean. (A median would read a config whose windows spread several-fold, as
-    grouped batches of unequal length make them, tens of percent apart from one replay to
-    the next, where the landscape's own repeats of it agree to a few percent.)"""
+    harmonic mean, and a set of windows drawn from a config's recorded ones then reads on
+    average what all of them read. (Their median does not where the windows spread
+    several-fold, as grouped batches of unequal length make them.)"""
     return statistics.harmonic_mean(rates)
 
 
