@@ -620,7 +620,7 @@ def main() -> None:
                      help="recorded after the search's rules were frozen: no rule is chosen on it")
     rep = sub.add_parser("repeat", help="measure the configs near a landscape's best twice more")
     rep.add_argument("space", nargs="+")
-    rep.add_argument("--within", type=float, default=REPEAT_BAND, help="configs within this fraction of the best")
+    rep.add_argument("--within", type=float, default=REPEAT_BAND, help="configs at this fraction of the best or above (the default: within 10%%)")
     bud = sub.add_parser("budget", help="replay the search under a time budget: the configs it fits, and its pick")
     bud.add_argument("landscapes", nargs="+", help="names under benchmarks/landscapes")
     bud.add_argument("--time-s", type=float, nargs="+", default=[480.0], help="budgets, as --time-budget")
