@@ -764,6 +764,26 @@ def test_batches_grouped_by_length_read_at_their_epoch_s_rate():
 
 @ALONE
 @pytest.mark.slow
+def test_a_short_epoch_of_batches_by_length_is_timed_whole_at_a_search_s_settings():
+    # One item of 400 positions among items of 2-40: the batch that holds it sleeps 400 ms
+    # of an epoch of about a second (24 batches of 8, the rest 2-40 ms each). At a search's
+    # settings (min_windows = max_windows = 5), windows of a few pairs read the epoch's
+    # rate only if that batch falls in them at its share; windows of whole epochs read it
+    # every time. The reference is a plain loop over whole epochs, before and after.
+    config = {"micro_batch_size": 8, "group_by_length": True}
+    args = {"size": 192, "ms_per_position": 1.0, "tail": 400}
+    before = _plain_epochs("padded", args, config, epochs=3)
+    r = _run("padded", args, config, measure={"warmup_steps": 2, "window_s": 0.3, "min_windows": 5,
+                                              "max_windows": 5, "max_timed_s": 30.0})
+    plain = (before + _plain_epochs("padded", args, config, epochs=3)) / 2
+    assert r["status"] == "ok", r.get("reason")
+    assert r["window_steps"] == 24 and r["epoch_starts_measured"] == 5  # one whole epoch per window
+    assert r["samples_per_sec"] == pytest.approx(plain, rel=0.05), (plain, r["samples_per_sec_windows"])
+    assert r["samples_per_sec_error"] < 0.05  # each window holds every batch once
+
+
+@ALONE
+@pytest.mark.slow
 def test_the_driver_sleeps_while_a_trial_is_in_its_windows_and_not_after(tmp_path, monkeypatch):
     """A trial in its timed windows marks a folder of the driver's (``hushed``), and the
     driver's loop sleeps while the mark's process lives (``wait_while_timed``)."""

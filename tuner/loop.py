@@ -125,9 +125,13 @@ class GroupedBatchSampler(_EpochLimit, Sampler[list[int]]):
         per_rank = len(batches) // self.world
         return batches[self.rank:per_rank * self.world:self.world]
 
-    def __len__(self) -> int:
+    def whole_epoch(self) -> int:
+        """Batches in an epoch of the whole dataset, this rank's (no limit)."""
         n = sum(len(g) // self.batch_size for g in self.groups)
-        n = 2 * (n // 2 // self.world) if self.lengths is not None else n // self.world  # balanced()'s pairs
+        return 2 * (n // 2 // self.world) if self.lengths is not None else n // self.world  # balanced()'s pairs
+
+    def __len__(self) -> int:
+        n = self.whole_epoch()
         return n if self.limit is None else min(n, max(1, self.limit // self.batch_size))
 
     def __iter__(self) -> Iterator[list[int]]:

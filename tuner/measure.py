@@ -41,7 +41,7 @@ from tuner.data import CollectionClock, WorkerCollections
 from tuner.hardware import peak_flops, usable_cores
 from tuner.hostload import Load, LoadMeter, TreeProbe, hushed, ray_workers_beside
 from tuner.hotpath import OwnAutocast
-from tuner.loop import Trainer, synchronize
+from tuner.loop import GroupedBatchSampler, Trainer, synchronize
 from tuner.nvml import NvmlSampler
 from tuner.ranks import Agree, across_ranks
 from tuner.records import Figures, stage_rates
@@ -56,6 +56,11 @@ from tuner.windows import (
     steady_windows,
     windows_verdict,
 )
+
+# Batches by length are timed in windows of whole epochs where an epoch lasts at most this
+# many windows (WindowPlan.try_whole_epochs): a trial then times at most that many times
+# its usual windows, and a longer epoch's windows of a few pairs each average more pairs.
+WHOLE_EPOCHS_UP_TO = 6
 
 
 def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
@@ -272,6 +277,7 @@ class WindowPlan:
     cap_s: float = math.inf  # the windows are also capped in time until sized
     sized: bool = False  # sized by the first two undisturbed windows
     fastest: float = math.inf  # seconds per step, the least of those windows'
+    epoch_window: int = 0  # steps of a whole epoch, while the first window is one (try_whole_epochs)
 
     @classmethod
     def size(cls, trainer: Trainer, settings: MeasureSettings, agree: Agree, warm: WarmUp) -> WindowPlan:
@@ -296,7 +302,27 @@ class WindowPlan:
         # (With several ranks the cap is off: a break on a rank's own clock could end the
         # window at different steps on different ranks.)
         plan.cap_s = 3 * settings.window_s if agree.world == 1 else math.inf
+        plan.try_whole_epochs()
         return plan
+
+    def try_whole_epochs(self) -> None:
+        """Batches by length (``group_by_length``) cost several-fold apart: the longest
+        pair of a short epoch can take a quarter of it. A window of a few pairs then reads
+        whichever pairs it holds, and a search's trial of a few windows, less than an
+        epoch, reads them too: one config's trials spread several times as far as its
+        whole runs did. So the first window is one whole epoch, not cut short (the timed
+        phase starts on an epoch start), capped at ``WHOLE_EPOCHS_UP_TO`` windows of
+        ``window_s``; where it ends within that, every window is whole epochs, each batch
+        in it once (``resize``). One rank only: the cap is off with several."""
+        sampler = self.trainer.sampler
+        if (self.trainer.batch_round < 2 or self.settings.epoch_steps is not None or self.cap_s == math.inf
+                or not isinstance(sampler, GroupedBatchSampler)):
+            return
+        epoch = sampler.whole_epoch() // self.trainer.accum
+        if epoch < 1:
+            return
+        self.epoch_window, self.steps, self.cap_s = epoch, epoch, WHOLE_EPOCHS_UP_TO * self.settings.window_s
+        self.trainer.set_epoch_limit(epoch * self.trainer.samples_per_step, align=self.trainer.samples_per_step)
 
     def whole_cycles(self, steps: float) -> int:
         n = max(self.min_steps, self.cycle * math.ceil(steps / self.cycle))
@@ -312,6 +338,14 @@ class WindowPlan:
     def resize(self, steps: int, wall: float, say: Callable[[str], None]) -> None:
         """The first undisturbed window sizes the windows (a disturbed one would size them
         to the disturbance); the second may still end the room limit (below)."""
+        if self.epoch_window:
+            epoch, self.epoch_window = self.epoch_window, 0
+            if steps == epoch:  # the whole epoch within the cap: windows of whole epochs from now on
+                self.steps = epoch * max(1, round(self.settings.window_s / max(wall, 1e-9)))
+                self.room, self.sized, self.cap_s = 0, True, math.inf
+                say(f"batches by length: windows of {self.steps // epoch} whole epoch(s), {self.steps} steps")
+                return
+            self.cap_s = 3 * self.settings.window_s  # a longer epoch: windows sized as any other's
         first = self.fastest == math.inf
         self.fastest = min(self.fastest, wall / steps)
         self.sized = not first
