@@ -61,6 +61,8 @@ from tuner.windows import (
 # many windows (WindowPlan.try_whole_epochs): a trial then times at most that many times
 # its usual windows, and a longer epoch's windows of a few pairs each average more pairs.
 WHOLE_EPOCHS_UP_TO = 6
+# The first windows are capped at this many windows of window_s until sized (WindowPlan).
+FIRST_WINDOWS_UP_TO = 3
 
 
 def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
@@ -301,7 +303,7 @@ class WindowPlan:
         plan.size_epochs()
         # (With several ranks the cap is off: a break on a rank's own clock could end the
         # window at different steps on different ranks.)
-        plan.cap_s = 3 * settings.window_s if agree.world == 1 else math.inf
+        plan.cap_s = FIRST_WINDOWS_UP_TO * settings.window_s if agree.world == 1 else math.inf
         plan.try_whole_epochs()
         return plan
 
@@ -345,7 +347,7 @@ class WindowPlan:
                 self.room, self.sized, self.cap_s = 0, True, math.inf
                 say(f"batches by length: windows of {self.steps // epoch} whole epoch(s), {self.steps} steps")
                 return
-            self.cap_s = 3 * self.settings.window_s  # a longer epoch: windows sized as any other's
+            self.cap_s = FIRST_WINDOWS_UP_TO * self.settings.window_s  # a longer epoch: windows sized as any other's
         first = self.fastest == math.inf
         self.fastest = min(self.fastest, wall / steps)
         self.sized = not first
