@@ -17,7 +17,8 @@ stand for the user's run.
 
     python benchmarks/length_grouping.py --rounds 3
 
-Prints a table and writes JSON (default benchmarks/out/length_grouping.json).
+Prints a table and writes JSON (default benchmarks/out/length_grouping.json); cases not run
+(``--cases``) keep their last figures there.
 """
 
 from __future__ import annotations
@@ -109,7 +110,10 @@ def main() -> None:
     if a.plain:
         print(_plain_here(a.plain, a.on, a.epochs))
         return
-    results = {**stamp(), "config": CONFIG, "cases": {}}
+    # A case not run this time keeps its last figures (each case says when it was measured).
+    out = Path(a.out)
+    kept = json.loads(out.read_text()).get("cases", {}) if out.exists() else {}
+    results = {**stamp(), "config": CONFIG, "cases": kept}
     with tempfile.TemporaryDirectory() as tmp:
         for case in a.cases.split(","):
             space = space_file(Path(tmp), REFS[case], CASES[case], name="length")
@@ -138,9 +142,9 @@ def main() -> None:
             print(f"{case}: padding {results['cases'][case]['padding_off']:.0%} -> "
                   f"{results['cases'][case]['padding_on']:.0%}; on/off bench {bench[0]:.2f} "
                   f"({bench[1]:.2f}-{bench[2]:.2f}), plain {user[0]:.2f} ({user[1]:.2f}-{user[2]:.2f})")
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(results, indent=1))
-    print(f"wrote {a.out}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=1))
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

@@ -760,6 +760,8 @@ def test_batches_grouped_by_length_read_at_their_epoch_s_rate():
     assert r["status"] == "ok", r.get("reason")
     assert r["window_steps"] % 2 == 0  # whole pairs
     assert r["samples_per_sec"] == pytest.approx(plain, rel=0.05), (plain, r["samples_per_sec_windows"])
+    # every window's pairs count, not a "steady" few carried over the epoch's unmeasured rest
+    assert r["epoch_overhead_from"] == "pauses"
 
 
 @ALONE

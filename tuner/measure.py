@@ -559,13 +559,19 @@ def _figures(trainer: Trainer, plan: RunPlan, t: Timed, warm: WarmUp, startup_s:
     elapsed = [w.samples / r for w, r in zip(kept, rates, strict=True)]
     wait_fraction = (sum(w.wait for w in kept) + micro_fetch_s * sum(w.boundaries for w in kept)) / sum(elapsed)
     starts = trainer.epoch_start_s[t.starts_before:]
-    fit = epoch_fit(kept)
+    # Batches by length cost many-fold apart (attention over the longest few can cost as
+    # much as dozens of short ones), so no window between boundaries is "steady": the
+    # few such windows hold mostly cheap pairs, and their rate, carried over the rest of
+    # a long epoch (a timed phase covers part of one), reads it high. The figure is then
+    # every window's time over every pair the windows drew, as for a short epoch.
+    fit = epoch_fit(kept) if trainer.batch_round < 2 else None
     if fit is not None:
         per_sample, epoch_overhead_s = fit
         overhead_from = "windows"
     else:
-        # Too few steady windows (epochs as long as the timed phase): each boundary's
-        # pause beyond an ordinary batch fetch, and the rest of the time as steady.
+        # Too few steady windows (epochs as long as the timed phase), or batches by
+        # length: each boundary's pause beyond an ordinary batch fetch, and the rest of
+        # the time as steady.
         per_sample = sum(elapsed) / sum(w.samples for w in kept)
         epoch_overhead_s = max(0.0, statistics.median(starts) - micro_fetch_s) if starts else None
         overhead_from = "pauses"
