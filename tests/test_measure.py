@@ -175,7 +175,9 @@ def test_a_first_window_that_held_a_heap_collection_does_not_keep_windows_of_a_f
     """The room limit (five windows to an epoch) ends where windows of a fifth of an epoch
     would be a small part of window_s. The first window of a few steps may hold a full
     collection of the heap and read several times as long as the rest: the faster of the
-    first two windows decides, so the second window still ends the limit."""
+    first two windows decides, so the second window still ends the limit. Each window is
+    then whole epochs: where both first windows held one, windows sized on them alone
+    ended inside an epoch."""
     from tuner.measure import WindowPlan
     from tuner.settings import MeasureSettings
 
@@ -194,8 +196,13 @@ def test_a_first_window_that_held_a_heap_collection_does_not_keep_windows_of_a_f
     held.resize(3, 0.19, said.append)  # 63 ms a step: the collection
     assert held.room == 3 and held.steps == 3 and not held.sized
     held.resize(3, 0.03, said.append)  # 10 ms a step
-    assert held.room == 0 and held.steps == 50 and held.sized
-    assert held.trainer.limits[-1] == 5 * 50 * 1024 and "10.0 ms: 50 steps" in said[-1]
+    assert held.room == 0 and held.steps == 3 * 19 and held.sized  # 50 steps' time, in whole epochs
+    assert held.trainer.limits[-1] == 5 * 57 * 1024 and "10.0 ms: 57 steps" in said[-1]
+
+    both = plan()  # both first windows held a collection: a window still holds a whole epoch
+    both.resize(3, 0.115, said.append)
+    both.resize(3, 0.115, said.append)
+    assert both.room == 0 and both.steps == 19 and both.sized
 
     slow = plan()  # steps that are slow in every window keep the limit
     slow.resize(3, 0.19, said.append)

@@ -198,8 +198,10 @@ class Trainer:
         self.workload, self.config, self.device, self.baseline = workload, config, device, baseline
         self.accum = config["grad_accum_steps"]
         self.samples_per_step = config["micro_batch_size"] * self.accum  # per rank
+        # batches by length cost several-fold apart (a few of them can take much of an epoch)
+        self.by_length = bool(config["group_by_length"])
         # micro-batches that cost about the epoch's mean together (``balanced``'s pairs)
-        self.batch_round = 2 if config["group_by_length"] else 1
+        self.batch_round = 2 if self.by_length else 1
         self.rank, self.world = _ranks(config["world_size"])
         self.notes: list[str] = []  # what the Trainer decided on its own (find_unused_parameters)
         torch.manual_seed(seed)

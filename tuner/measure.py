@@ -317,7 +317,7 @@ class WindowPlan:
         ``window_s``; where it ends within that, every window is whole epochs, each batch
         in it once (``resize``). One rank only: the cap is off with several."""
         sampler = self.trainer.sampler
-        if (self.trainer.batch_round < 2 or self.settings.epoch_steps is not None or self.cap_s == math.inf
+        if (not self.trainer.by_length or self.settings.epoch_steps is not None or self.cap_s == math.inf
                 or not isinstance(sampler, GroupedBatchSampler)):
             return
         epoch = sampler.whole_epoch() // self.trainer.accum
@@ -360,10 +360,16 @@ class WindowPlan:
             # to 1.8x its own script that way, and 1.0x in windows of many epochs. The
             # faster of the first two windows decides: one window of a few steps may hold
             # that collection itself, and read an epoch's fifth several times as long.
-            self.room = 0
+            # Both may hold one: sized on them alone, a window could still end inside an
+            # epoch. So each window is whole epochs, however slow those windows read.
+            self.room, lifted = 0, True
         elif not first:
             return
+        else:
+            lifted = False
         fit = self.whole_cycles(self.settings.window_s / max(self.fastest, 1e-9))
+        if lifted:
+            fit = self.dataset_steps * max(1, round(fit / self.dataset_steps))
         if not self.steps / 1.5 <= fit <= self.steps * 1.5:
             say(f"warm-up read {self.est * 1e3:.1f} ms per step, the first windows "
                 f"{self.fastest * 1e3:.1f} ms: {fit} steps per window")
@@ -564,7 +570,7 @@ def _figures(trainer: Trainer, plan: RunPlan, t: Timed, warm: WarmUp, startup_s:
     # few such windows hold mostly cheap pairs, and their rate, carried over the rest of
     # a long epoch (a timed phase covers part of one), reads it high. The figure is then
     # every window's time over every pair the windows drew, as for a short epoch.
-    fit = epoch_fit(kept) if trainer.batch_round < 2 else None
+    fit = None if trainer.by_length else epoch_fit(kept)
     if fit is not None:
         per_sample, epoch_overhead_s = fit
         overhead_from = "windows"
