@@ -351,7 +351,8 @@ class WindowPlan:
         first = self.fastest == math.inf
         self.fastest = min(self.fastest, wall / steps)
         self.sized = not first
-        if self.room and self.room * self.fastest < self.settings.window_s / 4:
+        lifted = bool(self.room) and self.room * self.fastest < self.settings.window_s / 4
+        if lifted:
             # Windows of a fifth of an epoch would be a small part of window_s: an epoch
             # of a few fast steps then runs whole inside each window, boundaries and all,
             # as a user's run of many such epochs does. Windows of a few steps each read
@@ -362,11 +363,9 @@ class WindowPlan:
             # that collection itself, and read an epoch's fifth several times as long.
             # Both may hold one: sized on them alone, a window could still end inside an
             # epoch. So each window is whole epochs, however slow those windows read.
-            self.room, lifted = 0, True
+            self.room = 0
         elif not first:
             return
-        else:
-            lifted = False
         fit = self.whole_cycles(self.settings.window_s / max(self.fastest, 1e-9))
         if lifted:
             fit = self.dataset_steps * max(1, round(fit / self.dataset_steps))
