@@ -343,7 +343,7 @@ class WindowPlan:
         if self.epoch_window:
             epoch, self.epoch_window = self.epoch_window, 0
             if steps == epoch:  # the whole epoch within the cap: windows of whole epochs from now on
-                self.steps = epoch * max(1, round(self.settings.window_s / max(wall, 1e-9)))
+                self.steps = whole_epochs(epoch, epoch * self.settings.window_s / max(wall, 1e-9))
                 self.room, self.sized, self.cap_s = 0, True, math.inf
                 say(f"batches by length: windows of {self.steps // epoch} whole epoch(s), {self.steps} steps")
                 return
@@ -368,12 +368,17 @@ class WindowPlan:
             return
         fit = self.whole_cycles(self.settings.window_s / max(self.fastest, 1e-9))
         if lifted:
-            fit = self.dataset_steps * max(1, round(fit / self.dataset_steps))
+            fit = whole_epochs(self.dataset_steps, fit)
         if not self.steps / 1.5 <= fit <= self.steps * 1.5:
             say(f"warm-up read {self.est * 1e3:.1f} ms per step, the first windows "
                 f"{self.fastest * 1e3:.1f} ms: {fit} steps per window")
             self.steps = fit
             self.size_epochs(now=True)
+
+
+def whole_epochs(epoch: int, steps: float) -> int:
+    """The whole number of epochs of ``epoch`` steps nearest ``steps``, at least one."""
+    return epoch * max(1, round(steps / epoch))
 
 
 @dataclass
