@@ -11,7 +11,8 @@ leave (``LoaderUse``). On GPUs, once the starts are asked and one config is meas
 full, the best so far is measured at the largest micro-batch its measured device memory
 fits (``_grown``); on CPUs, where the advice starts at the largest micro-batch, it is
 measured at the batch listed nearest half the largest, and at each next halving while
-the last one won (``_halved``). Each next trial is the untried config of highest
+the last one won; where the defaults at the smallest batch beat every start, the walk goes
+down from the best start at the largest (``_halved``). Each next trial is the untried config of highest
 expected improvement under a Bayesian ridge model of log-throughput: one effect per
 (knob, value), one per pair of knob values, and, on CPUs, a term for intra-op threads
 that DataLoader workers leave without cores (``oversubscription``); for a samples/s
@@ -231,7 +232,9 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         step wins). None where fewer than three are listed, once a config past the starts
         has been asked at the target batch, for an objective other than samples/s, and
         while the best config's workers bound its rate (its data wait says so:
-        ``stage_rates``).
+        ``stage_rates``). Where the best sits at the smallest batch listed (PyTorch's
+        defaults beat the advice), the walk goes down from the advice instead
+        (``_walked_from_largest``).
 
         The advice starts at the largest batch listed, and the model's moves from there go
         one listed value at a time: where the rate is flat from the largest to the next, no
@@ -245,15 +248,61 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         top = self._best_full(trials) if middle is not None else None
         if top is None:
             return None
-        best, wait = self._complete(top.params), top.user_attrs.get("data_wait_fraction")
-        batch = best["micro_batch_size"]
-        target = middle if batch > middle else nearest([b for b in batches if b < batch], batch / 2)
-        if target is None or self._asked_at(target, trials, {self.canonical(s) for s in self.starts}):
+        if self._complete(top.params)["micro_batch_size"] == min(batches):
+            return self._walked_from_largest(trials, middle)
+        step = self._half_of(top, middle)
+        starts = {self.canonical(s) for s in self.starts}
+        if step is None or self._asked_at(step["micro_batch_size"], trials, starts):
             return None
-        workers = int({**self.fixed, **best}.get("num_workers") or 0)
-        if workers and wait is not None and stage_rates(top.values[0], wait, workers, self.cores)[1] is not None:
-            return None  # its workers bound it: no batch loads faster (the model's moves come first)
-        return {**best, "micro_batch_size": target}
+        return step
+
+    def _half_of(self, trial: FrozenTrial, middle: int) -> dict | None:
+        """``trial``'s config one halving down (to ``middle`` from above it, else to the
+        batch listed nearest half its own), or None where none is listed below it or its
+        workers bound its rate (its data wait says so: no batch loads faster, and the
+        model's moves come first)."""
+        config, wait = self._complete(trial.params), trial.user_attrs.get("data_wait_fraction")
+        batch = config["micro_batch_size"]
+        target = middle if batch > middle else nearest([b for b in self.domain["micro_batch_size"] if b < batch],
+                                                       batch / 2)
+        if target is None:
+            return None
+        workers = int({**self.fixed, **config}.get("num_workers") or 0)
+        if workers and wait is not None and stage_rates(trial.values[0], wait, workers, self.cores)[1] is not None:
+            return None
+        return {**config, "micro_batch_size": target}
+
+    def _walked_from_largest(self, trials: list[FrozenTrial], middle: int) -> dict | None:
+        """The walk down from the best config measured at the largest batch listed (the
+        advice's), for where PyTorch's defaults at the smallest batch beat every start:
+        that config at each halving, and each next halving while the last one read faster
+        than the config it halved; None once one lost, or was asked and not measured yet.
+        Screened figures count: the starts at a slow largest batch are screened, and the
+        walk asks whether the batch is what made them slow.
+
+        The defaults differ from the advice in several knobs at once, so their win does not
+        tell the model the batch's part in it, and its one- and two-knob moves from the
+        defaults rarely reach the advice's other knobs at a small batch (padded sequences
+        with long tails, whose per-sample cost fell several-fold from the largest batch to
+        the smallest: there, searches that never measured the advice at the small batch
+        picked configs at half its rate or less)."""
+        done = {self.canonical(self._complete(t.params)): t for t in trials if t.state == TrialState.COMPLETE
+                and t.values and 0 < t.values[0] < 1e17}
+        largest = max(self.domain["micro_batch_size"])
+        at_largest = [t for t in done.values() if self._complete(t.params)["micro_batch_size"] == largest]
+        if not at_largest:
+            return None
+        node = max(at_largest, key=lambda t: self.sign * t.values[0])
+        asked = {self.canonical(p) for p in self._plans.values() if p is not None}
+        asked |= {self.canonical(self._complete(t.params)) for t in trials}
+        while (step := self._half_of(node, middle)) is not None:
+            key = self.canonical(step)
+            if key not in done:
+                return None if key in asked else step
+            if self.sign * (done[key].values[0] - node.values[0]) <= 0:
+                return None  # the halving lost: the walk ends
+            node = done[key]
+        return None
 
     def _settled(self, start: dict, done: list) -> dict:
         """``start`` with each knob that two measured starts settled between them: where
