@@ -486,9 +486,10 @@ def test_workers_out_of_file_descriptors_are_a_hang_that_names_the_limit(tmp_pat
     assert r.returncode == 3, r.stdout + r.stderr
     why = r.stderr.strip().splitlines()[-1]
     # found idle ("no step after ..."), or, where the machine is busy enough that the trial's
-    # processes never look idle for long, at the trial's time limit: either way the limit named.
-    # (A worker's own error, written to the same stderr as it is ended, can run into the line.)
-    assert re.search(r"infeasible: hung: (no step after|no result within the trial time limit)", why) \
+    # processes never look idle for long, at the trial's time limit: either way the limit named,
+    # on a line of its own (a worker's error, half written to the same stderr as it is ended,
+    # does not run into it)
+    assert re.match(r"infeasible: hung: (no step after|no result within the trial time limit)", why) \
         and "open files its limit allows" in why, why
     raise_to = 65536 if hard == resource.RLIM_INFINITY else hard
     assert "of the 256 open files" in why and f"raise the limit (ulimit -n {raise_to})" in why, why

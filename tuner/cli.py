@@ -80,6 +80,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         result = run_isolated(request, timeout_s=timeout_s, progress=progress)
     if progress:
         print("\r\033[K", end="", file=sys.stderr, flush=True)
+    elif result.get("error_kind") in ("timeout", "died"):
+        # its processes, which share this stderr, were ended or died mid-line (a worker's
+        # traceback half written): what this command prints starts on a line of its own
+        print(file=sys.stderr, flush=True)
     result["workload"] = {"ref": space.model.workload, "args": space.model.workload_args}
     result.setdefault("hardware", _hardware())
     if result.get("error_kind") in ("workload", "invalid"):
