@@ -161,8 +161,12 @@ def _search_replay(data: dict) -> list[str]:
     out += _held_out_provenance(data, [n for n in data["results"] if n in held])
     for added in data.get("added") or []:
         only = f" ({', '.join(added['strategies'])}; the other strategies' rows stand)" if added.get("strategies") else ""
-        out += [f"{', '.join(added['landscapes'])}: replayed {added['date']} with the rules of commit "
-                f"{added.get('rules_at')}{only} (`{added['command']}`) and added to this file.", ""]
+        every = set(added["landscapes"]) >= set(data["landscapes"])
+        which = f"Every landscape ({len(added['landscapes'])})" if every else ", ".join(added["landscapes"])
+        command = added["command"].split(" --landscapes ")[0] + " --landscapes <every one> --jobs 2" if every \
+            else added["command"]
+        out += [f"{which}: replayed {added['date']} with the rules of commit "
+                f"{added.get('rules_at')}{only} (`{command}`) and added to this file.", ""]
     previous = data.get("previous") or {}
     if previous.get("results"):
         out += [f"Where the figures moved from the replay before the policy was one object "
