@@ -1575,3 +1575,61 @@ def mae(size: int = 4096, image: int = 40, crop: int = 32, patch: int = 4, dim: 
             return nn.functional.mse_loss(guess.float(), target.float())
 
     return Workload(model=MAE, dataset=lambda: Stripes(size, image, crop), loss=lambda model, batch: model(batch))
+
+
+class Neighbourhoods(Dataset):
+    """The nodes of a large synthetic graph (long-tailed degrees, a feature vector per node,
+    a class per node). Each read samples the node's two-hop neighbourhood from the
+    adjacency lists, ``fanout`` neighbours per hop drawn with replacement, and gathers
+    their features: the per-node minibatch sampling of GraphSAGE-style training."""
+
+    def __init__(self, nodes: int, features: int, fanout: tuple[int, int], classes: int):
+        g = torch.Generator().manual_seed(0)
+        degree = (torch.rand(nodes, generator=g).pow(-0.7)).clamp(max=500).long()  # a long tail
+        self.offsets = torch.cat([torch.zeros(1, dtype=torch.long), degree.cumsum(0)])
+        self.targets = torch.randint(nodes, (int(self.offsets[-1]),), generator=g)
+        self.features = torch.randn(nodes, features, generator=g)
+        self.labels = torch.randint(classes, (nodes,), generator=g)
+        self.fanout = fanout
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def _sample(self, nodes: torch.Tensor, k: int, g: torch.Generator) -> torch.Tensor:
+        start, count = self.offsets[nodes], self.offsets[nodes + 1] - self.offsets[nodes]
+        pick = (torch.rand(len(nodes), k, generator=g) * count[:, None]).long()
+        return self.targets[start[:, None] + pick].flatten()
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        g = torch.Generator().manual_seed(i)
+        hop1 = self._sample(torch.tensor([i]), self.fanout[0], g)
+        hop2 = self._sample(hop1, self.fanout[1], g)
+        return self.features[i], self.features[hop1], self.features[hop2], self.labels[i]
+
+
+def neighbors(nodes: int = 100000, features: int = 128, fanout: tuple[int, int] = (10, 5), hidden: int = 512,
+              classes: int = 8) -> Workload:
+    """GraphSAGE node classification on sampled neighbourhoods: two layers, each a node's
+    own features and the mean of its sampled neighbours', concatenated, through a linear
+    layer; a cross-entropy loss on the node's class."""
+    f1, f2 = fanout
+
+    class Sage(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layer1 = nn.Linear(2 * features, hidden)
+            self.layer2 = nn.Linear(2 * hidden, hidden)
+            self.head = nn.Linear(hidden, classes)
+
+        def forward(self, own: torch.Tensor, hop1: torch.Tensor, hop2: torch.Tensor) -> torch.Tensor:
+            b = own.shape[0]
+            h1 = torch.relu(self.layer1(torch.cat([hop1, hop2.view(b, f1, f2, -1).mean(2)], -1)))
+            h0 = torch.relu(self.layer1(torch.cat([own, hop1.mean(1)], -1)))
+            h = torch.relu(self.layer2(torch.cat([h0, h1.mean(1)], -1)))
+            return self.head(h)
+
+    def loss(model, batch):
+        own, hop1, hop2, labels = batch
+        return nn.functional.cross_entropy(model(own, hop1, hop2).float(), labels)
+
+    return Workload(model=Sage, dataset=lambda: Neighbourhoods(nodes, features, fanout, classes), loss=loss)
