@@ -12,10 +12,10 @@ full, the best so far is measured at the largest micro-batch its measured device
 fits (``_grown``); on CPUs, where the advice starts at the largest micro-batch, it is
 measured at the batch listed nearest half the largest, and at each next halving while
 the last one won; where the defaults at the smallest batch beat every start, the walk goes
-down from the best start at the largest (``_halved``). Each next trial is the untried config of highest
-expected improvement under a Bayesian ridge model of log-throughput: one effect per
-(knob, value), one per pair of knob values, and, on CPUs, a term for intra-op threads
-that DataLoader workers leave without cores (``oversubscription``); for a samples/s
+down from the best start at the largest (``_halved``). Each next trial is the untried
+config of highest expected improvement under a Bayesian ridge model of log-throughput:
+one effect per (knob, value), one per pair of knob values, and, on CPUs, a term for
+intra-op threads that DataLoader workers leave without cores (``oversubscription``); for a samples/s
 objective the model is the step's rate, held to the loading's measured rate
 (``Pipeline``). Pairs are shrunk harder than single knobs, so that with few trials the
 model stays near the additive one and departs from it where the data disagree; the
