@@ -163,8 +163,11 @@ def _search_replay(data: dict) -> list[str]:
         only = f" ({', '.join(added['strategies'])}; the other strategies' rows stand)" if added.get("strategies") else ""
         every = set(added["landscapes"]) >= set(data["landscapes"])
         which = f"Every landscape ({len(added['landscapes'])})" if every else ", ".join(added["landscapes"])
-        command = added["command"].split(" --landscapes ")[0] + " --landscapes <every one> --jobs 2" if every \
-            else added["command"]
+        command = added["command"]
+        if every:  # the names left out, the options after them kept
+            head, _, tail = command.partition(" --landscapes ")
+            after = tail.split(" --", 1)
+            command = f"{head} --landscapes <every one>" + (f" --{after[1]}" if len(after) > 1 else "")
         out += [f"{which}: replayed {added['date']} with the rules of commit "
                 f"{added.get('rules_at')}{only} (`{command}`) and added to this file.", ""]
     previous = data.get("previous") or {}
@@ -735,7 +738,8 @@ def _length_grouping(data: dict) -> list[str]:
              "|---|---|---|---|---|---|---|---|---|---|"]
     for name, c in (data.get("cases") or {}).items():
         m, spread = c.get("medians", {}), c.get("bench_spread", {})
-        lines.append(f"| {name} | {c.get('rounds', '?')} ({c.get('measured', '?')}) | "
+        differs = " ".join(f"{k}={v}" for k, v in (c.get("config") or {}).items() if (data.get("config") or {}).get(k) != v)
+        lines.append(f"| {name}{f' ({differs})' if differs else ''} | {c.get('rounds', '?')} ({c.get('measured', '?')}) | "
                      f"{c['padding_off']:.0%} -> {c['padding_on']:.0%} | {_fmt(m.get('bench_off'))} | "
                      f"{_fmt(m.get('bench_on'))} | {ratio(c.get('bench_ratio'))} | {_fmt(m.get('plain_off'))} | "
                      f"{_fmt(m.get('plain_on'))} | {ratio(c.get('plain_ratio'))} | "

@@ -181,3 +181,26 @@ def test_a_landscape_says_whether_its_repeats_tell_its_best_from_the_runner_up()
     text = "\n".join(render._search_replay(data))
     assert f"do not tell from its best (Welch's t-test, p 0.05 or more): close (p {c['p']:.2f})." in text
     assert "runner-up 0.900 of the best, Welch p 0.00 over their 3 and 3 figures" in text
+
+
+def test_a_replay_of_every_landscape_is_named_as_such_and_one_of_a_few_by_their_names():
+    """The page says which landscapes an addition replayed: "Every landscape (N)" and the
+    command without the names where it replayed all of them (a rule's change replays them
+    all: fifty names say nothing), the names where it replayed a few."""
+    import render
+
+    info = {"configs": 1, "repeat_cv": 0.0, "hardware": {"cpu": "x", "cpu_count": 2}, "measured": "now"}
+    data = {"budgets": [12], "seeds": 1, "gp_seeds": 1, "results": {}, "landscapes": {}, "added": []}
+    for name in ("a", "b", "c"):
+        data["landscapes"][name] = info
+        data["results"][name] = {s: {"12": {"median": 1.0, "p10": 1.0}} for s in ("tuner", "oracle")}
+    for names in (["a", "b", "c"], ["b"]):
+        data["added"].append({"landscapes": names, "date": "now", "rules_at": "abc", "strategies": ["tuner"],
+                              "command": f"python benchmarks/search_replay.py --add --strategies tuner "
+                                         f"--landscapes {' '.join(names)} --jobs 2"})
+    text = "\n".join(render._search_replay(data))
+    assert "Every landscape (3): replayed now with the rules of commit abc (tuner; the other strategies' rows " \
+           "stand) (`python benchmarks/search_replay.py --add --strategies tuner --landscapes <every one> " \
+           "--jobs 2`)" in text
+    assert "\nb: replayed now" in text and "--landscapes b --jobs 2" in text
+    assert "a, b, c: replayed" not in text
