@@ -1,8 +1,10 @@
 """What ``group_by_length`` buys, by ``tuner bench`` and by a plain loop over whole epochs.
 
-For each workload (``data_workloads.py``: ``reviews``, a transformer encoder layer that
+For each case (``data_workloads.py``: ``reviews``, a transformer encoder layer that
 computes on the padding, masked; ``gru_reviews``, a GRU over packed sequences that skips
-most of it), one config, four runs per round in a shuffled order:
+most of it; ``reviews_respawned``, reviews loaded by one DataLoader worker that is started
+again each epoch, ``persistent_workers`` off), one config, four runs per round in a
+shuffled order:
 
 - ``bench`` with ``group_by_length`` off and on (``python -m tuner bench SPACE --set ...
   --json``);
@@ -35,15 +37,21 @@ from pathlib import Path
 
 from common import REFS, paired_interval, plain_env, run_bench, space_file, stamp
 
-CASES = {"reviews": {"size": 2048}, "gru_reviews": {"size": 2048}}
 CONFIG = {"precision": "fp32", "micro_batch_size": 64, "num_workers": 0, "malloc_retain": True}
+# case -> (workload, its args, the config's knobs that differ from CONFIG)
+CASES = {"reviews": ("reviews", {"size": 2048}, {}), "gru_reviews": ("gru_reviews", {"size": 2048}, {}),
+         "reviews_respawned": ("reviews", {"size": 2048}, {"num_workers": 1, "persistent_workers": False})}
+
+
+def _config(case: str) -> dict:
+    return {**CONFIG, **CASES[case][2]}
 
 
 def plain(case: str, on: bool, epochs: int = 3) -> float:
     """The plain loop in a fresh process (this file, ``--plain``): samples/sec."""
     out = subprocess.run([sys.executable, __file__, "--plain", case, "--on" if on else "--off",
                           "--epochs", str(epochs)], capture_output=True, text=True,
-                         env=plain_env(CONFIG), check=True)
+                         env=plain_env(_config(case)), check=True)
     return float(out.stdout.strip().splitlines()[-1])
 
 
@@ -53,17 +61,20 @@ def _plain_here(case: str, on: bool, epochs: int) -> float:
 
     from tuner.loop import GroupedBatchSampler
 
-    wl = getattr(data_workloads, case)(**CASES[case])
+    workload, args, _ = CASES[case]
+    config = _config(case)
+    wl = getattr(data_workloads, workload)(**args)
     torch.manual_seed(0)
     model, dataset = wl.model(), wl.dataset()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    bs = CONFIG["micro_batch_size"]
+    bs, workers = config["micro_batch_size"], config["num_workers"]
+    loading = {"collate_fn": wl.collate, "num_workers": workers,
+               **({"persistent_workers": config.get("persistent_workers", False)} if workers else {})}
     if on:
         sampler = GroupedBatchSampler(None, bs, lengths=wl.lengths(dataset), size=len(dataset), seed=1)
-        loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler, collate_fn=wl.collate)
+        loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler, **loading)
     else:
-        loader = torch.utils.data.DataLoader(dataset, batch_size=bs, shuffle=True, drop_last=True,
-                                             collate_fn=wl.collate)
+        loader = torch.utils.data.DataLoader(dataset, batch_size=bs, shuffle=True, drop_last=True, **loading)
 
     def step(batch) -> None:
         wl.loss(model, batch).backward()
@@ -86,8 +97,9 @@ def padding(case: str, on: bool) -> float:
 
     from tuner.loop import GroupedBatchSampler
 
-    wl = getattr(data_workloads, case)(**CASES[case])
-    lengths, bs = wl.lengths(wl.dataset()), CONFIG["micro_batch_size"]
+    workload, args, _ = CASES[case]
+    wl = getattr(data_workloads, workload)(**args)
+    lengths, bs = wl.lengths(wl.dataset()), _config(case)["micro_batch_size"]
     if on:
         batches = list(GroupedBatchSampler(None, bs, lengths=lengths, size=len(lengths), seed=1))[1:]
     else:
@@ -116,7 +128,8 @@ def main() -> None:
     results = {**stamp(), "config": CONFIG, "cases": kept}
     with tempfile.TemporaryDirectory() as tmp:
         for case in a.cases.split(","):
-            space = space_file(Path(tmp), REFS[case], CASES[case], name="length")
+            workload, args, _ = CASES[case]
+            space = space_file(Path(tmp), REFS[workload], args, name="length")
             runs: dict[str, list[float]] = {"bench_off": [], "bench_on": [], "plain_off": [], "plain_on": []}
             spread: dict[str, list[float]] = {"off": [], "on": []}
             for r in range(a.rounds):
@@ -125,7 +138,7 @@ def main() -> None:
                 for run in order:
                     side, on = run.split("_")[0], run.endswith("_on")
                     if side == "bench":
-                        rec = run_bench(space, {**CONFIG, "group_by_length": on})
+                        rec = run_bench(space, {**_config(case), "group_by_length": on})
                         runs[run].append(rec["samples_per_sec"])
                         spread["on" if on else "off"].append(rec["samples_per_sec_spread"])
                     else:
@@ -134,7 +147,8 @@ def main() -> None:
             bench = paired_interval(runs["bench_on"], runs["bench_off"])
             user = paired_interval(runs["plain_on"], runs["plain_off"])
             results["cases"][case] = {
-                "args": CASES[case], "rounds": a.rounds, "measured": results["date"], **runs,
+                "workload": workload, "args": args, "config": _config(case), "rounds": a.rounds,
+                "measured": results["date"], **runs,
                 "medians": {k: statistics.median(v) for k, v in runs.items()},
                 "bench_ratio": bench, "plain_ratio": user,
                 "padding_off": padding(case, False), "padding_on": padding(case, True),
