@@ -391,6 +391,23 @@ def test_on_a_cpu_the_best_config_is_measured_next_at_half_the_largest_batch(bat
     assert {**advice, "micro_batch_size": 64} != run(False, 3)[2]
 
 
+def _walked(rate, trials: int) -> tuple[optuna.Study, dict]:
+    """A CPU search of samples/s from PyTorch's defaults (at the smallest batch) and the
+    advice (at the largest), ``trials`` trials each read at ``rate(config)``: the study and
+    the advice."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    defaults = {**START, "precision": "fp32", "num_workers": 0, "micro_batch_size": 16}
+    advice = {**START, "micro_batch_size": 128}
+    sampler = GuidedSampler(DOMAIN, [defaults, advice], key, seed=0, cores=2, throughput=True)
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    for _ in range(trials):
+        trial = study.ask()
+        config = {k: trial.suggest_categorical(k, v) for k, v in DOMAIN.items()}
+        trial.set_user_attr("data_wait_fraction", 0.0)
+        study.tell(trial, rate(config))
+    return study, advice
+
+
 @pytest.mark.parametrize(("by_batch", "walked"), [({16: 2.0, 32: 1.6, 64: 1.3, 128: 1.0}, [64, 32, 16]),
                                                   ({16: 1.0, 32: 1.2, 64: 1.3, 128: 1.0}, [64, 32]),
                                                   ({16: 1.0, 32: 1.0, 64: 0.9, 128: 1.0}, [64])])
@@ -398,16 +415,8 @@ def test_on_a_cpu_the_batch_walks_down_while_each_halving_wins(by_batch, walked)
     """Where the step to half the largest batch won, the best config is measured next at
     half its batch, and so on while each step wins; the walk stops at the first step that
     loses (padded sequences: the per-sample cost grows with the batch all the way down)."""
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    defaults = {**START, "precision": "fp32", "num_workers": 0, "micro_batch_size": 16}
-    advice = {**START, "micro_batch_size": 128}
-    sampler = GuidedSampler(DOMAIN, [defaults, advice], key, seed=0, cores=2, throughput=True)
-    study = optuna.create_study(direction="maximize", sampler=sampler)
-    for _ in range(2 + len(walked) + 1):
-        trial = study.ask()
-        config = {k: trial.suggest_categorical(k, v) for k, v in DOMAIN.items()}
-        trial.set_user_attr("data_wait_fraction", 0.0)
-        study.tell(trial, speed({**config, "micro_batch_size": 64}) * by_batch[config["micro_batch_size"]])
+    study, advice = _walked(lambda c: speed({**c, "micro_batch_size": 64}) * by_batch[c["micro_batch_size"]],
+                            2 + len(walked) + 1)
     asked = [t.params for t in study.trials]
     assert asked[2:2 + len(walked)] == [{**advice, "micro_batch_size": b} for b in walked]
     below = [{**advice, "micro_batch_size": b} for b in DOMAIN["micro_batch_size"] if b < walked[-1]]
@@ -423,16 +432,7 @@ def test_where_the_defaults_at_the_smallest_batch_win_the_walk_goes_down_from_th
     defaults differ from the advice in every knob, and their win alone does not say
     whether the batch made the advice slow. The walk stops at the first halving that
     loses."""
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    defaults = {**START, "precision": "fp32", "num_workers": 0, "micro_batch_size": 16}
-    advice = {**START, "micro_batch_size": 128}
-    sampler = GuidedSampler(DOMAIN, [defaults, advice], key, seed=0, cores=2, throughput=True)
-    study = optuna.create_study(direction="maximize", sampler=sampler)
-    for _ in range(2 + len(walked) + 1):
-        trial = study.ask()
-        config = {k: trial.suggest_categorical(k, v) for k, v in DOMAIN.items()}
-        trial.set_user_attr("data_wait_fraction", 0.0)
-        study.tell(trial, speed(config) * by_batch[config["micro_batch_size"]])
+    study, advice = _walked(lambda c: speed(c) * by_batch[c["micro_batch_size"]], 2 + len(walked) + 1)
     asked = [t.params for t in study.trials]
     assert study.trials[0].values[0] > study.trials[1].values[0]  # the defaults won the starts
     assert asked[2:2 + len(walked)] == [{**advice, "micro_batch_size": b} for b in walked]
