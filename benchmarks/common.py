@@ -26,6 +26,7 @@ REFS = {"hf_gpt2": f"{HF}:gpt2", "hf_resnet": f"{HF}:resnet", "conv_long": "conv
         "rows": str(HERE / "data_workloads.py") + ":rows",
         "reviews": str(HERE / "data_workloads.py") + ":reviews",
         "gru_reviews": str(HERE / "data_workloads.py") + ":gru_reviews",
+        "utterances": str(HERE / "data_workloads.py") + ":utterances",
         # held-out landscapes' workloads, written after the measurement's rules
         **{name: str(HERE / "landscape_workloads.py") + f":{name}" for name in ("ocr", "csvrows", "mae")}}
 

@@ -3,8 +3,10 @@
 For each case (``data_workloads.py``: ``reviews``, a transformer encoder layer that
 computes on the padding, masked; ``gru_reviews``, a GRU over packed sequences that skips
 most of it; ``reviews_respawned``, reviews loaded by one DataLoader worker that is started
-again each epoch, ``persistent_workers`` off), one config, four runs per round in a
-shuffled order:
+again each epoch, ``persistent_workers`` off; ``utterances``, two encoder layers over
+long-tailed turns whose epoch outlasts a trial, at bench's default windows and, as
+``utterances_search``, at a search's), one config, four runs per round in a shuffled
+order:
 
 - ``bench`` with ``group_by_length`` off and on (``python -m tuner bench SPACE --set ...
   --json``);
@@ -38,9 +40,16 @@ from pathlib import Path
 from common import REFS, paired_interval, plain_env, run_bench, space_file, stamp
 
 CONFIG = {"precision": "fp32", "micro_batch_size": 64, "num_workers": 0, "malloc_retain": True}
-# case -> (workload, its args, the config's knobs that differ from CONFIG)
-CASES = {"reviews": ("reviews", {"size": 2048}, {}), "gru_reviews": ("gru_reviews", {"size": 2048}, {}),
-         "reviews_respawned": ("reviews", {"size": 2048}, {"num_workers": 1, "persistent_workers": False})}
+# an epoch of turns several times longer than a search's trial: its figure is fitted on the
+# batches the windows ran (windows.length_fit)
+UTTERANCES = {"micro_batch_size": 32, "num_workers": 2, "persistent_workers": True, "torch_threads": 2}
+# case -> (workload, its args, the config's knobs that differ from CONFIG, bench's measure
+# settings where not its defaults)
+CASES = {"reviews": ("reviews", {"size": 2048}, {}, None), "gru_reviews": ("gru_reviews", {"size": 2048}, {}, None),
+         "reviews_respawned": ("reviews", {"size": 2048}, {"num_workers": 1, "persistent_workers": False}, None),
+         "utterances": ("utterances", {}, UTTERANCES, None),
+         # a search's trial: min_windows windows, no more (policy.measure_settings)
+         "utterances_search": ("utterances", {}, UTTERANCES, {"window_s": 0.5, "min_windows": 5, "max_windows": 5})}
 
 
 def _config(case: str) -> dict:
@@ -61,9 +70,11 @@ def _plain_here(case: str, on: bool, epochs: int) -> float:
 
     from tuner.loop import GroupedBatchSampler
 
-    workload, args, _ = CASES[case]
+    workload, args, *_ = CASES[case]
     config = _config(case)
     wl = getattr(data_workloads, workload)(**args)
+    if "torch_threads" in config:
+        torch.set_num_threads(config["torch_threads"])
     torch.manual_seed(0)
     model, dataset = wl.model(), wl.dataset()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -97,7 +108,7 @@ def padding(case: str, on: bool) -> float:
 
     from tuner.loop import GroupedBatchSampler
 
-    workload, args, _ = CASES[case]
+    workload, args, *_ = CASES[case]
     wl = getattr(data_workloads, workload)(**args)
     lengths, bs = wl.lengths(wl.dataset()), _config(case)["micro_batch_size"]
     if on:
@@ -128,8 +139,8 @@ def main() -> None:
     results = {**stamp(), "config": CONFIG, "cases": kept}
     with tempfile.TemporaryDirectory() as tmp:
         for case in a.cases.split(","):
-            workload, args, _ = CASES[case]
-            space = space_file(Path(tmp), REFS[workload], args, name="length")
+            workload, args, _, measure = CASES[case]
+            space = space_file(Path(tmp), REFS[workload], args, name=f"length-{case}", measure=measure)
             runs: dict[str, list[float]] = {"bench_off": [], "bench_on": [], "plain_off": [], "plain_on": []}
             spread: dict[str, list[float]] = {"off": [], "on": []}
             for r in range(a.rounds):
@@ -147,7 +158,7 @@ def main() -> None:
             bench = paired_interval(runs["bench_on"], runs["bench_off"])
             user = paired_interval(runs["plain_on"], runs["plain_off"])
             results["cases"][case] = {
-                "workload": workload, "args": args, "config": _config(case), "rounds": a.rounds,
+                "workload": workload, "args": args, "config": _config(case), "measure": measure, "rounds": a.rounds,
                 "measured": results["date"], **runs,
                 "medians": {k: statistics.median(v) for k, v in runs.items()},
                 "bench_ratio": bench, "plain_ratio": user,

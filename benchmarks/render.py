@@ -739,6 +739,8 @@ def _length_grouping(data: dict) -> list[str]:
     for name, c in (data.get("cases") or {}).items():
         m, spread = c.get("medians", {}), c.get("bench_spread", {})
         differs = " ".join(f"{k}={v}" for k, v in (c.get("config") or {}).items() if (data.get("config") or {}).get(k) != v)
+        if m_ := c.get("measure"):
+            differs += f"; bench's windows: {m_.get('min_windows')}-{m_.get('max_windows')} of {m_.get('window_s')} s"
         lines.append(f"| {name}{f' ({differs})' if differs else ''} | {c.get('rounds', '?')} ({c.get('measured', '?')}) | "
                      f"{c['padding_off']:.0%} -> {c['padding_on']:.0%} | {_fmt(m.get('bench_off'))} | "
                      f"{_fmt(m.get('bench_on'))} | {ratio(c.get('bench_ratio'))} | {_fmt(m.get('plain_off'))} | "

@@ -927,10 +927,10 @@ class Sentences(Dataset):
     """Token lists of lengths 2-``longest`` (an item's length is ``2 + i * 7919 %
     (longest - 1)``: every length, in no order), each the same on every read."""
 
-    def __init__(self, size: int = 256, longest: int = 40, tail: int = 0):
+    def __init__(self, size: int = 256, longest: int = 40, tail: int = 0, tails: int = 1):
         self.lengths = [2 + (i * 7919) % (longest - 1) for i in range(size)]
-        if tail:  # one item of that length: the batch that holds it costs the most by far
-            self.lengths[0] = tail
+        for k in range(tails if tail else 0):  # items of that length: the batches that hold them cost the most by far
+            self.lengths[k * size // tails] = tail
 
     def __len__(self) -> int:
         return len(self.lengths)
@@ -954,10 +954,10 @@ class BagOfTokens(nn.Module):
 
 
 def padded(size: int = 256, longest: int = 40, lengths: str = "ok", iterable: bool = False,
-           ms_per_position: float = 0.0, tail: int = 0) -> Workload:
+           ms_per_position: float = 0.0, tail: int = 0, tails: int = 1) -> Workload:
     """Sentences padded per batch by the collate, with their lengths (``group_by_length``);
     ``lengths``: ``ok``, ``short`` (one too few), ``negative``, ``raises`` or ``none``;
-    ``tail``: one item that long.
+    ``tail``: ``tails`` items that long, spread over the dataset.
     ``ms_per_position``: each step also sleeps that long per position of its padded batch
     (a step whose cost grows with its padding, known exactly)."""
 
@@ -973,7 +973,7 @@ def padded(size: int = 256, longest: int = 40, lengths: str = "ok", iterable: bo
         return nn.functional.cross_entropy(model(tokens), y)
 
     def dataset():
-        ds = Sentences(size, longest, tail)
+        ds = Sentences(size, longest, tail, tails)
         return IterableSentences(ds) if iterable else ds
 
     return Workload(model=BagOfTokens, dataset=dataset, loss=loss, collate=_pad,

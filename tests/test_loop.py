@@ -440,6 +440,35 @@ def test_batches_by_length_come_in_pairs_that_cost_about_the_epoch_s_mean():
     assert mine != balanced(batches, cost, random.Random(1))  # the pairs' order is drawn
 
 
+def test_the_trainer_knows_the_longest_item_of_each_batch_by_length_it_trained_on():
+    # The measurement fits a window's time on the batches it ran (windows.length_fit): the
+    # sampler notes each batch it draws, and the DataLoader's two workers deliver them in
+    # that order, across an epoch's end.
+    wl = load_workload(ref("padded"), {"size": 256})
+    lengths = wl.dataset().lengths
+    t = Trainer(wl, _config(micro_batch_size=8, group_by_length=True, num_workers=2, persistent_workers=True,
+                            _lengths=True), CPU)
+    t.start()
+    at = [t.drawn_at()]
+    for _ in range(40):  # 32 batches an epoch: the second epoch's first 8 among them
+        t.step()
+        at.append(t.drawn_at())
+    drawn = t.sampler.drawn
+    assert at[0] == (0, 0) and at[32] == (0, 32) and at[33] == (1, 1) and at[-1] == (1, 8)
+    assert len(drawn[0]) == 32
+    seen = drawn[0] + drawn[1][:8]
+    assert len(seen) == 40 and max(seen) == max(lengths)
+    assert all(x == max(lengths[i] for i in b) for x, b in zip(drawn[0], t.sampler._all_batches(0), strict=True))
+    # every epoch may start on its longest pair (the measurement's), not the first only
+    assert max(drawn[1][:2]) < max(drawn[1])
+    t.sampler.longest_first_always = True
+    later = list(t.sampler)
+    assert max(lengths[i] for i in later[0] + later[1]) == max(lengths)
+    # a whole epoch's mix: the next few epochs' (a short epoch's varies)
+    mix = t.sampler.epoch_longest()
+    assert len(mix) % 32 == 0 and len(mix) > 32 and max(mix) == max(lengths)
+
+
 def test_length_grouping_keeps_sources_apart_and_ranks_disjoint():
     lengths = [i % 37 for i in range(400)]
     groups = [list(range(0, 400, 2)), list(range(1, 400, 2))]

@@ -8,7 +8,7 @@ import pytest
 from tests.helpers import FAST_MEASURE, hog_from_first_window, ref
 from tuner.hostload import machine_cpu, own_peak_rss_bytes
 from tuner.trial import make_request, run_isolated
-from tuner.windows import Window, epoch_fit, median_error, steady_windows
+from tuner.windows import Window, epoch_fit, length_fit, median_error, steady_windows
 
 # Rates against references and load beside windows need the machine to themselves
 # (`alone`); memory peaks, page faults, compile caches and pure logic do not.
@@ -725,6 +725,51 @@ def test_a_boundary_s_cost_is_fitted_on_whole_epochs_however_many_windows_follow
     assert per_sample * 960 + overhead == pytest.approx(sum(x.wall for x in one) + per_sample * 384)
     assert epoch_fit([w(0.25, boundaries=1), w(0.18, before=1), w(0.32)]) is None  # one steady window
 
+def test_a_long_epoch_of_batches_by_length_is_fitted_on_the_batches_its_windows_ran():
+    # A batch costs 1 ms + 0.02 ms per position + 0.001 ms per position squared (a fixed
+    # cost, padded work, attention). An epoch of 60 batches holds six of 300 positions
+    # (90 + 6 + 1 ms each), which carry most of it. Windows of four batches: the first
+    # holds the longest (every epoch starts on its longest pair), the rest a cheap stretch.
+    def cost(n):
+        return 1e-3 * (1 + 0.02 * n + 0.001 * n * n)
+
+    epoch = [300] * 6 + [8 + (i * 7) % 40 for i in range(54)]
+    true = sum(map(cost, epoch)) / len(epoch)
+    windows = [[300, 10, 12, 20], [8, 30, 15, 40], [22, 9, 33, 11], [14, 27, 18, 36], [25, 16, 44, 13]]
+    elapsed = [sum(map(cost, w)) for w in windows]
+    pooled = sum(elapsed) / sum(map(len, windows))
+    assert pooled < 0.6 * true  # the windows' own average reads the stretch they drew
+    assert length_fit(elapsed, windows, epoch) == pytest.approx(true, rel=1e-6)
+    # a cost that grows with the padded length alone is fitted too
+    linear = [sum(1e-3 * (2 + 0.05 * n) for n in w) for w in windows]
+    assert length_fit(linear, windows, epoch) == pytest.approx(sum(2e-3 + 5e-5 * n for n in epoch) / 60, rel=1e-6)
+    # too few windows to tell three terms apart, or windows of one mix (whole epochs):
+    # the windows' average stands
+    assert length_fit(elapsed[:3], windows[:3], epoch) is None
+    assert length_fit([sum(map(cost, epoch))] * 4, [epoch] * 4, epoch) is None
+
+
+@ALONE
+@pytest.mark.slow
+def test_a_long_epoch_of_batches_by_length_reads_its_whole_epochs_rate_at_a_search_s_settings():
+    # Twelve items of 800 positions among 2,048 of 2-40: each step sleeps 0.25 ms per
+    # position of its padded batch, so the few batches that hold them carry much of an
+    # epoch of about 2.5 s, longer than the timed phase (5 windows of 0.2 s, a search's).
+    # The windows' own average read the stretch of the epoch they ran, the same in every
+    # trial (1.34x the plain loop here); fitted on their batches' lengths, the epoch's.
+    # The reference is a plain loop over whole epochs, before and after (three each: an
+    # epoch's mix varies with which of those items share a batch).
+    config = {"micro_batch_size": 8, "group_by_length": True}
+    args = {"size": 2048, "ms_per_position": 0.25, "tail": 800, "tails": 12}
+    before = _plain_epochs("padded", args, config, epochs=3)
+    r = _run("padded", args, config, measure={"warmup_steps": 2, "window_s": 0.2, "min_windows": 5,
+                                              "max_windows": 5, "max_timed_s": 30.0})
+    plain = (before + _plain_epochs("padded", args, config, epochs=3)) / 2
+    assert r["status"] == "ok", r.get("reason")
+    assert r["windows"] == 5 and r["steady_from"] == "batch lengths"
+    assert r["samples_per_sec"] == pytest.approx(plain, rel=0.08), (plain, r["samples_per_sec_windows"])
+
+
 @ALONE
 @pytest.mark.slow
 def test_steps_of_unequal_cost_read_at_their_average():
@@ -791,6 +836,7 @@ def test_a_short_epoch_of_batches_by_length_is_timed_whole_at_a_search_s_setting
     assert r["window_steps"] == 24 and r["epoch_starts_measured"] == 5  # one whole epoch per window
     assert r["samples_per_sec"] == pytest.approx(plain, rel=0.05), (plain, r["samples_per_sec_windows"])
     assert r["samples_per_sec_error"] < 0.05  # each window holds every batch once
+    assert r["steady_from"] == "all windows"  # whole epochs need no fit
 
 
 @ALONE

@@ -106,9 +106,16 @@ class GroupedBatchSampler(_EpochLimit, Sampler[list[int]]):
         self.groups = groups if groups is not None else [list(range(size))]
         self.batch_size, self.limit, self.current, self.lengths = batch_size, limit, limit, lengths
         self.seed, self.epoch, self.rank, self.world = seed, 0, rank, world
+        # every epoch starts on its longest pair, not the first only (the measurement's:
+        # its windows then hold the dearest batches, see tuner.windows.length_fit)
+        self.longest_first_always = False
+        # with lengths: per epoch begun, the longest item of each batch drawn, in order (the
+        # DataLoader delivers them in that order, so the measurement knows what each window ran)
+        self.drawn: list[list[int]] = []
 
-    def _all_batches(self) -> list[list[int]]:
-        rng = random.Random(self.seed + self.epoch)
+    def _all_batches(self, epoch: int | None = None) -> list[list[int]]:
+        epoch = self.epoch if epoch is None else epoch
+        rng = random.Random(self.seed + epoch)
         bs, batches = self.batch_size, []
         for group in self.groups:
             idx = list(group)
@@ -120,7 +127,8 @@ class GroupedBatchSampler(_EpochLimit, Sampler[list[int]]):
             batches += [idx[i:i + bs] for i in range(0, len(idx) - bs + 1, bs)]
         if self.lengths is not None:
             cost = [max(map(self.lengths.__getitem__, b)) for b in batches]
-            return balanced(batches, cost, rng, self.rank, self.world, longest_first=self.epoch == 0)
+            return balanced(batches, cost, rng, self.rank, self.world,
+                            longest_first=epoch == 0 or self.longest_first_always)
         rng.shuffle(batches)
         per_rank = len(batches) // self.world
         return batches[self.rank:per_rank * self.world:self.world]
@@ -130,6 +138,16 @@ class GroupedBatchSampler(_EpochLimit, Sampler[list[int]]):
         n = sum(len(g) // self.batch_size for g in self.groups)
         return 2 * (n // 2 // self.world) if self.lengths is not None else n // self.world  # balanced()'s pairs
 
+    def epoch_longest(self) -> list[int]:
+        """The longest item of each batch of whole epochs (this rank's, no limit; needs
+        ``lengths``): an epoch's mix of batches, from the next few epochs' draws where
+        the epochs are short (a short epoch's mix varies from one to the next: which of
+        its longest items share a batch)."""
+        assert self.lengths is not None
+        epochs = max(1, min(8, 8192 // max(1, self.whole_epoch())))
+        return [max(map(self.lengths.__getitem__, b))
+                for e in range(self.epoch, self.epoch + epochs) for b in self._all_batches(e)]
+
     def __len__(self) -> int:
         n = self.whole_epoch()
         return n if self.limit is None else min(n, max(1, self.limit // self.batch_size))
@@ -138,9 +156,14 @@ class GroupedBatchSampler(_EpochLimit, Sampler[list[int]]):
         batches = self._all_batches()
         self.epoch += 1
         self.current = self.limit
+        drawn: list[int] = []
+        if self.lengths is not None:
+            self.drawn.append(drawn)
         for i, batch in enumerate(batches):
             if self._ends(i * self.batch_size):
                 return
+            if self.lengths is not None:
+                drawn.append(max(map(self.lengths.__getitem__, batch)))
             yield batch
 
 
@@ -378,6 +401,14 @@ class Trainer:
             _raise_data_error(exc)
         self.epoch_start_s.append(perf_counter() - t0 - sync_s)
         return batch, sync_s
+
+    def drawn_at(self) -> tuple[int, int] | None:
+        """Where the training is in the batches by length drawn (``GroupedBatchSampler.drawn``):
+        the epoch's index there and its micro-batches trained on; None without lengths."""
+        s = self.sampler
+        if not isinstance(s, GroupedBatchSampler) or s.lengths is None or not s.drawn:
+            return None
+        return len(s.drawn) - 1, self._in_epoch
 
     def feed(self, batches: list) -> None:
         """Train on these batches, already in memory, over and over: no data loading at all

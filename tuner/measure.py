@@ -51,6 +51,7 @@ from tuner.windows import (
     SCREEN_SKIP,
     Window,
     epoch_fit,
+    length_fit,
     median_error,
     spread,
     steady_windows,
@@ -280,6 +281,7 @@ class WindowPlan:
     sized: bool = False  # sized by the first two undisturbed windows
     fastest: float = math.inf  # seconds per step, the least of those windows'
     epoch_window: int = 0  # steps of a whole epoch, while the first window is one (try_whole_epochs)
+    whole_epochs: bool = False  # batches by length: every window is whole epochs
 
     @classmethod
     def size(cls, trainer: Trainer, settings: MeasureSettings, agree: Agree, warm: WarmUp) -> WindowPlan:
@@ -323,6 +325,10 @@ class WindowPlan:
         epoch = sampler.whole_epoch() // self.trainer.accum
         if epoch < 1:
             return
+        # An epoch longer than the cap is measured in part, and its figure fitted on the
+        # batches the windows ran (windows.length_fit): every epoch starting on its
+        # longest pair puts the dearest batches among them.
+        sampler.longest_first_always = True
         self.epoch_window, self.steps, self.cap_s = epoch, epoch, WHOLE_EPOCHS_UP_TO * self.settings.window_s
         self.trainer.set_epoch_limit(epoch * self.trainer.samples_per_step, align=self.trainer.samples_per_step)
 
@@ -344,7 +350,7 @@ class WindowPlan:
             epoch, self.epoch_window = self.epoch_window, 0
             if steps == epoch:  # the whole epoch within the cap: windows of whole epochs from now on
                 self.steps = whole_epochs(epoch, epoch * self.settings.window_s / max(wall, 1e-9))
-                self.room, self.sized, self.cap_s = 0, True, math.inf
+                self.room, self.sized, self.cap_s, self.whole_epochs = 0, True, math.inf, True
                 say(f"batches by length: windows of {self.steps // epoch} whole epoch(s), {self.steps} steps")
                 return
             self.cap_s = FIRST_WINDOWS_UP_TO * self.settings.window_s  # a longer epoch: windows sized as any other's
@@ -390,6 +396,8 @@ class Timed:
     loads: list[Load | None] = field(default_factory=list)
     faults: list[int] = field(default_factory=list)  # minor page faults of this process, per window
     rates: list[float] = field(default_factory=list)
+    longest: list[list[int] | None] = field(default_factory=list)  # per kept window (Measured.longest)
+    whole_epochs: bool = False  # WindowPlan.whole_epochs
     disturbed: list[float] = field(default_factory=list)  # rates of windows dropped as disturbed
     screened: bool = False
     below_incumbent: bool = False  # measured to min_windows only: clearly below the incumbent
@@ -427,6 +435,7 @@ class Measured(NamedTuple):
     faults: int  # minor page faults of this process
     nonfinite: bool
     traced: int  # frames torch.compile traced in the window (on any rank, where one did)
+    longest: list[int] | None  # batches by length: the longest item of each batch the window ran
 
 
 def _one_window(trainer: Trainer, plan: WindowPlan, agree: Agree, meter: LoadMeter, probe: TreeProbe, t: Timed,
@@ -443,6 +452,7 @@ def _one_window(trainer: Trainer, plan: WindowPlan, agree: Agree, meter: LoadMet
         probe.sample_memory()
     meter.start()
     faults0, frames0 = _minor_faults(), _frames_compiled()
+    at0 = trainer.drawn_at()
     w0, dw0, e0 = perf_counter(), trainer.data_wait_s, len(trainer.epoch_start_s)
     t.clock = t.clock or [w0]
     t.gap_s += w0 - g0
@@ -465,7 +475,22 @@ def _one_window(trainer: Trainer, plan: WindowPlan, agree: Agree, meter: LoadMet
                                                             float(not trainer.loss_finite()), float(traced))
     window = Window(steps * trainer.samples_per_step * trainer.world, wall, paused,
                     len(trainer.epoch_start_s) - e0, steps * trainer.accum, wait, before)
-    return Measured(window, steps, load, bool(busy), faults, bool(nonfinite), int(traced))
+    longest = _drawn_between(trainer, at0, trainer.drawn_at(), window.micro_batches)
+    return Measured(window, steps, load, bool(busy), faults, bool(nonfinite), int(traced), longest)
+
+
+def _drawn_between(trainer: Trainer, start: tuple[int, int] | None, end: tuple[int, int] | None,
+                   micro_batches: int) -> list[int] | None:
+    """The longest item of each batch by length trained on between two ``drawn_at``
+    points; None without lengths, or where the count disagrees with the window's (the
+    batches' order was not the sampler's)."""
+    if start is None or end is None:
+        return None
+    drawn = trainer.sampler.drawn
+    (e0, p0), (e1, p1) = start, end
+    got = drawn[e0][p0:p1] if e0 == e1 else [
+        *drawn[e0][p0:], *(x for e in range(e0 + 1, e1) for x in drawn[e]), *drawn[e1][:p1]]
+    return got if len(got) == micro_batches else None
 
 
 def _timed_windows(trainer: Trainer, settings: MeasureSettings, plan: WindowPlan, agree: Agree, meter: LoadMeter,
@@ -509,6 +534,7 @@ def _timed_windows(trainer: Trainer, settings: MeasureSettings, plan: WindowPlan
                 f"{m.load.steal_cores:.2f} stolen by the hypervisor): measuring it again")
             continue
         t.kept.append(window)
+        t.longest.append(m.longest)
         t.traced += m.traced
         t.faults.append(m.faults)
         t.busy.append(m.busy)
@@ -537,6 +563,7 @@ def _timed_windows(trainer: Trainer, settings: MeasureSettings, plan: WindowPlan
         if done:
             break
     t.clock.append(perf_counter())
+    t.whole_epochs = plan.whole_epochs
     return t
 
 
@@ -552,6 +579,7 @@ def _leave_out_disturbed(t: Timed, settings: MeasureSettings) -> int:
         return 0
     left_out = len(t.kept) - len(quiet)
     t.kept = [t.kept[i] for i in quiet]
+    t.longest = [t.longest[i] for i in quiet]
     t.busy = [False] * len(t.kept)
     t.loads = [t.loads[i] for i in quiet]
     t.faults = [t.faults[i] for i in quiet]
@@ -573,7 +601,11 @@ def _figures(trainer: Trainer, plan: RunPlan, t: Timed, warm: WarmUp, startup_s:
     # much as dozens of short ones), so no window between boundaries is "steady": the
     # few such windows hold mostly cheap pairs, and their rate, carried over the rest of
     # a long epoch (a timed phase covers part of one), reads it high. The figure is then
-    # every window's time over every pair the windows drew, as for a short epoch.
+    # every window's time over every pair the windows drew, as for a short epoch, where
+    # the windows are whole epochs; where they cover part of one, even every window's
+    # pairs are a few of the epoch's, and read whichever the stretch held (the sampler's
+    # seed is the same in every trial, so the same stretch every time): their time is
+    # fitted on their batches' lengths and carried over a whole epoch's (length_fit).
     fit = None if trainer.by_length else epoch_fit(kept)
     if fit is not None:
         per_sample, epoch_overhead_s = fit
@@ -585,6 +617,13 @@ def _figures(trainer: Trainer, plan: RunPlan, t: Timed, warm: WarmUp, startup_s:
         per_sample = sum(elapsed) / sum(w.samples for w in kept)
         epoch_overhead_s = max(0.0, statistics.median(starts) - micro_fetch_s) if starts else None
         overhead_from = "pauses"
+    steady_from = "steady windows" if fit is not None else "all windows"
+    if trainer.by_length and trainer.world == 1 and not t.whole_epochs and all(b is not None for b in t.longest):
+        # an epoch measured in part: its windows' time fitted on their batches' lengths
+        # and carried over a whole epoch's batches (windows.length_fit)
+        per_batch = length_fit(elapsed, t.longest, trainer.sampler.epoch_longest())
+        if per_batch is not None:
+            per_sample, steady_from = per_batch / trainer.config["micro_batch_size"], "batch lengths"
     steady = 1 / per_sample
     step_s = step_samples / steady
     epoch_size = plan.epoch_size or _dataset_len(trainer) or trainer.workload.epoch_size or _seen_epoch(trainer)
@@ -602,6 +641,7 @@ def _figures(trainer: Trainer, plan: RunPlan, t: Timed, warm: WarmUp, startup_s:
     worker_start_s = min(surplus, warm.start_s + max(0.0, warm.first_wait - micro_fetch_s * trainer.accum))
     return {"rates": rates, "steady": steady, "scale": scale, "step_s": step_s, "wait_fraction": wait_fraction,
             "epoch_overhead_s": epoch_overhead_s, "overhead_from": overhead_from, "starts": len(starts),
+            "steady_from": steady_from,
             "epoch_size": epoch_size, "epoch_s": epoch_s, "one_time_s": startup_s + surplus + recompile_s,
             "worker_start_s": worker_start_s,
             "compile_s": max(0.0, surplus - worker_start_s) + recompile_s if trainer.config["compile"] != "off"
@@ -639,6 +679,7 @@ def _record(trainer: Trainer, t: Timed, f: dict, probe: TreeProbe, windows: Wind
         "epoch_overhead_s": f["epoch_overhead_s"],
         "epoch_starts_measured": f["starts"],
         "epoch_overhead_from": f["overhead_from"],
+        "steady_from": f["steady_from"],
         "between_windows_s": t.gap_s,
         # CLOCK_MONOTONIC (perf_counter on Linux), one clock for every process of the
         # machine: what ran beside the timed phase can be lined up with it

@@ -79,6 +79,10 @@ class Figures(TypedDict, total=False):
     epoch_overhead_s: float | None  # what one epoch boundary costs beyond an ordinary fetch
     epoch_starts_measured: int
     epoch_overhead_from: str  # "windows" or "pauses"
+    # "steady windows" (those clear of epoch boundaries), "all windows", or "batch lengths"
+    # (group_by_length, an epoch measured in part: the windows' time fitted on their
+    # batches' longest items, over a whole epoch's batches)
+    steady_from: str
     between_windows_s: float
     timed_clock_s: list[float]  # CLOCK_MONOTONIC at the first window's start and the last one's end
     epoch_size: int | None

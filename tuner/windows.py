@@ -121,3 +121,47 @@ def epoch_fit(kept: list[Window]) -> tuple[float, float] | None:
     extra = sum(w.wall for w in fitted) - per_sample * samples
     # (no boundary makes an epoch twice as fast: a bound for a wild steady figure)
     return per_sample, max(extra / boundaries, -0.5 * per_sample * samples / boundaries)
+
+
+def length_fit(elapsed: list[float], longest: list[list[int]], epoch: list[int]) -> float | None:
+    """Seconds per batch over a whole epoch of batches by length, from windows that each
+    ran a few of them (``group_by_length``, an epoch longer than the timed phase).
+
+    ``elapsed``: each window's time; ``longest``: the longest item of each batch it ran;
+    ``epoch``: the longest item of each batch of a whole epoch. Batches by length cost
+    many-fold apart, and the dearest few can carry much of an epoch, so the average of a
+    few windows' batches reads whichever batches they drew. Each window's time is fitted
+    as ``a + b * L + c * L**2`` per batch of longest item ``L`` (a fixed cost, work that
+    grows with the padded length, attention's that grows with its square; non-negative
+    least squares), and the fit is averaged over the whole epoch's batches: a regression
+    estimate, which the measurement makes interpolate by starting every epoch on its
+    longest pair. None where the windows cannot tell the terms apart (fewer than four
+    windows, or windows of the same mix, as whole epochs are): then the windows' own
+    average stands."""
+    rows = [[len(b), sum(b), sum(x * x for x in b)] for b in longest]
+    if len(rows) < 4 or not epoch or any(r[0] == 0 for r in rows):
+        return None
+    import numpy as np
+
+    x, t = np.array(rows, dtype=float), np.array(elapsed, dtype=float)
+    scale = np.linalg.norm(x, axis=0)
+    xs = x / scale
+    if np.linalg.matrix_rank(xs, tol=1e-6) < 2:
+        return None
+    best: tuple[float, np.ndarray] | None = None
+    # non-negative least squares over three terms: the best of the unconstrained fits on
+    # each subset of them whose coefficients are all >= 0 (the NNLS solution is one)
+    for mask in range(1, 8):
+        cols = [j for j in range(3) if mask >> j & 1]
+        coef = np.linalg.lstsq(xs[:, cols], t, rcond=None)[0]
+        if (coef < 0).any():
+            continue
+        full = np.zeros(3)
+        full[cols] = coef
+        residual = float(np.sum((xs @ full - t) ** 2))
+        if best is None or residual < best[0]:
+            best = (residual, full)
+    if best is None:
+        return None
+    whole = np.array([len(epoch), sum(epoch), sum(x * x for x in epoch)], dtype=float)
+    return float((whole / scale) @ best[1]) / len(epoch)
