@@ -756,7 +756,7 @@ def test_a_long_epoch_of_batches_by_length_reads_its_whole_epochs_rate_at_a_sear
     # position of its padded batch, so the few batches that hold them carry much of an
     # epoch of about 2.5 s, longer than the timed phase (5 windows of 0.2 s, a search's).
     # The windows' own average read the stretch of the epoch they ran, the same in every
-    # trial (1.34x the plain loop here); fitted on their batches' lengths, the epoch's.
+    # trial (well above the plain loop); fitted on their batches' lengths, the epoch's.
     # The reference is a plain loop over whole epochs, before and after (three each: an
     # epoch's mix varies with which of those items share a batch).
     config = {"micro_batch_size": 8, "group_by_length": True}
