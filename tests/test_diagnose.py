@@ -87,6 +87,18 @@ def test_spread_windows_blame_another_process_only_where_the_load_beside_them_sa
             and ("the workload's own pace" in flag) is not blamed)
 
 
+def test_the_spread_of_windows_fitted_on_batch_lengths_is_named_the_batches_own():
+    """Windows of batches by length spread by design (each measured epoch starts on its
+    longest pair), and their figure is fitted, not their average: no process is blamed."""
+    rec = {"status": "ok", "samples_per_sec": 300.0, "config": {"micro_batch_size": 32, "group_by_length": True},
+           "hardware": {"cpu_count": 2}, "data_wait_fraction": 0.02, "samples_per_sec_spread": 0.9,
+           "interference_cores": None, "steady_from": "batch lengths"}
+    [flag] = [f for f in diagnose(rec).flags if "spread 90%" in f]
+    assert "batches by length" in flag and "fitted" in flag and "another process" not in flag
+    [flag] = [f for f in diagnose({**rec, "steady_from": "all windows"}).flags if "spread 90%" in f]
+    assert "another process" in flag
+
+
 def test_channels_last_is_advised_for_a_model_with_conv_layers_only():
     """A trial records whether its model has Conv2d layers; a compute-bound config of a
     model without them is not sent to try channels_last (records from before the fact

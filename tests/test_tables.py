@@ -18,6 +18,11 @@ def test_bench_table_shows_the_figures_and_a_disturbed_warning():
     text = out.getvalue()
     assert "101.5" in text and "0.250 s" in text and "400 MB" in text and "micro_batch_size=8" in text
     assert "disturbed over a third of the windows" in text
+    assert "fitted" not in text
+    out = io.StringIO()
+    print_bench({"status": "ok", "samples_per_sec": 301.1, "steady_from": "batch lengths",
+                 "config": {"micro_batch_size": 32, "group_by_length": True}}, out)
+    assert "301.1 (fitted on the batches' lengths: an epoch measured in part)" in out.getvalue()
 
 
 def test_summary_prints_the_winner_first_and_the_verdict():

@@ -269,6 +269,11 @@ def _why_spread(record: dict) -> str:
     kept from its cores is measured again, so where the load meter saw little beside the
     kept ones the spread is the workload's own (an epoch start in a window, data waits,
     a GPU's clocks), and blaming another process sends the user to look for none."""
+    if record.get("steady_from") == "batch lengths":
+        # the windows' spread is the batches' own, by design: the figure is not their average
+        return ("its windows ran batches by length that cost many-fold apart (each measured epoch starts on "
+                "its longest pair), and the figure is fitted on those batches' lengths over a whole epoch's, "
+                "not read from the windows' average")
     other, cpus = record.get("interference_cores"), (record.get("hardware") or {}).get("cpu_count")
     if other is None or not cpus:
         return "another process may share this machine"

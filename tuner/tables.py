@@ -172,7 +172,9 @@ def print_bench(result: dict, out: Any = None) -> None:
     out = sys.stdout if out is None else out  # at call time: a replaced sys.stdout is honoured
     rows = [
         ("status", result["status"] + (f" ({result['reason']})" if result.get("reason") else "")),
-        ("samples/sec (sustained)", fmt(result.get("samples_per_sec"))),
+        ("samples/sec (sustained)", fmt(result.get("samples_per_sec"))
+         + (" (fitted on the batches' lengths: an epoch measured in part)"
+            if result.get("steady_from") == "batch lengths" else "")),
         ("  window spread", fmt((result.get("samples_per_sec_spread") or 0) * 100, "%")
          if result.get("samples_per_sec_spread") is not None else "-"),
         ("  steady (in-epoch)", fmt(result.get("steady_samples_per_sec"))),
