@@ -8,6 +8,8 @@ import math
 import statistics
 from typing import NamedTuple
 
+import numpy as np
+
 # Windows per measured epoch: one holds the boundary, the next may hold its catch-up, two
 # are steady, and the last runs on the batches the workers queued (``steady_windows``).
 EPOCH_WINDOWS = 5
@@ -141,8 +143,6 @@ def length_fit(elapsed: list[float], longest: list[list[int]], epoch: list[int])
     rows = [[len(b), sum(b), sum(x * x for x in b)] for b in longest]
     if len(rows) < 4 or not epoch or any(r[0] == 0 for r in rows):
         return None
-    import numpy as np
-
     x, t = np.array(rows, dtype=float), np.array(elapsed, dtype=float)
     scale = np.linalg.norm(x, axis=0)
     xs = x / scale
