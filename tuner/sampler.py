@@ -12,7 +12,8 @@ full, the best so far is measured at the largest micro-batch its measured device
 fits (``_grown``); on CPUs, where the advice starts at the largest micro-batch, it is
 measured at the batch listed nearest half the largest, and at each next halving while
 the last one won; where the defaults at the smallest batch beat every start, the walk goes
-down from the best start at the largest (``_halved``). Each next trial is the untried
+down from the best start at the largest, and where a halving loses first, that start is
+measured at the smallest batch (``_halved``). Each next trial is the untried
 config of highest expected improvement under a Bayesian ridge model of log-throughput:
 one effect per (knob, value), one per pair of knob values, and, on CPUs, a term for
 intra-op threads that DataLoader workers leave without cores (``oversubscription``); for a samples/s
@@ -276,7 +277,8 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         """The walk down from the best config measured at the largest batch listed (the
         advice's), for where PyTorch's defaults at the smallest batch beat every start:
         that config at each halving, and each next halving while the last one read faster
-        than the config it halved; None once one lost, or was asked and not measured yet.
+        than the config it halved; once one lost, the config it halved at the smallest
+        batch listed (the defaults'), once; None while a step is asked and not measured yet.
         Screened figures count: the starts at a slow largest batch are screened, and the
         walk asks whether the batch is what made them slow.
 
@@ -285,7 +287,13 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         defaults rarely reach the advice's other knobs at a small batch (padded sequences
         with long tails, whose per-sample cost fell several-fold from the largest batch to
         the smallest: there, searches that never measured the advice at the small batch
-        picked configs at half its rate or less)."""
+        picked configs at half its rate or less). A lost halving does not say that no
+        smaller batch wins: a cost per sample that falls off a cliff between two listed
+        batches (a recurrent net over token lists, several times slower per sample at the
+        two largest batches than at the two smallest), or a screened step's noise, ends the
+        walk above the batches where the advice beats the defaults. The advice at the
+        defaults' batch differs from them in the other knobs alone, and tells the model
+        whether those are what lost."""
         done = {self.canonical(self._complete(t.params)): t for t in trials if t.state == TrialState.COMPLETE
                 and t.values and 0 < t.values[0] < 1e17}
         largest = max(self.domain["micro_batch_size"])
@@ -300,9 +308,12 @@ class GuidedSampler(optuna.samplers.BaseSampler):
             if key not in done:
                 return None if key in asked else step
             if self.sign * (done[key].values[0] - node.values[0]) <= 0:
-                return None  # the halving lost: the walk ends
+                break  # the halving lost: the walk ends
             node = done[key]
-        return None
+        else:
+            return None
+        smallest = {**self._complete(node.params), "micro_batch_size": min(self.domain["micro_batch_size"])}
+        return None if self.canonical(smallest) in asked else smallest
 
     def _settled(self, start: dict, done: list) -> dict:
         """``start`` with each knob that two measured starts settled between them: where
