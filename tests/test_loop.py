@@ -469,6 +469,49 @@ def test_the_trainer_knows_the_longest_item_of_each_batch_by_length_it_trained_o
     assert len(mix) % 32 == 0 and len(mix) > 32 and max(mix) == max(lengths)
 
 
+def test_the_trainer_knows_the_longest_item_of_each_batch_in_a_random_order_it_trained_on():
+    # Batches not grouped by length are the sampler's random order cut in turn: after its
+    # windows the measurement reads the items' lengths and finds each window's batches
+    # there (the collate pads to the longest item, so a batch's width is its longest),
+    # across epochs the measurement shortened, with two workers delivering them.
+    wl = load_workload(ref("padded"), {"size": 256})
+    lengths = wl.dataset().lengths
+    t = Trainer(wl, _config(micro_batch_size=8, num_workers=2, persistent_workers=True, _lengths=True), CPU)
+    widths, loss = [], t.loss_fn
+    t.loss_fn = lambda model, batch: (widths.append(batch[0].shape[1]), loss(model, batch))[1]
+    t.start()
+    for _ in range(3):
+        t.step()
+    # 5 batches an epoch from here on; the epoch under way ends after the batches its
+    # workers already hold (7: 3 trained, 4 prefetched)
+    t.set_epoch_limit(40, now=True)
+    at = [t.drawn_at()]
+    for n in (4, 9):
+        for _ in range(n):
+            t.step()
+        at.append(t.drawn_at())
+    assert at == [(0, 3), (0, 7), (2, 4)] and t.epoch_micro_batches == [7, 5]
+    spans = list(zip(at, at[1:], strict=False))
+    got = t.longest_between(spans, [4, 9])
+    assert got is not None
+    windows, mix = got
+    assert windows == [widths[3:7], widths[7:16]]
+    assert t.longest_between(spans, [4, 8]) is None  # a count not the window's: not these batches
+    # a whole epoch's mix: whole epochs of the next orders, not the shortened ones
+    assert len(mix) == 8 * 32 and max(mix) == max(lengths)
+    # the user's lengths that fail leave the figure unfitted; the trial goes on
+    failing = load_workload(ref("padded"), {"size": 256, "lengths": "raises"})
+    f = Trainer(failing, _config(micro_batch_size=8, _lengths=True), CPU)
+    f.start()
+    f.step()
+    assert f.longest_between([(f.drawn_at(), f.drawn_at())], [0]) is None
+    # without lengths nothing is known
+    none = Trainer(load_workload(ref("padded"), {"size": 256, "lengths": "none"}), _config(micro_batch_size=8), CPU)
+    none.start()
+    none.step()
+    assert none.drawn_at() is None
+
+
 def test_length_grouping_keeps_sources_apart_and_ranks_disjoint():
     lengths = [i % 37 for i in range(400)]
     groups = [list(range(0, 400, 2)), list(range(1, 400, 2))]

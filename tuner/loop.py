@@ -75,12 +75,30 @@ class EpochSampler(_EpochLimit, Sampler[int]):
         per_rank = self.size // self.world
         return min(per_rank, self.limit or per_rank)
 
+    def shard(self, epoch: int) -> list[int]:
+        """Epoch ``epoch``'s order of this rank's items (the epochs begun count from 0)."""
+        g = torch.Generator().manual_seed(self.seed + epoch)
+        order = torch.randperm(self.size, generator=g).tolist()
+        return order[self.rank:(self.size // self.world) * self.world:self.world]
+
+    def longest(self, lengths: Sequence[int], batch_size: int, epoch: int) -> list[int]:
+        """The longest item of each batch of ``batch_size`` of epoch ``epoch``, in order (a
+        DataLoader cuts the sampler's order into batches as it comes)."""
+        shard = self.shard(epoch)
+        return [max(map(lengths.__getitem__, shard[i:i + batch_size]))
+                for i in range(0, len(shard) - batch_size + 1, batch_size)]
+
+    def epoch_longest(self, lengths: Sequence[int], batch_size: int) -> list[int]:
+        """The longest item of each batch of whole epochs, from the next few epochs' orders
+        (one random epoch's batches are a draw of the mix: which long items share a batch)."""
+        per_epoch = max(1, len(self.shard(self.epoch)) // batch_size)
+        epochs = max(1, min(8, 8192 // per_epoch))
+        return [x for e in range(self.epoch, self.epoch + epochs) for x in self.longest(lengths, batch_size, e)]
+
     def __iter__(self) -> Iterator[int]:
-        g = torch.Generator().manual_seed(self.seed + self.epoch)
+        shard = self.shard(self.epoch)
         self.epoch += 1
         self.current = self.limit
-        order = torch.randperm(self.size, generator=g).tolist()
-        shard = order[self.rank:(self.size // self.world) * self.world:self.world]
         for i, index in enumerate(shard):
             if self._ends(i):
                 return
@@ -403,12 +421,49 @@ class Trainer:
         return batch, sync_s
 
     def drawn_at(self) -> tuple[int, int] | None:
-        """Where the training is in the batches by length drawn (``GroupedBatchSampler.drawn``):
-        the epoch's index there and its micro-batches trained on; None without lengths."""
+        """Where the training is in the batches drawn: the epoch's index (of the epochs
+        begun) and its micro-batches trained on; None where the batches' lengths are not to
+        be known (no ``Workload.lengths``, batches by source alone, an iterable dataset)."""
         s = self.sampler
-        if not isinstance(s, GroupedBatchSampler) or s.lengths is None or not s.drawn:
-            return None
-        return len(s.drawn) - 1, self._in_epoch
+        if isinstance(s, GroupedBatchSampler) and s.lengths is not None and s.drawn:
+            return len(s.drawn) - 1, self._in_epoch
+        if isinstance(s, EpochSampler) and self.workload.lengths is not None and s.epoch:
+            return s.epoch - 1, self._in_epoch
+        return None
+
+    def longest_between(self, spans: list[tuple[tuple[int, int], tuple[int, int]]],
+                        counts: list[int]) -> tuple[list[list[int]], list[int]] | None:
+        """The longest item of each batch trained on between each pair of ``drawn_at``
+        points, and of each batch of a whole epoch's mix; None where a span's count of
+        batches is not the window's (``counts``: the batches' order was not the sampler's),
+        or the items' lengths cannot be read.
+
+        Batches by length were noted as they were drawn (``GroupedBatchSampler.drawn``).
+        Other batches are the sampler's order cut in turn, so the items' lengths are read
+        here, after the timed windows (``Workload.lengths`` may read a dataset's column: a
+        config that does not group by length does not read them in the user's run)."""
+        s = self.sampler
+        if isinstance(s, GroupedBatchSampler):
+            drawn: Any = s.drawn
+            mix = s.epoch_longest
+        else:
+            try:
+                lengths = item_lengths(self.workload, self.own_dataset)
+            except (UserError, WorkloadError):
+                return None  # the user's lengths, never asked for by this config: no fit, not a failed trial
+            bs, ended = self.config["micro_batch_size"], self.epoch_micro_batches
+            # an epoch the measurement shortened ended where its batches trained did
+            drawn = {e: s.longest(lengths, bs, e)[:ended[e] if e < len(ended) else None]
+                     for (e0, _), (e1, _) in spans for e in range(e0, e1 + 1)}
+            mix = lambda: s.epoch_longest(lengths, bs)  # noqa: E731
+        out = []
+        for ((e0, p0), (e1, p1)), n in zip(spans, counts, strict=True):
+            got = drawn[e0][p0:p1] if e0 == e1 else [
+                *drawn[e0][p0:], *(x for e in range(e0 + 1, e1) for x in drawn[e]), *drawn[e1][:p1]]
+            if len(got) != n:
+                return None
+            out.append(got)
+        return out, mix()
 
     def feed(self, batches: list) -> None:
         """Train on these batches, already in memory, over and over: no data loading at all

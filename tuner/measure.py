@@ -109,9 +109,10 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
         return _nonfinite(trainer, warm.seconds)
     # 3. the figures
     probe.sample_memory()
+    peak_host = probe.peak_host_bytes()  # before the figures: they may read the items' lengths
     left_out = _leave_out_disturbed(timed, settings)
     figures = _figures(trainer, plan, timed, warm, startup_s, settings)
-    record = _record(trainer, timed, figures, probe, windows, warm, startup_s, screen, left_out)
+    record = _record(trainer, timed, figures, peak_host, windows, warm, startup_s, screen, left_out)
     # driver_asleep: the driver slept through the windows
     record.update(nvml.summary(), driver_asleep=driver_asleep, gc_share=collections.share(),
                   workers_gc_share=collections.workers_share(),
@@ -396,7 +397,7 @@ class Timed:
     loads: list[Load | None] = field(default_factory=list)
     faults: list[int] = field(default_factory=list)  # minor page faults of this process, per window
     rates: list[float] = field(default_factory=list)
-    longest: list[list[int] | None] = field(default_factory=list)  # per kept window (Measured.longest)
+    spans: list[tuple | None] = field(default_factory=list)  # per kept window (Measured.span)
     whole_epochs: bool = False  # WindowPlan.whole_epochs
     disturbed: list[float] = field(default_factory=list)  # rates of windows dropped as disturbed
     screened: bool = False
@@ -435,7 +436,7 @@ class Measured(NamedTuple):
     faults: int  # minor page faults of this process
     nonfinite: bool
     traced: int  # frames torch.compile traced in the window (on any rank, where one did)
-    longest: list[int] | None  # batches by length: the longest item of each batch the window ran
+    span: tuple | None  # the window's first and last Trainer.drawn_at (the batches it ran), if known
 
 
 def _one_window(trainer: Trainer, plan: WindowPlan, agree: Agree, meter: LoadMeter, probe: TreeProbe, t: Timed,
@@ -475,22 +476,8 @@ def _one_window(trainer: Trainer, plan: WindowPlan, agree: Agree, meter: LoadMet
                                                             float(not trainer.loss_finite()), float(traced))
     window = Window(steps * trainer.samples_per_step * trainer.world, wall, paused,
                     len(trainer.epoch_start_s) - e0, steps * trainer.accum, wait, before)
-    longest = _drawn_between(trainer, at0, trainer.drawn_at(), window.micro_batches)
-    return Measured(window, steps, load, bool(busy), faults, bool(nonfinite), int(traced), longest)
-
-
-def _drawn_between(trainer: Trainer, start: tuple[int, int] | None, end: tuple[int, int] | None,
-                   micro_batches: int) -> list[int] | None:
-    """The longest item of each batch by length trained on between two ``drawn_at``
-    points; None without lengths, or where the count disagrees with the window's (the
-    batches' order was not the sampler's)."""
-    if start is None or end is None:
-        return None
-    drawn = trainer.sampler.drawn
-    (e0, p0), (e1, p1) = start, end
-    got = drawn[e0][p0:p1] if e0 == e1 else [
-        *drawn[e0][p0:], *(x for e in range(e0 + 1, e1) for x in drawn[e]), *drawn[e1][:p1]]
-    return got if len(got) == micro_batches else None
+    span = (at0, trainer.drawn_at()) if at0 is not None else None
+    return Measured(window, steps, load, bool(busy), faults, bool(nonfinite), int(traced), span)
 
 
 def _timed_windows(trainer: Trainer, settings: MeasureSettings, plan: WindowPlan, agree: Agree, meter: LoadMeter,
@@ -534,7 +521,7 @@ def _timed_windows(trainer: Trainer, settings: MeasureSettings, plan: WindowPlan
                 f"{m.load.steal_cores:.2f} stolen by the hypervisor): measuring it again")
             continue
         t.kept.append(window)
-        t.longest.append(m.longest)
+        t.spans.append(m.span)
         t.traced += m.traced
         t.faults.append(m.faults)
         t.busy.append(m.busy)
@@ -579,7 +566,7 @@ def _leave_out_disturbed(t: Timed, settings: MeasureSettings) -> int:
         return 0
     left_out = len(t.kept) - len(quiet)
     t.kept = [t.kept[i] for i in quiet]
-    t.longest = [t.longest[i] for i in quiet]
+    t.spans = [t.spans[i] for i in quiet]
     t.busy = [False] * len(t.kept)
     t.loads = [t.loads[i] for i in quiet]
     t.faults = [t.faults[i] for i in quiet]
@@ -606,6 +593,9 @@ def _figures(trainer: Trainer, plan: RunPlan, t: Timed, warm: WarmUp, startup_s:
     # pairs are a few of the epoch's, and read whichever the stretch held (the sampler's
     # seed is the same in every trial, so the same stretch every time): their time is
     # fitted on their batches' lengths and carried over a whole epoch's (length_fit).
+    # Batches in a random order that pad to their longest item do the same, where the
+    # workload gives its items' lengths: a few windows of a long-tailed set read whichever
+    # batches held its longest items.
     fit = None if trainer.by_length else epoch_fit(kept)
     if fit is not None:
         per_sample, epoch_overhead_s = fit
@@ -618,12 +608,16 @@ def _figures(trainer: Trainer, plan: RunPlan, t: Timed, warm: WarmUp, startup_s:
         epoch_overhead_s = max(0.0, statistics.median(starts) - micro_fetch_s) if starts else None
         overhead_from = "pauses"
     steady_from = "steady windows" if fit is not None else "all windows"
-    if trainer.by_length and trainer.world == 1 and not t.whole_epochs and all(b is not None for b in t.longest):
+    if trainer.world == 1 and not t.whole_epochs and t.spans and all(s is not None for s in t.spans):
         # an epoch measured in part: its windows' time fitted on their batches' lengths
         # and carried over a whole epoch's batches (windows.length_fit)
-        per_batch = length_fit(elapsed, t.longest, trainer.sampler.epoch_longest())
+        got = trainer.longest_between(t.spans, [w.micro_batches for w in kept])
+        per_batch = length_fit(elapsed, *got) if got is not None else None
         if per_batch is not None:
             per_sample, steady_from = per_batch / trainer.config["micro_batch_size"], "batch lengths"
+            if overhead_from == "windows":  # that boundary cost was fitted beside the steady windows' rate
+                epoch_overhead_s = max(0.0, statistics.median(starts) - micro_fetch_s) if starts else None
+                overhead_from = "pauses"
     steady = 1 / per_sample
     step_s = step_samples / steady
     epoch_size = plan.epoch_size or _dataset_len(trainer) or trainer.workload.epoch_size or _seen_epoch(trainer)
@@ -649,7 +643,7 @@ def _figures(trainer: Trainer, plan: RunPlan, t: Timed, warm: WarmUp, startup_s:
             "projected": plan.epochs * epoch_s + startup_s + surplus + recompile_s if epoch_s is not None else None}
 
 
-def _record(trainer: Trainer, t: Timed, f: dict, probe: TreeProbe, windows: WindowPlan, warm: WarmUp,
+def _record(trainer: Trainer, t: Timed, f: dict, peak_host: int, windows: WindowPlan, warm: WarmUp,
             startup_s: float, screen: dict | None, left_out: int) -> Figures:
     """The measurement's record (the fields ``bench --json`` and ``trials.jsonl`` carry)."""
     device = trainer.device
@@ -693,7 +687,7 @@ def _record(trainer: Trainer, t: Timed, f: dict, probe: TreeProbe, windows: Wind
         "achieved_tflops": flops * steady / 1e12 if flops else None,
         "peak_device_memory_mb": None,
         "peak_device_reserved_mb": None,
-        "peak_host_memory_mb": probe.peak_host_bytes() / 2**20,
+        "peak_host_memory_mb": peak_host / 2**20,
         # How the heap behaves: glibc's malloc trims and re-grows it, and each page it
         # takes back costs a fault (where its thresholds settle is drawn per process, so
         # two fresh processes of one loop may differ several-fold). The trial's process
