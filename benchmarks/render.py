@@ -54,8 +54,8 @@ WHAT = {  # what each benchmark answers, in one line
                   "a batch at once (`__getitems__`), beside the same items held in a list",
     "length_grouping": "group_by_length on and off, side by side: bench and a user's plain loop over whole epochs, "
                        "on token lists padded per batch (reviews: 16-256 tokens; utterances: long-tailed turns "
-                       "whose epoch outlasts a trial, so bench's figure with the knob on is fitted on the batches "
-                       "its windows ran)",
+                       "whose epoch outlasts a trial, so bench's figure is fitted on the batches its windows ran, "
+                       "with the knob on and off)",
 }
 
 

@@ -97,6 +97,10 @@ def test_the_spread_of_windows_fitted_on_batch_lengths_is_named_the_batches_own(
     assert "batches by length" in flag and "fitted" in flag and "another process" not in flag
     [flag] = [f for f in diagnose({**rec, "steady_from": "all windows"}).flags if "spread 90%" in f]
     assert "another process" in flag
+    # batches in a random order, padded to their longest: fitted too, and said so
+    [flag] = [f for f in diagnose({**rec, "config": {"micro_batch_size": 32, "group_by_length": False}}).flags
+              if "spread 90%" in f]
+    assert "padded to their longest item" in flag and "longest pair" not in flag and "fitted" in flag
 
 
 def test_channels_last_is_advised_for_a_model_with_conv_layers_only():

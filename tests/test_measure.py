@@ -726,6 +726,35 @@ def test_a_boundary_s_cost_is_fitted_on_whole_epochs_however_many_windows_follow
     assert per_sample * 960 + overhead == pytest.approx(sum(x.wall for x in one) + per_sample * 384)
     assert epoch_fit([w(0.25, boundaries=1), w(0.18, before=1), w(0.32)]) is None  # one steady window
 
+def test_batches_in_a_random_order_count_at_their_fitted_cost_over_a_whole_epoch():
+    """Epochs of five windows of four batches each (a batch costs 1 ms + 0.02 ms per
+    position + 0.001 ms per position squared), a whole epoch's batches six of 300
+    positions in sixty. The steady windows drew cheap batches only, and a boundary costs
+    50 ms of catch-up in its window. Counted at their batches' fitted cost over the
+    epoch's, the steady windows give the epoch's cost per batch, and the boundary its own
+    cost, not the long batches beside it."""
+    from tuner.windows import length_weights
+
+    def cost(n):
+        return 1e-3 * (1 + 0.02 * n + 0.001 * n * n)
+
+    mix = [300] * 6 + [20] * 54
+    per_batch = sum(map(cost, mix)) / len(mix)
+    held = [[300, 300, 20, 20], [300, 20, 20, 20], [20] * 4, [20] * 4, [300, 20, 20, 20]] * 2
+    kept = [Window(samples=32, wall=sum(map(cost, b)) + (0.05 if i % 5 == 0 else 0.0), paused=0.0,
+                   boundaries=int(i % 5 == 0), micro_batches=4, wait=0.0, boundaries_before=int(i % 5 == 1))
+            for i, b in enumerate(held)]
+    weights = length_weights([w.wall for w in kept], held, [w.boundaries for w in kept], mix)
+    assert weights is not None
+    per_sample, overhead = epoch_fit(kept, weights)
+    assert per_sample * 8 == pytest.approx(per_batch, rel=1e-6)
+    assert overhead == pytest.approx(0.05, rel=1e-6)
+    assert epoch_fit(kept)[0] * 8 < per_batch / 3  # unweighted: the cheap steady windows' rate
+    # fewer than four windows without a boundary: fitted on them all; fewer than four: none
+    assert length_weights([w.wall for w in kept[:5]], held[:5], [1, 0, 0, 0, 1], mix) is not None
+    assert length_weights([w.wall for w in kept[:3]], held[:3], [1, 0, 0], mix) is None
+
+
 def test_a_long_epoch_of_batches_by_length_is_fitted_on_the_batches_its_windows_ran():
     # A batch costs 1 ms + 0.02 ms per position + 0.001 ms per position squared (a fixed
     # cost, padded work, attention). An epoch of 60 batches holds six of 300 positions
@@ -789,7 +818,6 @@ def test_batches_in_a_random_order_that_pad_to_their_longest_read_their_whole_ep
     for r in rs:
         assert r["status"] == "ok", r.get("reason")
         assert r["windows"] == 5 and r["steady_from"] == "batch lengths"
-        assert r["epoch_overhead_from"] == "pauses"
         assert r["samples_per_sec"] == pytest.approx(plain, rel=0.08), (plain, r["samples_per_sec_windows"])
 
 

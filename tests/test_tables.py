@@ -22,7 +22,7 @@ def test_bench_table_shows_the_figures_and_a_disturbed_warning():
     out = io.StringIO()
     print_bench({"status": "ok", "samples_per_sec": 301.1, "steady_from": "batch lengths",
                  "config": {"micro_batch_size": 32, "group_by_length": True}}, out)
-    assert "301.1 (fitted on the batches' lengths: an epoch measured in part)" in out.getvalue()
+    assert "301.1 (fitted on the batches' lengths over a whole epoch's)" in out.getvalue()
 
 
 def test_summary_prints_the_winner_first_and_the_verdict():

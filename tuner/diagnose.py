@@ -271,9 +271,11 @@ def _why_spread(record: dict) -> str:
     a GPU's clocks), and blaming another process sends the user to look for none."""
     if record.get("steady_from") == "batch lengths":
         # the windows' spread is the batches' own, by design: the figure is not their average
-        return ("its windows ran batches by length that cost many-fold apart (each measured epoch starts on "
-                "its longest pair), and the figure is fitted on those batches' lengths over a whole epoch's, "
-                "not read from the windows' average")
+        ran = ("batches by length that cost many-fold apart (each measured epoch starts on its longest pair)"
+               if (record.get("config") or {}).get("group_by_length") else
+               "batches padded to their longest item, which cost many-fold apart")
+        return (f"its windows ran {ran}, and the figure is fitted on those batches' lengths over a whole "
+                f"epoch's, not read from the windows' average")
     other, cpus = record.get("interference_cores"), (record.get("hardware") or {}).get("cpu_count")
     if other is None or not cpus:
         return "another process may share this machine"

@@ -52,6 +52,7 @@ from tuner.windows import (
     Window,
     epoch_fit,
     length_fit,
+    length_weights,
     median_error,
     spread,
     steady_windows,
@@ -593,10 +594,16 @@ def _figures(trainer: Trainer, plan: RunPlan, t: Timed, warm: WarmUp, startup_s:
     # pairs are a few of the epoch's, and read whichever the stretch held (the sampler's
     # seed is the same in every trial, so the same stretch every time): their time is
     # fitted on their batches' lengths and carried over a whole epoch's (length_fit).
-    # Batches in a random order that pad to their longest item do the same, where the
-    # workload gives its items' lengths: a few windows of a long-tailed set read whichever
-    # batches held its longest items.
-    fit = None if trainer.by_length else epoch_fit(kept)
+    # Batches in a random order that pad to their longest item read whichever the seed
+    # put in the windows too, where the workload gives its items' lengths: each window's
+    # samples then count at their batches' fitted cost over a whole epoch's (the steady
+    # windows and the boundaries' cost kept apart, as for any other batches).
+    lengths = (trainer.longest_between(t.spans, [w.micro_batches for w in kept])
+               if trainer.world == 1 and not t.whole_epochs and t.spans and all(s is not None for s in t.spans)
+               else None)
+    weights = (length_weights(elapsed, lengths[0], [w.boundaries for w in kept], lengths[1])
+               if lengths is not None and not trainer.by_length else None)
+    fit = None if trainer.by_length else epoch_fit(kept, weights)
     if fit is not None:
         per_sample, epoch_overhead_s = fit
         overhead_from = "windows"
@@ -604,20 +611,17 @@ def _figures(trainer: Trainer, plan: RunPlan, t: Timed, warm: WarmUp, startup_s:
         # Too few steady windows (epochs as long as the timed phase), or batches by
         # length: each boundary's pause beyond an ordinary batch fetch, and the rest of
         # the time as steady.
-        per_sample = sum(elapsed) / sum(w.samples for w in kept)
+        work = weights or [1.0] * len(kept)
+        per_sample = sum(elapsed) / sum(w.samples * x for w, x in zip(kept, work, strict=True))
         epoch_overhead_s = max(0.0, statistics.median(starts) - micro_fetch_s) if starts else None
         overhead_from = "pauses"
-    steady_from = "steady windows" if fit is not None else "all windows"
-    if trainer.world == 1 and not t.whole_epochs and t.spans and all(s is not None for s in t.spans):
+    steady_from = "batch lengths" if weights else "steady windows" if fit is not None else "all windows"
+    if trainer.by_length and lengths is not None:
         # an epoch measured in part: its windows' time fitted on their batches' lengths
         # and carried over a whole epoch's batches (windows.length_fit)
-        got = trainer.longest_between(t.spans, [w.micro_batches for w in kept])
-        per_batch = length_fit(elapsed, *got) if got is not None else None
+        per_batch = length_fit(elapsed, *lengths)
         if per_batch is not None:
             per_sample, steady_from = per_batch / trainer.config["micro_batch_size"], "batch lengths"
-            if overhead_from == "windows":  # that boundary cost was fitted beside the steady windows' rate
-                epoch_overhead_s = max(0.0, statistics.median(starts) - micro_fetch_s) if starts else None
-                overhead_from = "pauses"
     steady = 1 / per_sample
     step_s = step_samples / steady
     epoch_size = plan.epoch_size or _dataset_len(trainer) or trainer.workload.epoch_size or _seen_epoch(trainer)

@@ -173,7 +173,7 @@ def print_bench(result: dict, out: Any = None) -> None:
     rows = [
         ("status", result["status"] + (f" ({result['reason']})" if result.get("reason") else "")),
         ("samples/sec (sustained)", fmt(result.get("samples_per_sec"))
-         + (" (fitted on the batches' lengths: an epoch measured in part)"
+         + (" (fitted on the batches' lengths over a whole epoch's)"
             if result.get("steady_from") == "batch lengths" else "")),
         ("  window spread", fmt((result.get("samples_per_sec_spread") or 0) * 100, "%")
          if result.get("samples_per_sec_spread") is not None else "-"),

@@ -90,7 +90,7 @@ def steady_windows(kept: list[Window]) -> list[Window]:
             and after.boundaries == 0 and after.boundaries_before == 0]
 
 
-def epoch_fit(kept: list[Window]) -> tuple[float, float] | None:
+def epoch_fit(kept: list[Window], weights: list[float] | None = None) -> tuple[float, float] | None:
     """Steady seconds per sample and the net cost of one epoch boundary, fitted on the
     kept windows; None where fewer than two windows are steady (``steady_windows``).
 
@@ -111,37 +111,36 @@ def epoch_fit(kept: list[Window]) -> tuple[float, float] | None:
     left out. Fitted on every kept window, the part of an epoch past the last boundary
     would be counted at the steady rate, and the boundary before it would weigh the
     steady figure into the epoch by that part: whether the timed phase ended just after
-    a boundary or just before it would move the figure."""
-    clear = steady_windows(kept)
+    a boundary or just before it would move the figure.
+
+    ``weights``: each window's batches' cost per sample over a whole epoch's
+    (``length_weights``): its samples then count at that cost, so that the steady
+    windows' figure is a whole epoch's, whichever batches they held, and a boundary's
+    cost is what its windows took beyond their own batches'."""
+    work = weights or [1.0] * len(kept)
+    steady = {id(w) for w in steady_windows(kept)}
+    clear = [i for i, w in enumerate(kept) if id(w) in steady]
     holding = [i for i, w in enumerate(kept) if w.boundaries]
-    fitted = kept[holding[0]:holding[-1]] if len(holding) >= 2 else kept
-    boundaries = sum(w.boundaries for w in fitted)
+    fitted = range(holding[0], holding[-1]) if len(holding) >= 2 else range(len(kept))
+    boundaries = sum(kept[i].boundaries for i in fitted)
     if not boundaries or len(clear) < 2:
         return None
-    per_sample = sum(w.wall for w in clear) / sum(w.samples for w in clear)
-    samples = sum(w.samples for w in fitted)
-    extra = sum(w.wall for w in fitted) - per_sample * samples
+    per_sample = sum(kept[i].wall for i in clear) / sum(kept[i].samples * work[i] for i in clear)
+    samples = sum(kept[i].samples * work[i] for i in fitted)
+    extra = sum(kept[i].wall for i in fitted) - per_sample * samples
     # (no boundary makes an epoch twice as fast: a bound for a wild steady figure)
     return per_sample, max(extra / boundaries, -0.5 * per_sample * samples / boundaries)
 
 
-def length_fit(elapsed: list[float], longest: list[list[int]], epoch: list[int]) -> float | None:
-    """Seconds per batch over a whole epoch of batches by length, from windows that each
-    ran a few of them (``group_by_length``, an epoch longer than the timed phase).
-
-    ``elapsed``: each window's time; ``longest``: the longest item of each batch it ran;
-    ``epoch``: the longest item of each batch of a whole epoch. Batches by length cost
-    many-fold apart, and the dearest few can carry much of an epoch, so the average of a
-    few windows' batches reads whichever batches they drew. Each window's time is fitted
-    as ``a + b * L + c * L**2`` per batch of longest item ``L`` (a fixed cost, work that
-    grows with the padded length, attention's that grows with its square; non-negative
-    least squares), and the fit is averaged over the whole epoch's batches: a regression
-    estimate, which the measurement makes interpolate by starting every epoch on its
-    longest pair. None where the windows cannot tell the terms apart (fewer than four
-    windows, or windows of the same mix, as whole epochs are): then the windows' own
-    average stands."""
+def length_model(elapsed: list[float], longest: list[list[int]]) -> np.ndarray | None:
+    """The coefficients ``(a, b, c)`` of each window's time fitted as ``a + b * L + c *
+    L**2`` per batch of longest item ``L`` (a fixed cost, work that grows with the padded
+    length, attention's that grows with its square; non-negative least squares).
+    ``elapsed``: each window's time; ``longest``: the longest item of each batch it ran.
+    None where the windows cannot tell the terms apart (fewer than four windows, or
+    windows of the same mix, as whole epochs are)."""
     rows = [[len(b), sum(b), sum(x * x for x in b)] for b in longest]
-    if len(rows) < 4 or not epoch or any(r[0] == 0 for r in rows):
+    if len(rows) < 4 or any(r[0] == 0 for r in rows):
         return None
     x, t = np.array(rows, dtype=float), np.array(elapsed, dtype=float)
     scale = np.linalg.norm(x, axis=0)
@@ -161,7 +160,44 @@ def length_fit(elapsed: list[float], longest: list[list[int]], epoch: list[int])
         residual = float(np.sum((xs @ full - t) ** 2))
         if best is None or residual < best[0]:
             best = (residual, full)
-    if best is None:
+    return None if best is None else best[1] / scale
+
+
+def batch_cost(coef: np.ndarray, longest: list[int]) -> float:
+    """The fitted time (``length_model``) of batches whose longest items are ``longest``."""
+    return float(coef @ np.array([len(longest), sum(longest), sum(x * x for x in longest)], dtype=float))
+
+
+def length_fit(elapsed: list[float], longest: list[list[int]], epoch: list[int]) -> float | None:
+    """Seconds per batch over a whole epoch of batches by length, from windows that each
+    ran a few of them (``group_by_length``, an epoch longer than the timed phase).
+
+    ``elapsed``: each window's time; ``longest``: the longest item of each batch it ran;
+    ``epoch``: the longest item of each batch of a whole epoch. Batches by length cost
+    many-fold apart, and the dearest few can carry much of an epoch, so the average of a
+    few windows' batches reads whichever batches they drew. Each window's time is fitted
+    (``length_model``) and the fit is averaged over the whole epoch's batches: a
+    regression estimate, which the measurement makes interpolate by starting every epoch
+    on its longest pair. None where the windows cannot tell the terms apart: then the
+    windows' own average stands."""
+    coef = length_model(elapsed, longest)
+    return batch_cost(coef, epoch) / len(epoch) if coef is not None and epoch else None
+
+
+def length_weights(elapsed: list[float], longest: list[list[int]], boundaries: list[int],
+                   epoch: list[int]) -> list[float] | None:
+    """Each window's batches' fitted cost per batch over a whole epoch's (``epoch``), for
+    ``epoch_fit``'s ``weights``: batches in a random order that pad to their longest item
+    cost many-fold apart, and a few steady windows read whichever the seed put there.
+    The cost is fitted on the windows that hold no epoch boundary (``boundaries``: each
+    window's; a boundary's catch-up is no batch's cost), on every window where fewer
+    than four hold none (a search's few windows over shortened epochs); None where the
+    fit cannot tell the terms apart."""
+    inside = [i for i, n in enumerate(boundaries) if n == 0]
+    inside = inside if len(inside) >= 4 else list(range(len(longest)))
+    coef = length_model([elapsed[i] for i in inside], [longest[i] for i in inside])
+    mean = batch_cost(coef, epoch) / len(epoch) if coef is not None and epoch else 0.0
+    if coef is None or mean <= 0:
         return None
-    whole = np.array([len(epoch), sum(epoch), sum(x * x for x in epoch)], dtype=float)
-    return float((whole / scale) @ best[1]) / len(epoch)
+    weights = [batch_cost(coef, b) / len(b) / mean for b in longest]
+    return weights if all(w > 0 for w in weights) else None

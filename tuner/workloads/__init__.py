@@ -58,7 +58,9 @@ class Workload:
         lengths: optional ``lengths(dataset) -> list[int]``: each item's length (its tokens,
             frames, points: what a collate pads to the batch's longest). It enables the
             ``group_by_length`` knob (batches of items of similar length, as the Hugging Face
-            Trainer's ``group_by_length``): less of each batch is padding.
+            Trainer's ``group_by_length``): less of each batch is padding. A config that
+            batches in a random order reads them too, after its timed windows, to weigh
+            the batches its windows ran against a whole epoch's.
         epoch_size: optional samples per epoch, for iterable datasets without ``len``.
         augment: optional ``augment(batch) -> batch``: the random, per-batch part of the data
             (flips, crops, noise), kept apart from what ``dataset_cache`` may keep; the
