@@ -779,6 +779,20 @@ def test_a_long_epoch_of_batches_by_length_is_fitted_on_the_batches_its_windows_
     assert length_fit([sum(map(cost, epoch))] * 4, [epoch] * 4, epoch) is None
 
 
+def _long_tails_at_a_search_s_settings(grouped: bool, seeds: list[int]) -> tuple[list[dict], float]:
+    """Twelve items of 800 positions among 2,048 of 2-40, batches of 8, each step sleeping
+    0.25 ms per position of its padded batch: a trial per seed at a search's settings (5
+    windows of 0.2 s), and a plain loop over whole epochs before and after (three each:
+    an epoch's mix varies with which of those items share a batch), its mean."""
+    config = {"micro_batch_size": 8, "group_by_length": grouped}
+    args = {"size": 2048, "ms_per_position": 0.25, "tail": 800, "tails": 12}
+    before = _plain_epochs("padded", args, config, epochs=3)
+    runs = [_run("padded", args, config, seed=seed, measure={"warmup_steps": 2, "window_s": 0.2, "min_windows": 5,
+                                                              "max_windows": 5, "max_timed_s": 30.0})
+            for seed in seeds]
+    return runs, (before + _plain_epochs("padded", args, config, epochs=3)) / 2
+
+
 @ALONE
 @pytest.mark.slow
 def test_a_long_epoch_of_batches_by_length_reads_its_whole_epochs_rate_at_a_search_s_settings():
@@ -789,12 +803,7 @@ def test_a_long_epoch_of_batches_by_length_reads_its_whole_epochs_rate_at_a_sear
     # trial (well above the plain loop); fitted on their batches' lengths, the epoch's.
     # The reference is a plain loop over whole epochs, before and after (three each: an
     # epoch's mix varies with which of those items share a batch).
-    config = {"micro_batch_size": 8, "group_by_length": True}
-    args = {"size": 2048, "ms_per_position": 0.25, "tail": 800, "tails": 12}
-    before = _plain_epochs("padded", args, config, epochs=3)
-    r = _run("padded", args, config, measure={"warmup_steps": 2, "window_s": 0.2, "min_windows": 5,
-                                              "max_windows": 5, "max_timed_s": 30.0})
-    plain = (before + _plain_epochs("padded", args, config, epochs=3)) / 2
+    [r], plain = _long_tails_at_a_search_s_settings(grouped=True, seeds=[0])
     assert r["status"] == "ok", r.get("reason")
     assert r["windows"] == 5 and r["steady_from"] == "batch lengths"
     assert r["samples_per_sec"] == pytest.approx(plain, rel=0.08), (plain, r["samples_per_sec_windows"])
@@ -808,13 +817,7 @@ def test_batches_in_a_random_order_that_pad_to_their_longest_read_their_whole_ep
     # whichever the space's seed put there (the windows' average read 0.82x the plain
     # loop under seed 0 and 1.2x under seed 1). The workload gives its items' lengths, so
     # the figure is fitted on the batches the windows ran, under either seed.
-    config = {"micro_batch_size": 8, "group_by_length": False}
-    args = {"size": 2048, "ms_per_position": 0.25, "tail": 800, "tails": 12}
-    before = _plain_epochs("padded", args, config, epochs=3)
-    rs = [_run("padded", args, config, seed=seed, measure={"warmup_steps": 2, "window_s": 0.2, "min_windows": 5,
-                                                            "max_windows": 5, "max_timed_s": 30.0})
-          for seed in (0, 1)]
-    plain = (before + _plain_epochs("padded", args, config, epochs=3)) / 2
+    rs, plain = _long_tails_at_a_search_s_settings(grouped=False, seeds=[0, 1])
     for r in rs:
         assert r["status"] == "ok", r.get("reason")
         assert r["windows"] == 5 and r["steady_from"] == "batch lengths"

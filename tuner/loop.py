@@ -91,7 +91,7 @@ class EpochSampler(_EpochLimit, Sampler[int]):
     def epoch_longest(self, lengths: Sequence[int], batch_size: int) -> list[int]:
         """The longest item of each batch of whole epochs, from the next few epochs' orders
         (one random epoch's batches are a draw of the mix: which long items share a batch)."""
-        per_epoch = max(1, len(self.shard(self.epoch)) // batch_size)
+        per_epoch = max(1, self.size // self.world // batch_size)
         epochs = max(1, min(8, 8192 // per_epoch))
         return [x for e in range(self.epoch, self.epoch + epochs) for x in self.longest(lengths, batch_size, e)]
 
