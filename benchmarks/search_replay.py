@@ -124,7 +124,10 @@ def record(space_path: Path, repeats: int = 4, held_out: bool = False) -> Path:
                      **{k: r.get(k) for k in ("data_wait_fraction", "step_time_ms", "compute_samples_per_sec",
                                               "load_samples_per_sec_per_process", "compile_s",
                                               "trial_cpu_cores", "loader_cpu_cores",
-                                              "peak_host_memory_mb", "gpu_power_w", "joules_per_sample")}})
+                                              "peak_host_memory_mb", "gpu_power_w", "joules_per_sample",
+                                              # how the figure was made from the windows: a
+                                              # fitted one does not spread as its windows do
+                                              "steady_from")}})
         save(True, [])
         print(f"  {i + 1}/{len(combos)} {config}: {r.get('samples_per_sec') or 0:.1f} ({time.time() - t0:.0f} s)",
               flush=True)
@@ -349,6 +352,13 @@ class Machine:
         screened = verdict == "screened"
         body = rates[self.TRANSIENT:]
         figure = per_time(rates) if screened or not body else per_time(body)
+        if not screened and g.get("steady_from") == "batch lengths":
+            # A figure fitted on its batches' lengths does not spread as its windows do
+            # (they hold batches many-fold apart in cost, by design): it is the config's
+            # rate, off by what a trial a minute later reads (the repeats' spread). The
+            # windows above still decide the screen and the trial's length, as a live
+            # trial's raw windows do.
+            figure = self.rate[key] * factor
         return {"status": "ok", "config": task.config, "samples_per_sec": figure,
                 "samples_per_sec_error": median_error(rates) if len(rates) > 1 else 0.05, "screened": screened,
                 "trial_wall_s": wall * (0.5 + 0.5 * len(rates) / max(len(recorded), 1)),

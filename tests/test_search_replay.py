@@ -204,3 +204,38 @@ def test_a_replay_of_every_landscape_is_named_as_such_and_one_of_a_few_by_their_
            "--jobs 2`)" in text
     assert "\nb: replayed now" in text and "--landscapes b --jobs 2" in text
     assert "a, b, c: replayed" not in text
+
+
+def test_a_figure_fitted_on_its_batches_lengths_is_replayed_at_its_repeats_spread_not_its_windows():
+    """Batches grouped by length make a trial's windows read many-fold apart by design, and
+    its figure is fitted on the batches' lengths, not their windows' average: replayed from
+    its windows drawn again, such a config read whichever draw came, and a search lost a
+    winner it would not lose live. A recorded ``steady_from`` of "batch lengths" replays
+    the figure at the config's rate, spread as the repeats spread; any other keeps its
+    windows' draws."""
+    import copy
+    import statistics
+
+    from tuner.policy import Phase, Task
+
+    landscape, space, ctx = sr._load("lstm")
+    canon, ss = Canonical(space, ctx), SearchSpace(space, ctx)
+    apart = [178.0, 335.0, 392.0, 283.0, 270.0, 448.0, 88.0, 427.0, 403.0, 284.0, 55.0, 415.0]
+
+    def figures(steady_from):
+        scape = copy.deepcopy(landscape)
+        row = next(g for g in scape["grid"] if g["samples_per_sec"])
+        row.update(windows=apart, steady_from=steady_from)
+        out = []
+        for seed in range(40):
+            machine = sr.Machine(scape, canon, ss, seed, sr.measure_settings(space))
+            config = ss.active(row["config"])
+            rate = machine.rate[canon(config)]
+            r = machine.measure(Task(1, Phase.SEARCH, config))
+            out.append(r["samples_per_sec"] / rate)
+        return out, machine.cv
+
+    fitted, cv = figures("batch lengths")
+    drawn, _ = figures("steady windows")
+    assert statistics.stdev(fitted) < 2 * cv
+    assert statistics.stdev(drawn) > 3 * statistics.stdev(fitted)
