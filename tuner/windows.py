@@ -85,7 +85,12 @@ def steady_windows(kept: list[Window]) -> list[Window]:
     than the user's whole epochs. The last window's successor is not known yet: it is not counted. (A
     successor that follows a boundary held by a window dropped as disturbed marks this
     one too.)"""
-    return [w for w, after in zip(kept, kept[1:], strict=False)
+    return [kept[i] for i in _steady(kept)]
+
+
+def _steady(kept: list[Window]) -> list[int]:
+    """The indices of ``steady_windows``."""
+    return [i for i, (w, after) in enumerate(zip(kept, kept[1:], strict=False))
             if w.boundaries == 0 and w.boundaries_before == 0
             and after.boundaries == 0 and after.boundaries_before == 0]
 
@@ -118,8 +123,7 @@ def epoch_fit(kept: list[Window], weights: list[float] | None = None) -> tuple[f
     windows' figure is a whole epoch's, whichever batches they held, and a boundary's
     cost is what its windows took beyond their own batches'."""
     work = weights or [1.0] * len(kept)
-    steady = {id(w) for w in steady_windows(kept)}
-    clear = [i for i, w in enumerate(kept) if id(w) in steady]
+    clear = _steady(kept)
     holding = [i for i, w in enumerate(kept) if w.boundaries]
     fitted = range(holding[0], holding[-1]) if len(holding) >= 2 else range(len(kept))
     boundaries = sum(kept[i].boundaries for i in fitted)
