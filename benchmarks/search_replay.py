@@ -310,6 +310,10 @@ class Machine:
         self.rate, _ = judged_rates(landscape, canon, ss)
         self.optimum = max(self.rate.values())
         self.cv = repeat_cv(landscape)
+        # the configs measured as three whole trials: their figures are drawn at the
+        # repeats' spread (``measure``)
+        self.repeated = {canon(ss.active(r["config"])) for r in landscape.get("repeats", [])
+                         if len([x for x in r["samples_per_sec"] if x]) >= 2}
         self.settings = settings
         self.canon = canon
         self.rng = random.Random(seed)
@@ -352,12 +356,15 @@ class Machine:
         screened = verdict == "screened"
         body = rates[self.TRANSIENT:]
         figure = per_time(rates) if screened or not body else per_time(body)
-        if not screened and g.get("steady_from") == "batch lengths":
-            # A figure fitted on its batches' lengths does not spread as its windows do
-            # (they hold batches many-fold apart in cost, by design): it is the config's
-            # rate, off by what a trial a minute later reads (the repeats' spread). The
-            # windows above still decide the screen and the trial's length, as a live
-            # trial's raw windows do.
+        if not screened and (key in self.repeated or g.get("steady_from") == "batch lengths"):
+            # Where a config was measured as three whole trials, its figure spreads as
+            # trials do (the repeats' spread): its windows are a proxy for that, and a poor
+            # one where they hold stalls that the trial's figure sets apart (epoch
+            # boundaries, a host's neighbours: windows two-fold apart from trials that
+            # agree closely). A figure fitted on its batches' lengths does not spread
+            # as its windows do either (they hold batches many-fold apart in cost, by
+            # design). The windows above still decide the screen and the trial's length,
+            # as a live trial's raw windows do.
             figure = self.rate[key] * factor
         return {"status": "ok", "config": task.config, "samples_per_sec": figure,
                 "samples_per_sec_error": median_error(rates) if len(rates) > 1 else 0.05, "screened": screened,
