@@ -355,8 +355,9 @@ class Machine:
                                       screen_windows=s["screen_windows"], capped=len(rates) >= s["max_windows"])
         screened = verdict == "screened"
         body = rates[self.TRANSIENT:]
-        figure = per_time(rates) if screened or not body else per_time(body)
-        if not screened and (key in self.repeated or g.get("steady_from") == "batch lengths"):
+        if screened:
+            figure = per_time(rates)
+        elif key in self.repeated or g.get("steady_from") == "batch lengths":
             # Where a config was measured as three whole trials, its figure spreads as
             # trials do (the repeats' spread): its windows are a proxy for that, and a poor
             # one where they hold stalls that the trial's figure sets apart (epoch
@@ -366,6 +367,8 @@ class Machine:
             # design). The windows above still decide the screen and the trial's length,
             # as a live trial's raw windows do.
             figure = self.rate[key] * factor
+        else:
+            figure = per_time(body or rates)
         return {"status": "ok", "config": task.config, "samples_per_sec": figure,
                 "samples_per_sec_error": median_error(rates) if len(rates) > 1 else 0.05, "screened": screened,
                 "trial_wall_s": wall * (0.5 + 0.5 * len(rates) / max(len(recorded), 1)),
