@@ -1,9 +1,13 @@
 """One config in its own process (tuner/trial.py): the typed request, and every failure
 as a result with a one-line reason."""
 
+import contextlib
 import json
 import os
 import pickle
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -177,3 +181,44 @@ def test_a_first_step_that_keeps_a_core_busy_longer_than_the_idle_limit_is_no_ha
 
     busy = _run("busy_first_step", {"seconds": IDLE_S + 10}, {"micro_batch_size": 8}, timeout=300)
     assert busy["status"] == "ok", busy.get("reason")
+
+
+def test_kill_tree_leaves_no_child_that_was_forked_while_the_tree_was_killed():
+    """A process that forks between kill_tree's listing of the tree and its kill left the
+    new child re-parented to init and alive (a job's driver outliving the Ray head that
+    started it). A parent that forks without pause is killed with every child it made."""
+    import uuid
+
+    import psutil
+
+    from tuner.trial import kill_tree
+
+    token = uuid.uuid4().hex  # marks this test's processes, the orphans included
+    spawner = subprocess.Popen([sys.executable, "-c",
+                                "import subprocess, sys\n"
+                                "while True:\n"
+                                f"    subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)', '{token}'])\n"])
+
+    def ours():
+        out = []
+        for p in psutil.process_iter(["cmdline"]):
+            with contextlib.suppress(psutil.Error):
+                if token in (p.info["cmdline"] or []):
+                    out.append(p)
+        return out
+
+    try:
+        deadline = time.time() + 30
+        while len(ours()) < 20 and time.time() < deadline:
+            time.sleep(0.05)
+        kill_tree(spawner.pid)
+        spawner.wait(timeout=10)
+        psutil.wait_procs(ours(), timeout=2)
+        left = ours()
+        assert not left, f"{len(left)} children outlived kill_tree"
+    finally:
+        for p in ours():
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+        with contextlib.suppress(Exception):
+            spawner.kill()

@@ -418,13 +418,29 @@ def _exit_now() -> None:
 
 
 def kill_tree(pid: int) -> None:
-    """Kill a process and all its descendants, by id."""
+    """Kill a process and all its descendants, by id. The tree is stopped (SIGSTOP) before
+    it is killed, and listed again until a listing finds no one new: a process that forks
+    between a listing and the kill leaves its new child re-parented to init and alive (a
+    Ray head whose job supervisor started a job's driver in that moment left the driver
+    running for good)."""
     try:
         root = psutil.Process(pid)
-        procs = root.children(recursive=True) + [root]
     except psutil.Error:
         return
-    _end(procs)
+    procs: dict[int, psutil.Process] = {}
+    while True:
+        try:
+            found = [root, *root.children(recursive=True)]
+        except psutil.Error:  # the root is gone: its descendants listed so far are killed
+            found = []
+        new = [p for p in found if p.pid not in procs]
+        if not new:
+            break
+        for p in new:
+            with contextlib.suppress(psutil.Error):
+                p.suspend()
+            procs[p.pid] = p
+    _end(list(procs.values()))
 
 
 def _end(procs: list[psutil.Process], grace_s: float = 0.0) -> None:
