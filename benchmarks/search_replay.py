@@ -241,15 +241,16 @@ def context(space: spec.Space, hardware: dict | None = None) -> knobs.Context:
                                bf16_native=gpu or hardware.get("cpu_has_bf16", ctx.bf16_native))
 
 
-def _repeated(landscape: dict) -> list[list[float]]:
-    """Each repeated config's figures (failed ones left out), where two or more remain."""
-    return [f for r in landscape.get("repeats", []) if len(f := [x for x in r["samples_per_sec"] if x]) >= 2]
+def _repeated(landscape: dict) -> list[tuple[dict, list[float]]]:
+    """Each repeated config and its figures (failed ones left out), where two or more remain."""
+    return [(r["config"], f) for r in landscape.get("repeats", [])
+            if len(f := [x for x in r["samples_per_sec"] if x]) >= 2]
 
 
 def repeat_cv(landscape: dict) -> float:
     """The repeat-to-repeat CV of one config's figure, pooled over the repeated configs
     (at least 2%: a trial a minute later meets a machine that drifted)."""
-    cvs = [statistics.stdev(f) / statistics.mean(f) for f in _repeated(landscape)]
+    cvs = [statistics.stdev(f) / statistics.mean(f) for _, f in _repeated(landscape)]
     return max(0.02, statistics.median(cvs)) if cvs else 0.03
 
 
@@ -261,7 +262,7 @@ def runner_up(landscape: dict) -> dict | None:
     own figures do not show to be faster."""
     from scipy import stats
 
-    repeated = sorted(((statistics.mean(f), f) for f in _repeated(landscape)), key=lambda mf: -mf[0])
+    repeated = sorted(((statistics.mean(f), f) for _, f in _repeated(landscape)), key=lambda mf: -mf[0])
     if len(repeated) < 2:
         return None
     (best, a), (second, b) = repeated[:2]
@@ -312,8 +313,7 @@ class Machine:
         self.cv = repeat_cv(landscape)
         # the configs measured as three whole trials: their figures are drawn at the
         # repeats' spread (``measure``)
-        self.repeated = {canon(ss.active(r["config"])) for r in landscape.get("repeats", [])
-                         if len([x for x in r["samples_per_sec"] if x]) >= 2}
+        self.repeated = {canon(ss.active(c)) for c, _ in _repeated(landscape)}
         self.settings = settings
         self.canon = canon
         self.rng = random.Random(seed)
