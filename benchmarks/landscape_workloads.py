@@ -1633,3 +1633,142 @@ def neighbors(nodes: int = 100000, features: int = 128, fanout: tuple[int, int] 
         return nn.functional.cross_entropy(model(own, hop1, hop2).float(), labels)
 
     return Workload(model=Sage, dataset=lambda: Neighbourhoods(nodes, features, fanout, classes), loss=loss)
+
+
+class Recordings(Dataset):
+    """Twelve-lead ECG-like recordings held as raw int16 counts, as a device stores them:
+    on each read a zero-phase Butterworth band-pass (SciPy, in NumPy on the loading
+    process), a random crop and an amplitude jitter."""
+
+    def __init__(self, size: int, leads: int, rate: int, seconds: float, crop: int, classes: int):
+        import numpy as np
+        from scipy import signal
+
+        rng = np.random.default_rng(0)
+        n = int(rate * seconds)
+        t = (np.arange(n) / rate).astype(np.float32)
+        beats = (1.0 + 0.6 * rng.random((size, 1, 1))).astype(np.float32)
+        phase = (rng.random((size, leads, 1)) * 6.28).astype(np.float32)
+        wave = np.sin(2 * np.pi * beats * t + phase)
+        pulse = np.maximum(wave, 0) ** 8  # a sharp spike per beat, a QRS of sorts
+        wander = 0.5 * np.sin(2 * np.pi * 0.2 * t + phase)  # baseline wander the band-pass removes
+        noisy = pulse + wander + 0.05 * rng.standard_normal((size, leads, n), dtype=np.float32)
+        self.counts = (noisy * 1000).astype(np.int16)
+        self.labels = (beats[:, 0, 0] * classes / 1.6).astype(int).clip(0, classes - 1)
+        self.sos = signal.butter(4, [0.5, 40.0], btype="bandpass", fs=rate, output="sos")
+        self.crop = crop
+
+    def __len__(self) -> int:
+        return len(self.counts)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        import numpy as np
+        from scipy import signal
+
+        rng = np.random.default_rng(i)
+        x = signal.sosfiltfilt(self.sos, self.counts[i].astype(np.float32) / 1000.0, axis=-1)
+        start = int(rng.integers(0, x.shape[-1] - self.crop))
+        x = x[:, start:start + self.crop] * (0.8 + 0.4 * rng.random())
+        return torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)), int(self.labels[i])
+
+
+def ecg(size: int = 1024, leads: int = 12, rate: int = 250, seconds: float = 10.0, crop: int = 2000,
+        width: int = 32, classes: int = 5) -> Workload:
+    """Rhythm classification on 12-lead ECGs: a 1-D residual conv net (batch norm, strided
+    blocks) over the filtered crop, a cross-entropy loss; the filtering is the loading
+    process's work."""
+
+    class Block(nn.Module):
+        def __init__(self, cin: int, cout: int):
+            super().__init__()
+            self.body = nn.Sequential(nn.Conv1d(cin, cout, 7, stride=2, padding=3), nn.BatchNorm1d(cout), nn.ReLU(),
+                                      nn.Conv1d(cout, cout, 7, padding=3), nn.BatchNorm1d(cout))
+            self.skip = nn.Conv1d(cin, cout, 1, stride=2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.relu(self.body(x) + self.skip(x))
+
+    def model():
+        return nn.Sequential(nn.Conv1d(leads, width, 15, stride=2, padding=7), nn.BatchNorm1d(width), nn.ReLU(),
+                             Block(width, width), Block(width, 2 * width), Block(2 * width, 2 * width),
+                             Block(2 * width, 4 * width), nn.AdaptiveAvgPool1d(1), nn.Flatten(),
+                             nn.Linear(4 * width, classes))
+
+    return Workload(model=model, dataset=lambda: Recordings(size, leads, rate, seconds, crop, classes),
+                    loss=lambda model, batch: nn.functional.cross_entropy(model(batch[0]), batch[1]))
+
+
+class Sprites(Dataset):
+    """Small images held in memory as uint8 (blobs and stripes in random colours), scaled
+    to [-1, 1] and flipped at random on each read: the cheap loading of a diffusion model,
+    whose work is in the step."""
+
+    def __init__(self, size: int, image: int):
+        g = torch.Generator().manual_seed(0)
+        ys, xs = _grid(image)
+        centres = torch.rand(size, 2, 1, 1, generator=g) * 2 - 1
+        blob = torch.exp(-((xs - centres[:, :1]) ** 2 + (ys - centres[:, 1:]) ** 2) * 8)
+        stripes = torch.sin(xs * (3 + 6 * torch.rand(size, 1, 1, 1, generator=g)))
+        img = blob * torch.rand(size, 3, 1, 1, generator=g) + 0.3 * stripes * torch.rand(size, 3, 1, 1, generator=g)
+        self.pixels = ((img.clamp(-1, 1) + 1) * 127.5).to(torch.uint8)
+
+    def __len__(self) -> int:
+        return len(self.pixels)
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        x = self.pixels[i].float() / 127.5 - 1
+        return x.flip(-1) if torch.rand(()) < 0.5 else x
+
+
+def diffusion(size: int = 4096, image: int = 32, width: int = 16, steps: int = 1000) -> Workload:
+    """A denoising diffusion model (DDPM's noise-prediction loss): each step draws a
+    timestep and Gaussian noise per image on the training device, noises the batch by the
+    cosine schedule, and a small U-Net with a sinusoidal time embedding and group norm
+    predicts the noise."""
+
+    class Res(nn.Module):
+        def __init__(self, cin: int, cout: int, temb: int):
+            super().__init__()
+            self.norm1, self.conv1 = nn.GroupNorm(8, cin), nn.Conv2d(cin, cout, 3, padding=1)
+            self.time = nn.Linear(temb, cout)
+            self.norm2, self.conv2 = nn.GroupNorm(8, cout), nn.Conv2d(cout, cout, 3, padding=1)
+            self.skip = nn.Conv2d(cin, cout, 1) if cin != cout else nn.Identity()
+
+        def forward(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+            h = self.conv1(nn.functional.silu(self.norm1(x))) + self.time(t)[:, :, None, None]
+            return self.skip(x) + self.conv2(nn.functional.silu(self.norm2(h)))
+
+    class UNet(nn.Module):
+        def __init__(self):
+            super().__init__()
+            w, temb = width, 4 * width
+            self.temb = nn.Sequential(nn.Linear(w, temb), nn.SiLU(), nn.Linear(temb, temb))
+            self.stem = nn.Conv2d(3, w, 3, padding=1)
+            self.down1, self.down2 = Res(w, w, temb), Res(w, 2 * w, temb)
+            self.mid = Res(2 * w, 2 * w, temb)
+            self.up2, self.up1 = Res(4 * w, w, temb), Res(2 * w, w, temb)
+            self.out = nn.Sequential(nn.GroupNorm(8, w), nn.SiLU(), nn.Conv2d(w, 3, 3, padding=1))
+
+        def forward(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+            half = width // 2
+            freqs = torch.exp(-torch.arange(half, device=x.device) * (9.21 / half))  # 10,000 ** (-k / half)
+            angles = t[:, None].float() * freqs
+            emb = self.temb(torch.cat([angles.sin(), angles.cos()], -1))
+            h0 = self.stem(x)
+            h1 = self.down1(h0, emb)
+            h2 = self.down2(nn.functional.avg_pool2d(h1, 2), emb)
+            m = self.mid(nn.functional.avg_pool2d(h2, 2), emb)
+            u2 = self.up2(torch.cat([nn.functional.interpolate(m, scale_factor=2), h2], 1), emb)
+            u1 = self.up1(torch.cat([nn.functional.interpolate(u2, scale_factor=2), h1], 1), emb)
+            return self.out(u1)
+
+    def loss(model, x):
+        t = torch.randint(0, steps, (x.shape[0],), device=x.device)
+        alpha_bar = torch.cos((t.float() / steps + 0.008) / 1.008 * torch.pi / 2) ** 2
+        a = alpha_bar[:, None, None, None]
+        noise = torch.randn_like(x)
+        noised = a.sqrt() * x + (1 - a).sqrt() * noise
+        return nn.functional.mse_loss(model(noised, t).float(), noise)
+
+    return Workload(model=UNet, dataset=lambda: Sprites(size, image), loss=loss,
+                    optimizer=lambda p: torch.optim.AdamW(p, lr=2e-4))
