@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 FIXTURES = Path(__file__).parent / "fixture_workloads.py"
 # Short measurements: the tests check behaviour, not speed.
@@ -92,3 +93,15 @@ def torch_default_threads() -> int:
     out = subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
                          capture_output=True, text=True, check=True, env=env)
     return int(out.stdout)
+
+
+def running(process: Any) -> bool:
+    """Whether a process (a ``psutil.Process`` or a pid) still runs, a zombie counted as
+    ended: one that ends between two questions about it has ended, not raised."""
+    import psutil
+
+    try:
+        p = psutil.Process(process) if isinstance(process, int) else process
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

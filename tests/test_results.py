@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers import FIXTURES, space_lines
+from tests.helpers import FIXTURES, running, space_lines
 from tuner.cli import main
 from tuner.results import open_results, pick
 
@@ -293,7 +293,6 @@ def _searched(out):
     ("confirm", signal.SIGINT),
 ])
 def test_a_stopped_search_ends_its_processes_and_resumes(tmp_path, when, signum):
-    import psutil
 
     trials = 2 if when == "confirm" else 4  # the confirm round follows however many
     space = _space_file(tmp_path, "stopme", trials, "confirm: {top: 1}\n")
@@ -320,11 +319,11 @@ def test_a_stopped_search_ends_its_processes_and_resumes(tmp_path, when, signum)
         if proc.poll() is None:
             proc.kill()
     # every process of the search (Ray, the trials, their DataLoader workers) is gone
-    alive = [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    alive = [p for p in tree if running(p)]
     deadline = time.time() + 20
     while alive and time.time() < deadline:
         time.sleep(0.5)
-        alive = [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        alive = [p for p in alive if running(p)]
     for p in alive:
         p.kill()
     assert not alive, [p.pid for p in alive]

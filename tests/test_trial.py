@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tests.helpers import FAST_MEASURE, ref
+from tests.helpers import FAST_MEASURE, ref, running
 from tuner.trial import TrialRequest, classify, make_request, resolve_config, run_isolated
 
 
@@ -87,7 +87,6 @@ def test_a_trial_s_process_ends_with_its_result_and_its_workers_with_it(tmp_path
     """Once the result is sent, the process ends without the interpreter's teardown (a
     second per trial with torch imported), so a workload's thread that never ends does not
     hold it to the driver's limit on joining it; its DataLoader workers end with it."""
-    import psutil
 
     pids = tmp_path / "workers.txt"
     r = _run("lingering_thread", {"pid_file": str(pids)},
@@ -96,7 +95,7 @@ def test_a_trial_s_process_ends_with_its_result_and_its_workers_with_it(tmp_path
     assert r["trial_wall_s"] < 10  # the driver joins a process for 10 s before it kills it
     workers = {int(p) for p in pids.read_text().split()}
     assert len(workers) == 2
-    assert not [p for p in workers if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert not [p for p in workers if running(p)]
 
 
 @pytest.mark.slow
@@ -124,7 +123,7 @@ def test_a_trial_launched_at_ray_s_worker_niceness_runs_at_the_users():
 
     code = (
         "import json, os\n"
-        "from tests.helpers import FAST_MEASURE, ref\n"
+        "from tests.helpers import FAST_MEASURE, ref, running\n"
         "from tuner.trial import make_request, run_isolated\n"
         "os.nice(15)  # as Ray's workers start\n"
         "r = run_isolated(make_request(workload=ref('linear'), config={'num_workers': 1},\n"
