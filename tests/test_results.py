@@ -293,7 +293,6 @@ def _searched(out):
     ("confirm", signal.SIGINT),
 ])
 def test_a_stopped_search_ends_its_processes_and_resumes(tmp_path, when, signum):
-
     trials = 2 if when == "confirm" else 4  # the confirm round follows however many
     space = _space_file(tmp_path, "stopme", trials, "confirm: {top: 1}\n")
     out = tmp_path / "r" / "stopme"

@@ -87,7 +87,6 @@ def test_a_trial_s_process_ends_with_its_result_and_its_workers_with_it(tmp_path
     """Once the result is sent, the process ends without the interpreter's teardown (a
     second per trial with torch imported), so a workload's thread that never ends does not
     hold it to the driver's limit on joining it; its DataLoader workers end with it."""
-
     pids = tmp_path / "workers.txt"
     r = _run("lingering_thread", {"pid_file": str(pids)},
              {"micro_batch_size": 8, "num_workers": 2, "persistent_workers": True})
@@ -123,7 +122,7 @@ def test_a_trial_launched_at_ray_s_worker_niceness_runs_at_the_users():
 
     code = (
         "import json, os\n"
-        "from tests.helpers import FAST_MEASURE, ref, running\n"
+        "from tests.helpers import FAST_MEASURE, ref\n"
         "from tuner.trial import make_request, run_isolated\n"
         "os.nice(15)  # as Ray's workers start\n"
         "r = run_isolated(make_request(workload=ref('linear'), config={'num_workers': 1},\n"
