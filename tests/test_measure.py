@@ -840,15 +840,21 @@ def test_steps_of_unequal_cost_read_at_their_average():
     # take 5-10% off it, more on a loaded machine, so a fixed bound below 400 would be a
     # guess.
 
+    # A noisy host's windows spread by a third or more, so a figure more than 5% from its
+    # reference is measured once more, with its reference: a figure that the slow steady
+    # windows set reads low both times, where noise seldom does.
     config = {"micro_batch_size": 8, "batch_grouping": "by_source"}
-    before = _plain_epochs("uneven_sources", {}, config)
-    r = _run("uneven_sources", {}, config,
-             measure={"warmup_steps": 2, "window_s": 0.5, "min_windows": 10, "max_windows": 10,
-                      "max_timed_s": 30.0})
-    plain = (before + _plain_epochs("uneven_sources", {}, config)) / 2
-    assert r["status"] == "ok", r.get("reason")
-    assert r["epoch_overhead_from"] == "windows"
-    assert r["samples_per_sec"] <= 1.01 * 8 / 0.020  # never above the sleeps alone
+    for _ in range(2):
+        before = _plain_epochs("uneven_sources", {}, config)
+        r = _run("uneven_sources", {}, config,
+                 measure={"warmup_steps": 2, "window_s": 0.5, "min_windows": 10, "max_windows": 10,
+                          "max_timed_s": 30.0})
+        plain = (before + _plain_epochs("uneven_sources", {}, config)) / 2
+        assert r["status"] == "ok", r.get("reason")
+        assert r["epoch_overhead_from"] == "windows"
+        assert r["samples_per_sec"] <= 1.01 * 8 / 0.020  # never above the sleeps alone
+        if r["samples_per_sec"] == pytest.approx(plain, rel=0.05):
+            break
     assert r["samples_per_sec"] == pytest.approx(plain, rel=0.05), (plain, r["samples_per_sec_windows"])
 
 
