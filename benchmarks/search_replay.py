@@ -395,9 +395,27 @@ def replay(landscape: dict, space: spec.Space, ctx: knobs.Context, strategy: str
     """One search of ``trials`` configs on the landscape (under ``time_s`` seconds of its
     trials' recorded walls, as ``--time-budget``): the pick's judged rate over the best, the
     screening false negatives, the measurements and distinct configs it took, its wall."""
-    canon, ss = Canonical(space, ctx), SearchSpace(space, ctx)
     if strategy == "stock-tpe":
         return stock_tpe(landscape, space, ctx, seed, trials)
+    policy, machine, now, decision = _search(landscape, space, ctx, strategy, seed, trials, time_s)
+    best = policy.pick().row
+    spent = {"measurements": len(policy.records), "wall_s": now, "ended": decision.why,
+             "configs": len({r["key"] for r in policy.records if r.get("phase") == "search"})}
+    if best is None:
+        return {"pick": 0.0, "false_negatives": [], **spent}
+    pick = machine.rate[best["key"]]
+    screened = {r["key"] for r in policy.records if r.get("screened")}
+    full = {r["key"] for r in policy.records if r.get("status") == "ok" and not r.get("screened")}
+    return {"pick": pick / machine.optimum, **spent, "explored": explored(policy.records, machine),
+            "false_negatives": [machine.rate[k] >= 0.97 * pick for k in screened - full],
+            "shortfall": shortfall(policy.records, machine, best["key"])}
+
+
+def _search(landscape: dict, space: spec.Space, ctx: knobs.Context, strategy: str, seed: int, trials: int,
+            time_s: float | None) -> tuple[SearchPolicy, Machine, float, Done]:
+    """One search driven to its end on the landscape: the policy (its records and pick),
+    the machine that measured, the wall its trials took, and why it ended."""
+    canon, ss = Canonical(space, ctx), SearchSpace(space, ctx)
     names = {"tuner": None, "random": "random", "tpe-mv": "tpe", "gp": "tpe", "oracle": "tpe"}
     space = variant(space, trials, names[strategy])
     space.model.seed = seed
@@ -415,17 +433,38 @@ def replay(landscape: dict, space: spec.Space, ctx: knobs.Context, strategy: str
         record = machine.measure(decision)
         now += record["trial_wall_s"]
         policy.on_result(decision, record)
+    return policy, machine, now, decision
+
+
+def trace(name: str, seed: int, trials: int) -> list[str]:
+    """One replayed search of the tuner on a landscape the rules are chosen on, told a
+    measurement a line: its phase, the figure the search saw, that config's judged rate
+    over the landscape's best, and the knobs the landscape varies; then the pick and the
+    best config. What a rule is reasoned from: why a search never measured a config, or
+    lost it in the rounds. A held-out landscape is refused: no rule is chosen from it."""
+    landscape, space, ctx = _load(name)
+    if landscape.get("held_out"):
+        raise SystemExit(f"{name}: held out (recorded after the rules were frozen): its searches are judged, "
+                         f"not traced to choose a rule by")
+    varied = [k for k, v in space.model.knobs.items() if isinstance(v, list) and len(v) > 1]
+    policy, machine, now, decision = _search(landscape, space, ctx, "tuner", seed, trials, None)
+
+    def knobs_of(config: dict) -> str:
+        return ", ".join(f"{k}={config.get(k)}" for k in varied)
+
+    lines = [f"{name}, seed {seed}, {trials} configs: {len(policy.records)} measurements, {now:.0f} s of trials"]
+    for r in policy.records:
+        judged = machine.rate.get(r.get("key"))
+        figure = r.get("samples_per_sec")
+        lines.append(f"  {r.get('phase', ''):<9} {figure or 0:>9.1f} {'screened' if r.get('screened') else '':<8} "
+                     f"{'' if judged is None else f'{judged / machine.optimum:.3f}':>5}  "
+                     f"{'baseline' if r.get('phase') == 'baseline' else knobs_of(r['config'])}")
     best = policy.pick().row
-    spent = {"measurements": len(policy.records), "wall_s": now, "ended": decision.why,
-             "configs": len({r["key"] for r in policy.records if r.get("phase") == "search"})}
-    if best is None:
-        return {"pick": 0.0, "false_negatives": [], **spent}
-    pick = machine.rate[best["key"]]
-    screened = {r["key"] for r in policy.records if r.get("screened")}
-    full = {r["key"] for r in policy.records if r.get("status") == "ok" and not r.get("screened")}
-    return {"pick": pick / machine.optimum, **spent, "explored": explored(policy.records, machine),
-            "false_negatives": [machine.rate[k] >= 0.97 * pick for k in screened - full],
-            "shortfall": shortfall(policy.records, machine, best["key"])}
+    top = max(machine.rate, key=machine.rate.__getitem__)
+    lines.append(f"pick: {machine.rate[best['key']] / machine.optimum:.3f} of the best, {knobs_of(best['config'])}"
+                 if best else "pick: none")
+    lines.append(f"best: {knobs_of(machine.truth[top]['config'])}; ended: {decision.why}")
+    return lines
 
 
 def explored(records: list[dict], machine: Machine) -> float:
@@ -654,6 +693,10 @@ def main() -> None:
     tun.add_argument("--seeds", type=int, default=100)
     tun.add_argument("--first-seed", type=int, default=0, help="another set of seeds, to check a choice on")
     tun.add_argument("--jobs", type=int, default=2)
+    tra = sub.add_parser("trace", help="one replayed search on a landscape the rules are chosen on, a measurement a line")
+    tra.add_argument("landscape", help="a name under benchmarks/landscapes")
+    tra.add_argument("--seed", type=int, default=0)
+    tra.add_argument("--trials", type=int, default=12)
     ap.add_argument("--check-live", metavar="RESULTS_DIR", help="check a finished live search's decisions")
     ap.add_argument("--seeds", type=int, default=100)
     ap.add_argument("--gp-seeds", type=int, default=10, help="the GP sampler is slow: fewer seeds")
@@ -681,6 +724,9 @@ def main() -> None:
         return
     if a.cmd == "tuned":
         tuned(a.trials, a.seeds, a.first_seed, a.jobs)
+        return
+    if a.cmd == "trace":
+        print("\n".join(trace(a.landscape, a.seed, a.trials)))
         return
     if a.cmd == "budget":
         budget_replays(a.landscapes, a.time_s, a.trials, a.seeds, Path(a.out))

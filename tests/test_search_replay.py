@@ -278,3 +278,20 @@ def test_a_config_measured_as_three_trials_is_replayed_at_their_spread_not_its_w
     drawn, _ = figures(False)
     assert statistics.stdev(repeated) < 2 * cv
     assert statistics.stdev(drawn) > 3 * statistics.stdev(repeated)
+
+
+def test_a_trace_tells_each_measurement_of_the_search_the_replay_judges_and_refuses_a_held_out_landscape():
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    landscape, space, ctx = sr._load("lstm")
+    judged = sr.replay(landscape, space, ctx, "tuner", 3, 8)
+    lines = sr.trace("lstm", 3, 8)
+    # the same search as the replay's: a line for each of its measurements, then its pick
+    assert lines[0].startswith(f"lstm, seed 3, 8 configs: {judged['measurements']} measurements")
+    told = lines[1:-2]
+    assert len(told) == judged["measurements"]
+    assert told[0].split()[0] == "baseline" and {x.split()[0] for x in told} <= {"baseline", "search", "confirm"}
+    assert lines[-2] == f"pick: {judged['pick']:.3f} of the best, " + lines[-2].split(" of the best, ")[1]
+    assert lines[-1].startswith("best: ") and "ended: " in lines[-1]
+    held_out = next(n for n in sorted(p.stem for p in sr.LANDSCAPES.glob("*.json")) if sr._load(n)[0].get("held_out"))
+    with pytest.raises(SystemExit, match="held out"):
+        sr.trace(held_out, 0, 8)
