@@ -446,7 +446,7 @@ def trace(name: str, seed: int, trials: int) -> list[str]:
     if landscape.get("held_out"):
         raise SystemExit(f"{name}: held out (recorded after the rules were frozen): its searches are judged, "
                          f"not traced to choose a rule by")
-    varied = [k for k, v in space.model.knobs.items() if isinstance(v, list) and len(v) > 1]
+    varied = list(space.searched)
     policy, machine, now, decision = _search(landscape, space, ctx, "tuner", seed, trials, None)
 
     def knobs_of(config: dict) -> str:
