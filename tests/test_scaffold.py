@@ -10,7 +10,16 @@ import pytest
 
 from tests.helpers import ref
 from tuner import spec
-from tuner.scaffold import PROBE_MEASURE, batch_values, knob_lines, probe_batch
+from tuner.scaffold import (
+    BF16_SLOWER,
+    PROBE_MEASURE,
+    Probe,
+    batch_values,
+    bf16_probe_size,
+    bf16_verdict,
+    knob_lines,
+    probe_batch,
+)
 from tuner.trial import make_request, run_isolated
 
 
@@ -115,6 +124,47 @@ def test_init_on_cpu_with_a_memory_cap(tmp_path):
     # its optimizer is the default AdamW, which has a fused CPU step
     assert space.model.knobs["fused_optimizer"] == [False, True]
 
+
+def test_bf16_without_native_instructions_stays_only_where_its_probe_step_kept_near_fp32_s():
+    """On a CPU without native bf16 the probe sets a bf16 step beside the largest fp32 one
+    quick enough to stay within the probe's limits several times over, and bf16 stays in
+    the space only where it took under BF16_SLOWER times fp32's step."""
+    fit = probe_batch(lambda b: {"status": "ok", "peak_host_memory_mb": 1.0, "step_time_ms": 10.0 * b},
+                      device="cpu", max_memory_mb=None, max_step_s=1.0)
+    beside = bf16_probe_size(fit)
+    assert beside.fits and beside.step_ms <= 250 and all(
+        p.step_ms > 250 for p in fit.probes if p.fits and p.batch > beside.batch)
+    slow = Probe(64, True, "fits", 1.0, step_ms=400.0)  # none quick enough: the smallest that fit
+    assert bf16_probe_size(type(fit)(64, [Probe(128, True, "fits", 1.0, 800.0), slow])) is slow
+    keep, why = bf16_verdict(beside, {"status": "ok", "step_time_ms": beside.step_ms * 1.3})
+    assert keep and "took 1.3x fp32's" in why and f"micro_batch_size={beside.batch}" in why
+    keep, why = bf16_verdict(beside, {"status": "ok", "step_time_ms": beside.step_ms * BF16_SLOWER * 2})
+    assert not keep and f"took {BF16_SLOWER * 2:.1f}x fp32's" in why
+    keep, why = bf16_verdict(beside, {"status": "infeasible", "reason": "hung: no step for 60 s"})
+    assert not keep and "did not run: hung: no step for 60 s" in why
+
+
+@pytest.mark.slow
+def test_init_on_a_cpu_without_native_bf16_probes_a_bf16_step_and_keeps_bf16_by_it(tmp_path, monkeypatch):
+    """Where the CPU has no native bf16 (forced here, so that a host with it runs this path
+    too; the probes themselves are real), init probes one bf16 step, says what it read, and
+    the space holds bf16 exactly where that step took under BF16_SLOWER times fp32's."""
+    import tuner.hardware
+    from tuner.scaffold import init_space
+
+    monkeypatch.setattr(tuner.hardware, "cpu_has_bf16", lambda: False)
+    monkeypatch.chdir(tmp_path)
+    said: list[str] = []
+    out = tmp_path / "space.yaml"
+    init_space(ref("linear"), {"size": 4096, "dim": 256, "lr": 1e-4}, out, device="cpu", upper=64, say=said.append)
+    probing = [line for line in said if line.startswith("probing bf16 at micro_batch_size=")]
+    assert len(probing) == 1, said
+    ratio = float(re.search(r"a bf16 step took ([\d.]+)x fp32's", out.read_text() + "\n".join(said)).group(1))
+    precision = spec.load(out).model.knobs.get("precision")
+    if ratio < BF16_SLOWER:
+        assert precision == ["fp32", "bf16"] and "the search measures whether it pays" in out.read_text()
+    else:
+        assert precision is None and any(line.startswith("precision left out: no native bf16") for line in said)
 
 @pytest.mark.slow
 def test_init_keeps_the_workload_s_own_output_out_of_its_probe_lines(tmp_path):

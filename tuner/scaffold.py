@@ -47,6 +47,19 @@ STEPS_PER_EPOCH = 2 * EPOCH_WINDOWS
 CACHE_WAIT = 0.1
 
 
+# On a CPU without native bf16 instructions (AVX512-BF16, AMX), bf16 autocast runs its
+# matmuls and convolutions emulated: on such hosts a bf16 step has taken several times
+# fp32's (benchmarks/landscapes/: textcls), so no bf16 config could win, and every one a
+# search tried was a trial spent. One probe step at fp32's micro-batch decides: bf16 stays
+# in the space where its step took under this many times fp32's (the search then
+# measures whether it pays), and is left out, saying so, where it took longer. Noise in
+# one probe window is tens of percent, well inside the factor.
+BF16_SLOWER = 2.0
+# The bf16 probe's micro-batch: the largest whose fp32 step took under this, so that a
+# step several times slower still ends well within the probe's limits (a smaller batch
+# only understates the slowdown: more of its step is the per-step overhead both share).
+BF16_PROBE_MS = 250.0
+
 @dataclass
 class Probe:
     """One probed micro-batch size and why it fit or not."""
@@ -151,6 +164,27 @@ def probe_batch(measure_one: Callable[[int], dict], *, device: str, max_memory_m
     fit.largest = lo
     return fit
 
+
+def bf16_probe_size(fit: Fit) -> Probe | None:
+    """The fp32 probe the bf16 probe is set beside (``BF16_PROBE_MS``), or None where no
+    probe that fit timed its step."""
+    timed = [p for p in fit.probes if p.fits and p.step_ms]
+    quick = [p for p in timed if p.step_ms <= BF16_PROBE_MS]
+    if quick:
+        return max(quick, key=lambda p: p.batch)
+    return min(timed, key=lambda p: p.batch) if timed else None
+
+
+def bf16_verdict(fp32: Probe, result: dict) -> tuple[bool, str]:
+    """(keep bf16 in the space, why) from a bf16 probe (a trial's result) at ``fp32``'s
+    micro-batch, on a CPU without native bf16 (``BF16_SLOWER``)."""
+    at = f"at micro_batch_size={fp32.batch}"
+    if result.get("status") != "ok" or not result.get("step_time_ms"):
+        return False, f"a bf16 probe {at} did not run: {result.get('reason') or result.get('status')}"
+    ratio = result["step_time_ms"] / fp32.step_ms
+    said = (f"no native bf16 instructions here: a bf16 step took {ratio:.1f}x fp32's {at} "
+            f"({result['step_time_ms']:.3g} ms against {fp32.step_ms:.3g} ms, one probe each)")
+    return ratio < BF16_SLOWER, said
 
 def batch_values(largest: int, smallest: int = 1) -> list[int]:
     """Up to four sizes: the largest that fits, and the powers of two below it down to
@@ -468,9 +502,9 @@ def init_space(workload: str, workload_args: dict, out: Path, *, device: str = "
     log = Path(tempfile.gettempdir()) / f"tuner-init-{stem}-{os.getpid()}.log"
     log.unlink(missing_ok=True)
 
-    def measure_one(b: int) -> dict:
+    def measure_one(b: int, **other: Any) -> dict:
         req = make_request(workload=workload, workload_args=workload_args, base_dir=str(Path.cwd()),
-                           config={"micro_batch_size": b, **settings}, device=device,
+                           config={"micro_batch_size": b, **settings, **other}, device=device,
                            measure=PROBE_MEASURE)
         return run_isolated(req, timeout_s=timeout_s, retries=0, output=str(log))
 
@@ -479,6 +513,11 @@ def init_space(workload: str, workload_args: dict, out: Path, *, device: str = "
     try:
         fit = probe_batch(measure_one, device=device, max_memory_mb=max_memory_mb, max_step_s=max_step_s,
                           upper=upper, say=say)
+        bf16_probed = None  # (keep, why): on a CPU without native bf16, whether bf16 stays (BF16_SLOWER)
+        if device == "cpu" and not bf16 and not (fit.own_autocast or fit.half_params) \
+                and (beside := bf16_probe_size(fit)) is not None:
+            say(f"probing bf16 at micro_batch_size={beside.batch}: no native bf16 instructions here")
+            bf16_probed = bf16_verdict(beside, measure_one(beside.batch, precision="bf16"))
     finally:
         wrote = log.exists() and log.stat().st_size > 0
         if not wrote:  # an empty file in the temp dir per init tells the user nothing
@@ -530,6 +569,14 @@ def init_space(workload: str, workload_args: dict, out: Path, *, device: str = "
             f"precision knob has no effect; take it out of the workload to search precision" if fit.own_autocast else
             f"the model's parameters are {fit.half_params} as the workload builds them, so autocast runs the same "
             f"ops; build it in float32 to search precision"))
+    elif bf16_probed is not None:
+        keep, why = bf16_probed
+        if keep:
+            lines = [(k, v, why + ": the search measures whether it pays" if k == "precision" else w)
+                     for k, v, w in lines]
+        else:
+            lines = [line for line in lines if line[0] != "precision"]
+            say(f"precision left out: {why}; add `precision: [fp32, bf16]` to search it all the same")
     lines += pipeline_lines(wl.dataset, fit, device, wl.augment is not None, say=say,
                             has_groups=wl.groups is not None, has_lengths=wl.lengths is not None, collate=wl.collate)
     return write_space(out, name=stem, workload=seen_from(workload, out), workload_args=workload_args, device=device,
