@@ -183,8 +183,12 @@ def bf16_verdict(fp32: Probe, result: dict) -> tuple[bool, str]:
         return False, f"a bf16 probe {at} did not run: {result.get('reason') or result.get('status')}"
     ratio = result["step_time_ms"] / fp32.step_ms
     said = (f"no native bf16 instructions here: a bf16 step took {ratio:.1f}x fp32's {at} "
-            f"({result['step_time_ms']:.3g} ms against {fp32.step_ms:.3g} ms, one probe each)")
+            f"({_ms(result['step_time_ms'])} against {_ms(fp32.step_ms)}, one probe each)")
     return ratio < BF16_SLOWER, said
+
+def _ms(ms: float) -> str:
+    return f"{ms:.0f} ms" if ms >= 10 else f"{ms:.2g} ms"
+
 
 def batch_values(largest: int, smallest: int = 1) -> list[int]:
     """Up to four sizes: the largest that fits, and the powers of two below it down to
