@@ -46,6 +46,24 @@ def test_probe_treats_a_failed_or_slow_step_as_not_fitting():
     assert "step" in fit.first_too_big.why
 
 
+def test_a_step_over_the_limit_that_its_smaller_neighbour_puts_under_it_is_probed_again():
+    """One window of a large batch holds a step or two: a step read twice as long as its
+    size's (here once, at 48) is probed again and the faster reading kept, where the size
+    below it, scaled, puts it under the limit. A step that scales over the limit (64) is
+    not probed again."""
+    seen: list[int] = []
+
+    def measure(b):
+        seen.append(b)
+        step = 10.0 * b * (2 if b == 48 and seen.count(48) == 1 else 1)
+        return {"status": "ok", "peak_host_memory_mb": 1.0, "step_time_ms": step}
+
+    said: list[str] = []
+    fit = probe_batch(measure, device="cpu", max_memory_mb=None, max_step_s=0.5, say=said.append)
+    assert fit.largest == 48 and seen.count(48) == 2 and seen.count(64) == 1, seen
+    assert next(p for p in fit.probes if p.batch == 48).step_ms == 480.0
+    assert "micro_batch_size=48: fits (peak 1 MB, step 480 ms; probed twice, the other step 960 ms)" in said, said
+
 def test_batch_values_and_knobs_follow_the_hardware():
     assert batch_values(48) == [8, 16, 32, 48]
     assert batch_values(64) == [8, 16, 32, 64]

@@ -110,6 +110,15 @@ def probe_batch(measure_one: Callable[[int], dict], *, device: str, max_memory_m
     def fits(b: int) -> bool:
         nonlocal upper
         r = measure_one(b)
+        twice = ""
+        if _slow_by_chance(r, b, fit.probes, max_step_s):
+            again = measure_one(b)  # one window holds one large step, and that one may be an outlier
+            twice = f"; probed twice, the other step {r['step_time_ms']:.0f} ms"
+            if again.get("status") == "ok" and (again.get("step_time_ms") or 0) < r["step_time_ms"]:
+                r = again
+            else:
+                twice = f"; probed twice, the other step {again.get('step_time_ms') or 0:.0f} ms" \
+                    if again.get("status") == "ok" else f"; probed twice, the other: {again.get('reason')}"
         if r.get("status") == "ok" and r.get("epoch_size") and fit.epoch_size is None:
             fit.epoch_size = int(r["epoch_size"])
             bound = max(1, fit.epoch_size // STEPS_PER_EPOCH)
@@ -127,12 +136,13 @@ def probe_batch(measure_one: Callable[[int], dict], *, device: str, max_memory_m
         elif max_memory_mb is not None and peak is not None and peak > max_memory_mb:
             p = Probe(b, False, f"peak {peak:.0f} MB > cap {max_memory_mb:.0f} MB", peak, step_ms)
         elif step_ms is not None and step_ms / 1e3 > max_step_s:
-            p = Probe(b, False, f"step {step_ms / 1e3:.1f} s > {max_step_s:g} s", peak, step_ms)
+            p = Probe(b, False, f"step {step_ms / 1e3:.2g} s > {max_step_s:g} s", peak, step_ms)
         else:
             p = Probe(b, True, "fits", peak, step_ms)
         fit.probes.append(p)
-        say(f"micro_batch_size={b}: {p.why}" + (f" (peak {peak:.0f} MB, step {step_ms:.0f} ms)"
-                                                 if p.fits and peak is not None and step_ms is not None else ""))
+        say(f"micro_batch_size={b}: {p.why}" + (f" (peak {peak:.0f} MB, step {step_ms:.0f} ms{twice})"
+                                                 if p.fits and peak is not None and step_ms is not None else
+                                                 f" ({twice[2:]})" if twice else ""))
         return p.fits
 
     lo, hi = 0, None  # lo fits (0: none yet), hi does not
@@ -163,6 +173,21 @@ def probe_batch(measure_one: Callable[[int], dict], *, device: str, max_memory_m
                 hi = mid
     fit.largest = lo
     return fit
+
+
+def _slow_by_chance(r: dict, b: int, probes: list[Probe], max_step_s: float) -> bool:
+    """Whether a probe ran but read a step over ``max_step_s`` that the largest smaller
+    size that fit, its step scaled to ``b`` samples, puts under it: its one window holds
+    a step or two, and one step of a large batch has read twice its neighbours' (a
+    collection, the host's neighbours), which would cut the searched sizes short."""
+    step = r.get("step_time_ms")
+    if r.get("status") != "ok" or not step or step / 1e3 <= max_step_s:
+        return False
+    below = [p for p in probes if p.fits and p.step_ms and p.batch < b]
+    if not below:
+        return False
+    near = max(below, key=lambda p: p.batch)
+    return near.step_ms * b / near.batch / 1e3 <= max_step_s
 
 
 def bf16_probe_size(fit: Fit) -> Probe | None:
