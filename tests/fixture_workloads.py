@@ -49,6 +49,22 @@ def linear(size: int = 64, dim: int = 8, lr: float = 0.1, clip: float | None = N
                     after_step=after_step if ema else None)
 
 
+def leaky(width: int = 2048, keep: bool = True) -> Workload:
+    """A regression whose loss function keeps every step's loss in a list (``keep``), as a
+    running total kept as a tensor does: each one holds its step's graph, and with it the
+    hidden layer's activations (a micro-batch x ``width`` floats, twice)."""
+    kept: list = []
+
+    def loss(model, batch):
+        x, y = batch
+        out = nn.functional.mse_loss(model(x), y)
+        if keep:
+            kept.append(out)
+        return out
+
+    return Workload(model=lambda: nn.Sequential(nn.Linear(8, width), nn.ReLU(), nn.Linear(width, 1)),
+                    dataset=lambda: Numbers(4096, 8), loss=loss, optimizer=lambda p: torch.optim.SGD(p, lr=1e-3))
+
 def lingering_thread(size: int = 64, pid_file: str = "") -> Workload:
     """A linear regression whose dataset starts a non-daemon thread that never ends (a
     library's background thread, say): an interpreter's exit waits for it for good. Each

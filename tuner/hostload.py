@@ -83,6 +83,13 @@ def _status_kb(pid: int | str, field: str) -> int | None:
     return None
 
 
+def own_rss_bytes() -> int | None:
+    """This process's resident set now (VmRSS): cheap to read (microseconds), so it is
+    read at every window's edges, for memory that grows step after step."""
+    kb = _status_kb("self", "VmRSS")
+    return kb * 1024 if kb is not None else None
+
+
 def own_peak_rss_bytes() -> int:
     """This process's peak resident set (the kernel's high-water mark, VmHWM): every
     page it held, as the user's own process would hold them (the trial's process is a

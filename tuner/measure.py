@@ -39,7 +39,7 @@ import torch
 
 from tuner.data import CollectionClock, WorkerCollections
 from tuner.hardware import peak_flops, usable_cores
-from tuner.hostload import Load, LoadMeter, TreeProbe, hushed, ray_workers_beside
+from tuner.hostload import Load, LoadMeter, TreeProbe, hushed, own_rss_bytes, ray_workers_beside
 from tuner.hotpath import OwnAutocast
 from tuner.loop import GroupedBatchSampler, Trainer, synchronize
 from tuner.nvml import NvmlSampler
@@ -413,6 +413,9 @@ class Timed:
     own_s: float = 0.0  # this rank's own clock
     own_wait_s: float = 0.0
     own_steps: int = 0
+    # (steps run so far in the timed phase, the process's resident bytes, the device's
+    # allocated bytes or None) before the first window and after each one, redone ones too
+    memory: list[tuple[int, int | None, int | None]] = field(default_factory=list)
 
     def fetch_s(self) -> float:
         """An ordinary micro-batch fetch: data wait outside epoch boundaries, per micro-batch."""
@@ -452,6 +455,8 @@ def _one_window(trainer: Trainer, plan: WindowPlan, agree: Agree, meter: LoadMet
         # reading them takes milliseconds per worker, during which the workers run on
         # and fill their queues, so the window after such a pause would read fast.
         probe.sample_memory()
+    if not t.memory:
+        t.memory.append((0, *_memory_now(device)))
     meter.start()
     faults0, frames0 = _minor_faults(), _frames_compiled()
     at0 = trainer.drawn_at()
@@ -472,6 +477,7 @@ def _one_window(trainer: Trainer, plan: WindowPlan, agree: Agree, meter: LoadMet
     load = meter.stop(wall)
     busy = load is not None and load.disturbed(plan.settings.max_interference, meter.cpus, plan.settings.max_steal)
     t.own_s, t.own_wait_s, t.own_steps = t.own_s + wall - paused, t.own_wait_s + wait, t.own_steps + steps
+    t.memory.append((t.own_steps, *_memory_now(device)))
     # One all-reduce per window edge: the slowest rank's figures, on every rank.
     wall, paused, wait, busy, nonfinite, traced = agree.max(wall, paused, wait, float(busy),
                                                             float(not trainer.loss_finite()), float(traced))
@@ -699,6 +705,7 @@ def _record(trainer: Trainer, t: Timed, f: dict, peak_host: int, windows: Window
         "page_faults_per_step": (sum(t.faults) * trainer.accum / sum(w.micro_batches for w in t.kept)
                                  if t.kept else None),
         "host_memory_measure": "peak RSS of the trial process + private pages of its DataLoader workers",
+        **memory_growth(t.memory),
         # what ran beside the timed windows (medians over the windows kept)
         "interference_cores": statistics.median(ld.other_cores for ld in loads) if loads else None,
         "tuner_cpu_cores": statistics.median(ld.tuner_cores for ld in loads) if loads else None,
@@ -719,6 +726,51 @@ def _record(trainer: Trainer, t: Timed, f: dict, peak_host: int, windows: Window
         result["peak_device_memory_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
         result["peak_device_reserved_mb"] = torch.cuda.max_memory_reserved(device) / 2**20
     return result
+
+
+def _memory_now(device: torch.device) -> tuple[int | None, int | None]:
+    """The trial process's resident bytes and, on a GPU, the bytes its tensors hold there
+    (read at a window's edge, after its synchronize)."""
+    return own_rss_bytes(), torch.cuda.memory_allocated(device) if device.type == "cuda" else None
+
+
+# Memory that grew in every timed window, by this much in all (where the windows are few,
+# a one-time growth, such as the allocator's heap settling, lands in one or two of them).
+GROWTH_MB = 32.0
+GROWTH_WINDOWS = 3
+
+
+def memory_growth(samples: list[tuple[int, int | None, int | None]]) -> dict:
+    """From ``Timed.memory``: how much the trial process's resident memory and the device
+    memory its tensors hold grew over the timed phase's steps, in MB (None where not
+    read: a shrink is negative; over a few steps, the heap's own swings are tens of MB),
+    and ``*_grew_every_window``: whether it grew in each of at least ``GROWTH_WINDOWS``
+    windows, by ``GROWTH_MB`` or more in all (a step that leaves something behind: a list
+    of losses that hold their graphs, a cache filled on each read)."""
+    out: dict = {}
+    for i, name in ((1, "host"), (2, "device")):
+        seen = [(s[0], s[i]) for s in samples if s[i] is not None]
+        if len(seen) < 2 or seen[-1][0] <= seen[0][0]:
+            continue
+        grown = (seen[-1][1] - seen[0][1]) / 2**20
+        out["memory_growth_steps"] = seen[-1][0] - seen[0][0]
+        out[f"{name}_memory_growth_mb"] = grown
+        out[f"{name}_memory_grew_every_window"] = (
+            len(seen) > GROWTH_WINDOWS and grown >= GROWTH_MB
+            and all(b[1] > a[1] for a, b in zip(seen, seen[1:], strict=False)))
+    return out
+
+
+def growth_note(record: dict) -> list[str]:
+    """A note where a trial's memory grew in every timed window (``memory_growth``)."""
+    notes = []
+    for name, what in (("host", "the trial process's resident memory"), ("device", "the GPU memory its tensors hold")):
+        grown, steps = record.get(f"{name}_memory_growth_mb"), record.get("memory_growth_steps")
+        if record.get(f"{name}_memory_grew_every_window") and grown and steps:
+            notes.append(f"{what} grew in every timed window, {grown:,.0f} MB over {steps:,} steps "
+                         f"({grown / steps * 1000:,.0f} MB per 1,000): something each step leaves behind (a list of "
+                         f"losses that keep their graphs, a cache filled on every read) grows for as long as the run")
+    return notes
 
 
 def _minor_faults() -> int:
