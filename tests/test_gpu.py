@@ -109,6 +109,21 @@ def test_device_peak_and_nvml_in_a_trial():
         assert r["gpu_util_pct"] is not None and r["gpu_memory_used_mb"] > 0
 
 
+def test_a_loss_kept_every_step_on_the_gpu_is_named_as_device_memory_that_grows():
+    """Each step's loss kept in a list holds its graph on the GPU (1 MB a step at this
+    width: a few hundred MB over the windows): the allocator's bytes grow in every window;
+    the same workload keeping nothing has no such note."""
+    def run(keep: bool) -> dict:
+        return run_isolated(make_request(workload=ref("leaky"), workload_args={"width": 4096, "keep": keep},
+                                         config={"micro_batch_size": 64}, device="cuda", measure=FAST_MEASURE),
+                            timeout_s=300)
+
+    leaks, plain = run(True), run(False)
+    assert leaks["status"] == plain["status"] == "ok", (leaks.get("reason"), plain.get("reason"))
+    assert leaks["device_memory_grew_every_window"] and leaks["device_memory_growth_mb"] >= 32, leaks
+    assert any(n.startswith("the GPU memory its tensors hold grew in every timed window") for n in leaks["notes"])
+    assert not plain["device_memory_grew_every_window"] and abs(plain["device_memory_growth_mb"]) < 1
+
 def test_hugging_face_batches_reach_the_gpu_with_workers_and_pinning():
     r = run_isolated(make_request(workload=ref("encoding_batches"), workload_args={"size": 256},
                                   config={"micro_batch_size": 8, "num_workers": 1, "pin_memory": True,
