@@ -60,6 +60,7 @@ BF16_SLOWER = 2.0
 # only understates the slowdown: more of its step is the per-step overhead both share).
 BF16_PROBE_MS = 250.0
 
+
 @dataclass
 class Probe:
     """One probed micro-batch size and why it fit or not."""
@@ -112,13 +113,11 @@ def probe_batch(measure_one: Callable[[int], dict], *, device: str, max_memory_m
         r = measure_one(b)
         twice = ""
         if _slow_by_chance(r, b, fit.probes, max_step_s):
-            again = measure_one(b)  # one window holds one large step, and that one may be an outlier
-            twice = f"; probed twice, the other step {r['step_time_ms']:.0f} ms"
-            if again.get("status") == "ok" and (again.get("step_time_ms") or 0) < r["step_time_ms"]:
-                r = again
-            else:
-                twice = f"; probed twice, the other step {again.get('step_time_ms') or 0:.0f} ms" \
-                    if again.get("status") == "ok" else f"; probed twice, the other: {again.get('reason')}"
+            other = measure_one(b)  # one window holds one large step, and that one may be an outlier
+            if other.get("status") == "ok" and (other.get("step_time_ms") or 0) < r["step_time_ms"]:
+                r, other = other, r  # the faster reading kept; ``other`` the one set aside
+            twice = ("; probed twice, the other step " + (f"{other['step_time_ms']:.0f} ms" if other.get("status") == "ok"
+                                                           else f"did not run: {other.get('reason')}"))
         if r.get("status") == "ok" and r.get("epoch_size") and fit.epoch_size is None:
             fit.epoch_size = int(r["epoch_size"])
             bound = max(1, fit.epoch_size // STEPS_PER_EPOCH)
@@ -210,6 +209,7 @@ def bf16_verdict(fp32: Probe, result: dict) -> tuple[bool, str]:
     said = (f"no native bf16 instructions here: a bf16 step took {ratio:.1f}x fp32's {at} "
             f"({_ms(result['step_time_ms'])} against {_ms(fp32.step_ms)}, one probe each)")
     return ratio < BF16_SLOWER, said
+
 
 def _ms(ms: float) -> str:
     return f"{ms:.0f} ms" if ms >= 10 else f"{ms:.2g} ms"
