@@ -769,7 +769,8 @@ def growth_note(record: dict) -> list[str]:
         if record.get(f"{name}_memory_grew_every_window") and grown and steps:
             notes.append(f"{what} grew in every timed window, {grown:,.0f} MB over {steps:,} steps "
                          f"({grown / steps * 1000:,.0f} MB per 1,000): something each step leaves behind (a list of "
-                         f"losses that keep their graphs, a cache filled on every read) grows for as long as the run")
+                         f"losses that keep their graphs, a cache filled on every read) grows for as long as the run, "
+                         f"or, a cache of the dataset's items, until it holds them all")
     return notes
 
 
