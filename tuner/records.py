@@ -99,9 +99,9 @@ class Figures(TypedDict, total=False):
     # what memory grew over the timed phase's steps (measure.memory_growth)
     memory_growth_steps: int
     host_memory_growth_mb: float
-    host_memory_grew_every_window: bool
+    host_memory_grew_steadily: bool
     device_memory_growth_mb: float
-    device_memory_grew_every_window: bool
+    device_memory_grew_steadily: bool
     gc_share: float  # of the timed phase's wall time: the interpreter's full garbage collections
     workers_gc_share: float | None  # the DataLoader workers' own, of their wall time (None: no workers)
     host_memory_measure: str
