@@ -65,6 +65,29 @@ def leaky(width: int = 2048, keep: bool = True) -> Workload:
     return Workload(model=lambda: nn.Sequential(nn.Linear(8, width), nn.ReLU(), nn.Linear(width, 1)),
                     dataset=lambda: Numbers(4096, 8), loss=loss, optimizer=lambda p: torch.optim.SGD(p, lr=1e-3))
 
+class Hoard(Numbers):
+    """``Numbers`` whose ``__getitem__`` keeps a ``kb`` KB copy of each item it reads
+    (``keep``), as the guides' dataset appended to its cache with the cache off, and
+    sleeps ``item_s`` an item: a rate, and so a growth per second, that a loaded
+    machine does not change much."""
+
+    def __init__(self, size: int, kb: int, keep: bool, item_s: float):
+        super().__init__(size)
+        self.kb, self.keep, self.item_s = kb, keep, item_s
+        self.kept: list[torch.Tensor] = []
+
+    def __getitem__(self, i: int):
+        time.sleep(self.item_s)
+        if self.keep:
+            self.kept.append(torch.full((self.kb * 256,), float(i)))
+        return super().__getitem__(i)
+
+
+def hoarding(kb: int = 16, keep: bool = True, item_s: float = 0.0005) -> Workload:
+    """A linear regression over ``Hoard``: with DataLoader workers, their heaps grow."""
+    return Workload(model=lambda: nn.Linear(8, 1), dataset=lambda: Hoard(4096, kb, keep, item_s), loss=_mse)
+
+
 def lingering_thread(size: int = 64, pid_file: str = "") -> Workload:
     """A linear regression whose dataset starts a non-daemon thread that never ends (a
     library's background thread, say): an interpreter's exit waits for it for good. Each

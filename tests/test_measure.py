@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import FAST_MEASURE, hog_from_first_window, ref
+from tuner.diagnose import diagnose
 from tuner.hostload import machine_cpu, own_peak_rss_bytes
 from tuner.trial import make_request, run_isolated
 from tuner.windows import Window, epoch_fit, length_fit, median_error, steady_windows
@@ -131,7 +132,6 @@ def test_sparse_gradients_refuse_the_fused_optimizer_and_the_diagnosis_does_not_
     (it was 'raised RuntimeError: `_fused_sgd` does not support sparse gradients' at the
     first step), and the record of an unfused one says no fused step applies, so the
     diagnosis does not advise one."""
-    from tuner.diagnose import diagnose
 
     r = _run("sparse_embeddings", {}, {"micro_batch_size": 32, "fused_optimizer": True})
     assert r["status"] == "infeasible" and r["error_kind"] == "invalid", r
@@ -335,21 +335,24 @@ def test_dataloader_workers_memory_is_in_the_peak():
 
 
 def test_memory_that_grows_through_the_windows_is_told_apart_from_the_heap_s_swings():
-    from tuner.measure import GROWTH_MB, GROWTH_WINDOWS, growth_note, memory_growth
+    from tuner.measure import GROWTH_MB, GROWTH_WINDOWS, memory_growth
 
     mb = 2**20
 
-    def edges(*grown_mb: float, steps: int = 10) -> list[tuple[int, int, None]]:
+    def edges(*grown_mb: float, steps: int = 10) -> list[tuple[int, int, None, None]]:
         """The readings at the windows' edges, growing by ``grown_mb`` window by window."""
         rss = [500 * mb]
         for g in grown_mb:
             rss.append(rss[-1] + int(g * mb))
-        return [(steps * i, r, None) for i, r in enumerate(rss)]
+        return [(steps * i, r, None, None) for i, r in enumerate(rss)]
+
+    def growth_flags(grew: dict) -> list[str]:
+        return [f for f in diagnose({"status": "ok", "samples_per_sec": 100.0, **grew}).flags if "grew" in f]
 
     steady = memory_growth(edges(*[12] * GROWTH_WINDOWS))
     assert steady["host_memory_grew_steadily"] and steady["host_memory_growth_mb"] == 12 * GROWTH_WINDOWS
-    assert steady["memory_growth_steps"] == 10 * GROWTH_WINDOWS and "device_memory_growth_mb" not in steady
-    [note] = growth_note(steady)
+    assert steady["host_memory_growth_steps"] == 10 * GROWTH_WINDOWS and "device_memory_growth_mb" not in steady
+    [note] = growth_flags(steady)
     assert note.startswith(f"the trial process's resident memory grew through the timed windows, "
                            f"{12 * GROWTH_WINDOWS} MB over {10 * GROWTH_WINDOWS} steps (1,200 MB per 1,000)")
     # a freed buffer's room takes a leak's next allocations: it skips windows (as read
@@ -361,10 +364,16 @@ def test_memory_that_grows_through_the_windows_is_told_apart_from_the_heap_s_swi
                        edges(*[1] * 10),  # every window, under GROWTH_MB in all
                        edges(40, -30, 40, -30, 40)):  # swings
         grew = memory_growth(not_a_leak)
-        assert not grew["host_memory_grew_steadily"] and not growth_note(grew), not_a_leak
+        assert not grew["host_memory_grew_steadily"] and not growth_flags(grew), not_a_leak
     assert 10 < GROWTH_MB
-    one = memory_growth([(0, 0, 0), (10, 100 * mb, 100 * mb)])  # one window: no telling a leak from a one-time growth
-    assert one["device_memory_growth_mb"] == 100 and not growth_note(one)
+    one = memory_growth([(0, 0, 0, 0), (10, 100 * mb, 100 * mb, 100 * mb)])  # one window: no telling a leak from a one-time growth
+    assert one["device_memory_growth_mb"] == one["workers_memory_growth_mb"] == 100 and not growth_flags(one)
+    # the workers' heaps read from the first edge where every worker had started
+    late = memory_growth([(0, 0, None, None), *((10 * i, 0, None, 16 * i * mb) for i in range(1, 6))])
+    assert late["workers_memory_growth_steps"] == 40 and late["host_memory_growth_steps"] == 50
+    assert late["workers_memory_grew_steadily"] and not late["host_memory_grew_steadily"]
+    [note] = growth_flags(late)
+    assert note.startswith("the DataLoader workers' heaps grew through the timed windows, 64 MB over 40 steps")
 
 
 @pytest.mark.slow
@@ -378,11 +387,32 @@ def test_a_loss_kept_every_step_is_named_as_memory_that_grows_and_a_plain_step_i
     leaks = _run("leaky", {"width": 16384}, {"micro_batch_size": 64}, measure=measure)
     plain = _run("leaky", {"width": 16384, "keep": False}, {"micro_batch_size": 64}, measure=measure)
     assert leaks["status"] == plain["status"] == "ok"
-    assert leaks["host_memory_grew_steadily"] and leaks["host_memory_growth_mb"] >= 32, leaks
-    assert any(n.startswith("the trial process's resident memory grew through the timed windows")
-               for n in leaks["notes"])
-    assert not plain["host_memory_grew_steadily"] and not any("grew through" in n for n in plain["notes"])
+    grew = {k: v for k, v in leaks.items() if "memory_gr" in k}
+    assert leaks["host_memory_grew_steadily"] and leaks["host_memory_growth_mb"] >= 32, grew
+    assert any(f.startswith("the trial process's resident memory grew through the timed windows")
+               for f in diagnose(leaks).flags)
+    assert not plain["host_memory_grew_steadily"] and not any("grew through" in f for f in diagnose(plain).flags)
     assert plain["host_memory_growth_mb"] < 0.5 * leaks["host_memory_growth_mb"]
+
+
+@pytest.mark.slow
+def test_a_dataset_that_keeps_what_it_reads_is_named_by_its_workers_heaps():
+    """The guides' leak: a dataset that keeps a copy of each item it reads (16 KB here,
+    a MB a step), in persistent DataLoader workers. Their heaps grow through the timed
+    windows and the trial process's does not; the same dataset keeping nothing grows
+    neither."""
+    measure = {**FAST_MEASURE, "min_windows": 6, "max_windows": 6, "max_timed_s": 10.0}
+    config = {"micro_batch_size": 64, "num_workers": 2, "persistent_workers": True}
+    hoards = _run("hoarding", {"kb": 16}, config, measure=measure)
+    plain = _run("hoarding", {"kb": 16, "keep": False}, config, measure=measure)
+    assert hoards["status"] == plain["status"] == "ok"
+    steps = hoards["workers_memory_growth_steps"]
+    assert hoards["workers_memory_grew_steadily"] and hoards["workers_memory_growth_mb"] >= 0.8 * steps, hoards
+    assert not hoards["host_memory_grew_steadily"]
+    [flag] = [f for f in diagnose(hoards).flags if "grew through" in f]
+    assert flag.startswith("the DataLoader workers' heaps grew through the timed windows")
+    assert not plain["workers_memory_grew_steadily"] and abs(plain["workers_memory_growth_mb"]) < 16, plain
+    assert not any("grew through" in f for f in diagnose(plain).flags)
 
 def test_peak_rss_and_median_error():
     import psutil
@@ -469,7 +499,6 @@ def test_the_collate_s_share_of_loading_is_measured_where_it_runs_and_named(work
     worker through the array it shares): 2 ms an item slept in the collate beside 0.5 ms
     in ``__getitem__`` reads as about 2 ms; the diagnosis names the collate, and the
     cache's advice says the part of an item's cost that it does not save."""
-    from tuner.diagnose import diagnose
 
     config = {"micro_batch_size": 8, "num_workers": workers, "persistent_workers": bool(workers)}
     r = _run("slow_data", {"sample_s": 0.0005, "collate_s": 0.002, "step_s": 0.002, "size": 256}, config)

@@ -166,6 +166,35 @@ def test_a_row_s_other_figures_come_from_the_measurements_its_objective_does():
     assert row["samples_per_sec"] == pytest.approx(120.0)
 
 
+def test_memory_that_grew_in_one_of_a_config_s_measurements_is_its_row_s_and_the_summary_says_so():
+    """A leak read steadily in one measurement (another held fewer windows) is the
+    config's: its row keeps that measurement's growth, and the run's summary names it as
+    a note on the pick, from the row's figures (``diagnose``)."""
+    from tuner.records import aggregate
+    from tuner.tables import print_summary
+
+    config = {"micro_batch_size": 32}
+    flat = {"phase": "search", "key": "k", "config": config, "status": "ok", "samples_per_sec": 100.0,
+            "host_memory_growth_mb": 3.0, "host_memory_growth_steps": 20, "host_memory_grew_steadily": False}
+    grew = {**flat, "phase": "confirm", "host_memory_growth_mb": 90.0, "host_memory_growth_steps": 60,
+            "host_memory_grew_steadily": True}
+    row, = aggregate([flat, grew], "samples_per_sec")
+    assert (row["host_memory_growth_mb"], row["host_memory_growth_steps"], row["host_memory_grew_steadily"]) == \
+        (90.0, 60, True)
+    assert "workers_memory_growth_mb" not in row  # not read: no workers
+    row, = aggregate([flat], "samples_per_sec")
+    assert row["host_memory_growth_mb"] == 3.0 and not row["host_memory_grew_steadily"]
+    top = [{**row, "spread": None, "memory_mb": None}]
+    for best, says in (({**top[0], "host_memory_grew_steadily": True}, True), (top[0], False)):
+        out = io.StringIO()
+        print_summary({"name": "s", "trials": 1, "measurements": 1, "search_wall_s": 10.0,
+                       "objective": {"metric": "samples_per_sec"}, "baseline": {**flat, "measurements": 1},
+                       "top": top, "best": best, "infeasible": [], "verdict": None, "overhead_ratio": None}, out)
+        noted = [line for line in out.getvalue().splitlines() if line.startswith("note on the pick: ")]
+        assert bool(noted) == says and all("resident memory grew through the timed windows, 3 MB over 20 steps"
+                                           in line for line in noted), noted
+
+
 def test_a_config_held_back_unrun_is_a_row_of_no_measurement_not_an_infeasible_one():
     """A compiled config held back under a GPU time budget (its eager twin runs in its place)
     is shown as not run, with nothing measured; one skipped because it would hang as a

@@ -233,17 +233,20 @@ class CollectionClock:
             self._began = None
 
 
-class WorkerCollections:
-    """The DataLoader workers' full garbage collections: each worker, from its
-    ``worker_init_fn``, adds the seconds of its own to its slot of an array it shares with
-    the training process, which reads the sum around its timed windows. A worker started
-    anew at each epoch (``persistent_workers`` off) adds to the same slot."""
+class WorkerWatch:
+    """What the training process reads of its DataLoader workers, each worker writing
+    from its ``worker_init_fn`` to its slot of arrays it shares with the training
+    process: the seconds of its own full garbage collections (summed around the timed
+    windows), and its process id, for the heap it holds (``hostload.heap_bytes``). A worker
+    started anew at each epoch (``persistent_workers`` off) writes to the same slots."""
 
     def __init__(self, workers: int) -> None:
         import multiprocessing
 
         self.workers = workers
-        self.seconds = multiprocessing.RawArray("d", workers)  # inherited by the workers, or sent as they spawn
+        # inherited by the workers, or sent as they spawn
+        self.seconds = multiprocessing.RawArray("d", workers)
+        self.pids = multiprocessing.RawArray("q", workers)
 
     def __call__(self, worker_id: int) -> None:
         """In a worker, as it starts."""
@@ -252,6 +255,7 @@ class WorkerCollections:
         def add(seconds: float) -> None:
             self.seconds[worker_id] += seconds
 
+        self.pids[worker_id] = os.getpid()
         gc.callbacks.append(CollectionClock(add))
 
     def total(self) -> float:

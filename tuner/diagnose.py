@@ -5,8 +5,8 @@ Signals (all in a trial's record): ``data_wait_fraction`` (time blocked on the
 DataLoader), ``gpu_util_pct`` (NVML, GPU runs only), memory against the device's
 capacity or ``max_memory_mb``, ``compile_s`` against the planned run, the page
 faults per step (a churning host heap), the share of full garbage collections
-(``gc_share``), and the window spread. Each recommendation quotes the figure that
-triggered it.
+(``gc_share``), the window spread, and memory that grew step after step. Each
+recommendation quotes the figure that triggered it.
 """
 
 from __future__ import annotations
@@ -261,6 +261,28 @@ def _flags(record: dict, c: dict, on_gpu: bool) -> list[str]:
     spread = record.get("samples_per_sec_spread")
     if spread is not None and spread >= NOISY:
         flags.append(f"timing windows spread {spread:.0%}: {_why_spread(record)}")
+    return flags + _growth_flags(record)
+
+
+# What grew, by the memory read (``measure.memory_growth``), and what usually grows it.
+GROWN = {"host": ("the trial process's resident memory", "a list of losses that keep their graphs, a cache filled "
+                  "on every read"),
+         "device": ("the GPU memory its tensors hold", "a list of losses that keep their graphs, tensors kept on "
+                    "the GPU step after step"),
+         "workers": ("the DataLoader workers' heaps", "a dataset that keeps what it reads, a list it appends to in "
+                     "__getitem__")}
+
+
+def _growth_flags(record: dict) -> list[str]:
+    """Where memory grew through the timed windows: what each step leaves behind grows for
+    as long as the run, and ends a long one."""
+    flags = []
+    for name, (what, usual) in GROWN.items():
+        grown, steps = record.get(f"{name}_memory_growth_mb"), record.get(f"{name}_memory_growth_steps")
+        if record.get(f"{name}_memory_grew_steadily") and grown and steps:
+            flags.append(f"{what} grew through the timed windows, {grown:,.0f} MB over {steps:,} steps "
+                         f"({grown / steps * 1000:,.0f} MB per 1,000): something each step leaves behind ({usual}) "
+                         f"grows for as long as the run, or, a cache of the dataset's items, until it holds them all")
     return flags
 
 

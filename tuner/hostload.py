@@ -8,7 +8,7 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -88,6 +88,20 @@ def own_rss_bytes() -> int | None:
     read at every window's edges, for memory that grows step after step."""
     kb = _status_kb("self", "VmRSS")
     return kb * 1024 if kb is not None else None
+
+
+def heap_bytes(pids: Iterable[int]) -> int | None:
+    """These processes' anonymous resident memory now, together (None where one is not
+    started, 0, or cannot be read): what a DataLoader worker whose dataset keeps what it
+    reads grows. Not their whole resident set: that also grows as a worker first runs
+    through the libraries' code, and holds the batches it hands over in shared memory."""
+    total = 0
+    for pid in pids:
+        kb = _status_kb(pid, "RssAnon") if pid else None
+        if kb is None:
+            return None
+        total += kb * 1024
+    return total
 
 
 def own_peak_rss_bytes() -> int:

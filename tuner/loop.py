@@ -24,7 +24,7 @@ from tuner import apply, knobs
 from tuner.batches import Mover
 from tuner.data import (
     CollateClock,
-    WorkerCollections,
+    WorkerWatch,
     device_items_refusal,
     same_items,
     workers_refused,
@@ -357,10 +357,11 @@ class Trainer:
         kwargs = knobs.loader_kwargs(cfg, self.device.type)
         # the collate times itself in whichever process runs it (the record's collate_s_per_sample)
         collate = self.collate_clock = CollateClock(self.collate, cfg["num_workers"])
-        # the workers time their own full garbage collections (the record's workers_gc_share)
-        self.worker_collections = WorkerCollections(cfg["num_workers"]) if cfg["num_workers"] else None
-        if self.worker_collections is not None:
-            kwargs["worker_init_fn"] = self.worker_collections
+        # the workers time their own full garbage collections (the record's workers_gc_share) and
+        # give their ids, for their heaps (workers_memory_growth_mb)
+        self.worker_watch = WorkerWatch(cfg["num_workers"]) if cfg["num_workers"] else None
+        if self.worker_watch is not None:
+            kwargs["worker_init_fn"] = self.worker_watch
         bs = cfg["micro_batch_size"]
         if isinstance(ds, IterableDataset) or not hasattr(ds, "__len__"):
             if cfg["group_by_length"]:

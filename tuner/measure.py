@@ -37,9 +37,17 @@ from typing import NamedTuple
 
 import torch
 
-from tuner.data import CollectionClock, WorkerCollections
+from tuner.data import CollectionClock, WorkerWatch
 from tuner.hardware import peak_flops, usable_cores
-from tuner.hostload import Load, LoadMeter, TreeProbe, hushed, own_rss_bytes, ray_workers_beside
+from tuner.hostload import (
+    Load,
+    LoadMeter,
+    TreeProbe,
+    heap_bytes,
+    hushed,
+    own_rss_bytes,
+    ray_workers_beside,
+)
 from tuner.hotpath import OwnAutocast
 from tuner.loop import GroupedBatchSampler, Trainer, synchronize
 from tuner.nvml import NvmlSampler
@@ -103,7 +111,7 @@ def measure(trainer: Trainer, settings: MeasureSettings, plan: RunPlan, *,
     windows = WindowPlan.size(trainer, settings, agree, warm)
     nvml = NvmlSampler(trainer.device)
     collated = trainer.collate_clock.totals()
-    with nvml, hushed() as driver_asleep, FullCollections(trainer.worker_collections) as collections:
+    with nvml, hushed() as driver_asleep, FullCollections(trainer.worker_watch) as collections:
         timed = _timed_windows(trainer, settings, windows, agree, LoadMeter(probe, nvml), probe, screen, say)
     collated = [after - before for after, before in zip(trainer.collate_clock.totals(), collated, strict=True)]
     if timed.nonfinite:
@@ -129,7 +137,7 @@ class FullCollections:
     collect in their own processes: ``workers``, where there are any, adds up theirs
     (``workers_share``)."""
 
-    def __init__(self, workers: WorkerCollections | None = None) -> None:
+    def __init__(self, workers: WorkerWatch | None = None) -> None:
         self.workers = workers
         self.workers_seconds = 0.0
 
@@ -414,8 +422,9 @@ class Timed:
     own_wait_s: float = 0.0
     own_steps: int = 0
     # (steps run so far in the timed phase, the process's resident bytes, the device's
-    # allocated bytes or None) before the first window and after each one, redone ones too
-    memory: list[tuple[int, int | None, int | None]] = field(default_factory=list)
+    # allocated bytes, the DataLoader workers' heaps; None where not read) before the
+    # first window and after each one, redone ones too
+    memory: list[tuple[int, int | None, int | None, int | None]] = field(default_factory=list)
 
     def fetch_s(self) -> float:
         """An ordinary micro-batch fetch: data wait outside epoch boundaries, per micro-batch."""
@@ -456,7 +465,7 @@ def _one_window(trainer: Trainer, plan: WindowPlan, agree: Agree, meter: LoadMet
         # and fill their queues, so the window after such a pause would read fast.
         probe.sample_memory()
     if not t.memory:
-        t.memory.append((0, *_memory_now(device)))
+        t.memory.append((0, *_memory_now(trainer)))
     meter.start()
     faults0, frames0 = _minor_faults(), _frames_compiled()
     at0 = trainer.drawn_at()
@@ -477,7 +486,7 @@ def _one_window(trainer: Trainer, plan: WindowPlan, agree: Agree, meter: LoadMet
     load = meter.stop(wall)
     busy = load is not None and load.disturbed(plan.settings.max_interference, meter.cpus, plan.settings.max_steal)
     t.own_s, t.own_wait_s, t.own_steps = t.own_s + wall - paused, t.own_wait_s + wait, t.own_steps + steps
-    t.memory.append((t.own_steps, *_memory_now(device)))
+    t.memory.append((t.own_steps, *_memory_now(trainer)))
     # One all-reduce per window edge: the slowest rank's figures, on every rank.
     wall, paused, wait, busy, nonfinite, traced = agree.max(wall, paused, wait, float(busy),
                                                             float(not trainer.loss_finite()), float(traced))
@@ -728,10 +737,13 @@ def _record(trainer: Trainer, t: Timed, f: dict, peak_host: int, windows: Window
     return result
 
 
-def _memory_now(device: torch.device) -> tuple[int | None, int | None]:
-    """The trial process's resident bytes and, on a GPU, the bytes its tensors hold there
-    (read at a window's edge, after its synchronize)."""
-    return own_rss_bytes(), torch.cuda.memory_allocated(device) if device.type == "cuda" else None
+def _memory_now(trainer: Trainer) -> tuple[int | None, int | None, int | None]:
+    """The trial process's resident bytes, on a GPU the bytes its tensors hold there (read
+    at a window's edge, after its synchronize), and the DataLoader workers' heaps (a
+    file read per worker: microseconds)."""
+    device, workers = trainer.device, trainer.worker_watch
+    return (own_rss_bytes(), torch.cuda.memory_allocated(device) if device.type == "cuda" else None,
+            heap_bytes(workers.pids) if workers is not None else None)
 
 
 # Memory that grew through the timed windows: by this much in all, and by a MB or more in
@@ -743,38 +755,26 @@ GROWTH_MB = 32.0
 GROWTH_WINDOWS = 3
 
 
-def memory_growth(samples: list[tuple[int, int | None, int | None]]) -> dict:
-    """From ``Timed.memory``: how much the trial process's resident memory and the device
-    memory its tensors hold grew over the timed phase's steps, in MB (None where not
-    read: a shrink is negative; over a few steps, the heap's own swings are tens of MB),
-    and ``*_grew_steadily``: whether it grew through the windows (``GROWTH_MB``,
-    ``GROWTH_WINDOWS``): a step that leaves something behind (a list of losses that hold
-    their graphs, a cache filled on each read)."""
+def memory_growth(samples: list[tuple[int, int | None, int | None, int | None]]) -> dict:
+    """From ``Timed.memory``: how much the trial process's resident memory, the device
+    memory its tensors hold and the DataLoader workers' heaps grew over the timed phase's
+    steps, in MB (None where not read: a shrink is negative; over a few steps, the heap's
+    own swings are tens of MB), and ``*_grew_steadily``: whether it grew through the
+    windows (``GROWTH_MB``, ``GROWTH_WINDOWS``): a step that leaves something behind (a
+    list of losses that hold their graphs, a cache filled on each read). ``diagnose``
+    says so."""
     out: dict = {}
-    for i, name in ((1, "host"), (2, "device")):
+    for i, name in ((1, "host"), (2, "device"), (3, "workers")):
         seen = [(s[0], s[i]) for s in samples if s[i] is not None]
         if len(seen) < 2 or seen[-1][0] <= seen[0][0]:
             continue
         grown = (seen[-1][1] - seen[0][1]) / 2**20
         steps = [(b[1] - a[1]) / 2**20 for a, b in zip(seen, seen[1:], strict=False)]
-        out["memory_growth_steps"] = seen[-1][0] - seen[0][0]
         out[f"{name}_memory_growth_mb"] = grown
+        out[f"{name}_memory_growth_steps"] = seen[-1][0] - seen[0][0]
         out[f"{name}_memory_grew_steadily"] = (grown >= GROWTH_MB and sum(d >= 1 for d in steps) >= GROWTH_WINDOWS
                                                and max(steps) < 0.5 * grown)
     return out
-
-
-def growth_note(record: dict) -> list[str]:
-    """A note where a trial's memory grew through its timed windows (``memory_growth``)."""
-    notes = []
-    for name, what in (("host", "the trial process's resident memory"), ("device", "the GPU memory its tensors hold")):
-        grown, steps = record.get(f"{name}_memory_growth_mb"), record.get("memory_growth_steps")
-        if record.get(f"{name}_memory_grew_steadily") and grown and steps:
-            notes.append(f"{what} grew through the timed windows, {grown:,.0f} MB over {steps:,} steps "
-                         f"({grown / steps * 1000:,.0f} MB per 1,000): something each step leaves behind (a list of "
-                         f"losses that keep their graphs, a cache filled on every read) grows for as long as the run, "
-                         f"or, a cache of the dataset's items, until it holds them all")
-    return notes
 
 
 def _minor_faults() -> int:

@@ -96,12 +96,17 @@ class Figures(TypedDict, total=False):
     peak_device_reserved_mb: float | None
     peak_host_memory_mb: float  # peak RSS of the trial's process + its DataLoader workers' private pages
     page_faults_per_step: float | None
-    # what memory grew over the timed phase's steps (measure.memory_growth)
-    memory_growth_steps: int
+    # what memory grew over the timed phase's steps (measure.memory_growth): the trial
+    # process's resident set, the GPU memory its tensors hold, the DataLoader workers' heaps
     host_memory_growth_mb: float
+    host_memory_growth_steps: int
     host_memory_grew_steadily: bool
     device_memory_growth_mb: float
+    device_memory_growth_steps: int
     device_memory_grew_steadily: bool
+    workers_memory_growth_mb: float
+    workers_memory_growth_steps: int
+    workers_memory_grew_steadily: bool
     gc_share: float  # of the timed phase's wall time: the interpreter's full garbage collections
     workers_gc_share: float | None  # the DataLoader workers' own, of their wall time (None: no workers)
     host_memory_measure: str
@@ -418,6 +423,7 @@ def aggregate(records: list[Record], metric: str) -> list[dict]:
             if m != metric:
                 row[m] = _pooled_median(having, m) if having else None
         row["memory_mb"] = memory_mb(row) if ok else None
+        row.update(_memory_growth(ok))
         row["hardware"] = rs[0].get("hardware")
         row["notes"] = rs[0].get("notes") or []
         for fact in ("has_groups", "has_augment", "has_lengths", "map_style", "has_conv2d", "clip_grad_norm",
@@ -427,6 +433,20 @@ def aggregate(records: list[Record], metric: str) -> list[dict]:
         rows.append(row)
     scaling_efficiency(rows)
     return rows
+
+
+def _memory_growth(records: list[dict]) -> dict:
+    """A config's memory growth (``measure.memory_growth``) for each memory read: a
+    measurement's where it grew steadily in one (a leak is the loop's, and a measurement
+    that missed it held fewer or noisier windows), else the first measurement's."""
+    out: dict = {}
+    for name in ("host", "device", "workers"):
+        keys = [f"{name}_memory_{k}" for k in ("growth_mb", "growth_steps", "grew_steadily")]
+        having = [r for r in records if r.get(keys[0]) is not None]
+        seen = next((r for r in having if r.get(keys[2])), having[0] if having else None)
+        if seen is not None:
+            out.update({k: seen.get(k) for k in keys})
+    return out
 
 
 def _row_error(records: list[dict], values: list[float]) -> float | None:

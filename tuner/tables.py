@@ -336,7 +336,10 @@ def print_summary(summary: dict, out: Any = None) -> None:
               f"on the machine; they are marked (show) and never pick the winner", file=out)
     if summary.get("verdict"):
         print(f"NOTE: {summary['verdict']}", file=out)
-    for n in (summary.get("best") or {}).get("notes") or []:
+    best = summary.get("best")
+    # what its trial found about the workload or the run, and what its figures say (memory
+    # that grew, windows that disagree)
+    for n in [*((best or {}).get("notes") or []), *(diagnose(best).flags if best else [])]:
         print(f"note on the pick: {n}", file=out)
     for line in search_hot_path_lines(summary.get("hot_path")):
         print(line, file=out)

@@ -168,7 +168,7 @@ def execute(request: TrialRequest, progress: Callable[[str], None] | None = None
 
     from tuner.hostload import TreeProbe
     from tuner.loop import Trainer
-    from tuner.measure import growth_note, measure
+    from tuner.measure import measure
     from tuner.settings import PHASES, MeasureSettings, RunPlan
 
     t0 = time.perf_counter()
@@ -204,7 +204,7 @@ def execute(request: TrialRequest, progress: Callable[[str], None] | None = None
                           startup_s=time.perf_counter() - t0, progress=progress,
                           probe=TreeProbe(request.observers),
                           screen=request.screen, rank_info=rank_info, phase=phase)
-        notes = notes + trainer.notes + growth_note(metrics)
+        notes = notes + trainer.notes
         if trainer.cache_fill_s is not None:  # dataset_cache: paid once, in startup_s, shown apart
             metrics["cache_fill_s"], metrics["cache_mb"] = trainer.cache_fill_s, trainer.dataset.nbytes / 2**20
     finally:
