@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tuner import knobs
-from tuner.records import OBJECTIVE_METRICS
+from tuner.records import MEMORY_READ, OBJECTIVE_METRICS
 from tuner.settings import MeasureSettings
 
 # Where the recipes come from (../shared/guides), cited in recommendations.
@@ -264,7 +264,7 @@ def _flags(record: dict, c: dict, on_gpu: bool) -> list[str]:
     return flags + _growth_flags(record)
 
 
-# What grew, by the memory read (``measure.memory_growth``), and what usually grows it.
+# What grew, for each memory read (``records.MEMORY_READ``), and what usually grows it.
 GROWN = {"host": ("the trial process's resident memory", "a list of losses that keep their graphs, a cache filled "
                   "on every read"),
          "device": ("the GPU memory its tensors hold", "a list of losses that keep their graphs, tensors kept on "
@@ -277,7 +277,8 @@ def _growth_flags(record: dict) -> list[str]:
     """Where memory grew through the timed windows: what each step leaves behind grows for
     as long as the run, and ends a long one."""
     flags = []
-    for name, (what, usual) in GROWN.items():
+    for name in MEMORY_READ:
+        what, usual = GROWN[name]
         grown, steps = record.get(f"{name}_memory_growth_mb"), record.get(f"{name}_memory_growth_steps")
         if record.get(f"{name}_memory_grew_steadily") and grown and steps:
             flags.append(f"{what} grew through the timed windows, {grown:,.0f} MB over {steps:,} steps "

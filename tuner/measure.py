@@ -52,7 +52,7 @@ from tuner.hotpath import OwnAutocast
 from tuner.loop import GroupedBatchSampler, Trainer, synchronize
 from tuner.nvml import NvmlSampler
 from tuner.ranks import Agree, across_ranks
-from tuner.records import Figures, stage_rates
+from tuner.records import MEMORY_READ, Figures, stage_rates
 from tuner.settings import PHASES, MeasureSettings, RunPlan
 from tuner.windows import (
     EPOCH_WINDOWS,
@@ -764,7 +764,7 @@ def memory_growth(samples: list[tuple[int, int | None, int | None, int | None]])
     list of losses that hold their graphs, a cache filled on each read). ``diagnose``
     says so."""
     out: dict = {}
-    for i, name in ((1, "host"), (2, "device"), (3, "workers")):
+    for i, name in enumerate(MEMORY_READ, 1):
         seen = [(s[0], s[i]) for s in samples if s[i] is not None]
         if len(seen) < 2 or seen[-1][0] <= seen[0][0]:
             continue

@@ -96,8 +96,9 @@ class Figures(TypedDict, total=False):
     peak_device_reserved_mb: float | None
     peak_host_memory_mb: float  # peak RSS of the trial's process + its DataLoader workers' private pages
     page_faults_per_step: float | None
-    # what memory grew over the timed phase's steps (measure.memory_growth): the trial
-    # process's resident set, the GPU memory its tensors hold, the DataLoader workers' heaps
+    # what memory grew over the timed phase's steps (measure.memory_growth), of each of
+    # MEMORY_READ: the trial process's resident set, the GPU memory its tensors hold, the
+    # DataLoader workers' heaps
     host_memory_growth_mb: float
     host_memory_growth_steps: int
     host_memory_grew_steadily: bool
@@ -435,12 +436,17 @@ def aggregate(records: list[Record], metric: str) -> list[dict]:
     return rows
 
 
+# The memories a trial reads at each window's edge, in the order of ``Timed.memory``'s
+# columns after the step count; the record's ``<name>_memory_*`` figures.
+MEMORY_READ = ("host", "device", "workers")
+
+
 def _memory_growth(records: list[dict]) -> dict:
     """A config's memory growth (``measure.memory_growth``) for each memory read: a
     measurement's where it grew steadily in one (a leak is the loop's, and a measurement
     that missed it held fewer or noisier windows), else the first measurement's."""
     out: dict = {}
-    for name in ("host", "device", "workers"):
+    for name in MEMORY_READ:
         keys = [f"{name}_memory_{k}" for k in ("growth_mb", "growth_steps", "grew_steadily")]
         having = [r for r in records if r.get(keys[0]) is not None]
         seen = next((r for r in having if r.get(keys[2])), having[0] if having else None)
