@@ -50,17 +50,19 @@ def linear(size: int = 64, dim: int = 8, lr: float = 0.1, clip: float | None = N
 
 
 def leaky(width: int = 2048, keep: bool = True) -> Workload:
-    """A regression whose loss function keeps every step's loss in a list (``keep``), as a
-    running total kept as a tensor does: each one holds its step's graph, and with it the
-    hidden layer's activations (a micro-batch x ``width`` floats, twice)."""
+    """A regression whose loss function keeps every step's hidden activations in a list
+    (``keep``), as features kept for an epoch-end metric without ``.detach()`` are: each
+    holds a micro-batch x ``width`` floats and its graph, step after step. (A kept loss
+    holds less: backward frees its graph's saved tensors, and what stays grows the heap by
+    fits and starts.)"""
     kept: list = []
 
     def loss(model, batch):
         x, y = batch
-        out = nn.functional.mse_loss(model(x), y)
+        hidden = model[1](model[0](x))
         if keep:
-            kept.append(out)
-        return out
+            kept.append(hidden)
+        return nn.functional.mse_loss(model[2](hidden), y)
 
     return Workload(model=lambda: nn.Sequential(nn.Linear(8, width), nn.ReLU(), nn.Linear(width, 1)),
                     dataset=lambda: Numbers(4096, 8), loss=loss, optimizer=lambda p: torch.optim.SGD(p, lr=1e-3))

@@ -110,9 +110,9 @@ def test_device_peak_and_nvml_in_a_trial():
         assert r["gpu_util_pct"] is not None and r["gpu_memory_used_mb"] > 0
 
 
-def test_a_loss_kept_every_step_on_the_gpu_is_named_as_device_memory_that_grows():
-    """Each step's loss kept in a list holds its graph on the GPU (1 MB a step at this
-    width: a few hundred MB over the windows): the allocator's bytes grow through the windows;
+def test_activations_kept_every_step_on_the_gpu_are_named_as_device_memory_that_grows():
+    """Each step's hidden activations kept in a list with their graph on the GPU (1 MB a
+    step at this width: a few hundred MB over the windows): the allocator's bytes grow through the windows;
     the same workload keeping nothing has no such note."""
     def run(keep: bool) -> dict:
         return run_isolated(make_request(workload=ref("leaky"), workload_args={"width": 4096, "keep": keep},

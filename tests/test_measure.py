@@ -377,12 +377,11 @@ def test_memory_that_grows_through_the_windows_is_told_apart_from_the_heap_s_swi
 
 
 @pytest.mark.slow
-def test_a_loss_kept_every_step_is_named_as_memory_that_grows_and_a_plain_step_is_not():
-    """Each step's loss kept in a list holds its graph (the hidden activations, a few MB a
-    step at this width): the trial's note says its memory grew through the timed windows;
-    the same workload that keeps nothing has no such note. Six windows: where other
-    tests load the cores, a window holds a few steps, whose allocations may all land in
-    room the step's freed buffers left."""
+def test_activations_kept_every_step_are_named_as_memory_that_grows_and_a_plain_step_is_not():
+    """Each step's hidden activations kept in a list with their graph (4 MB a step at this
+    width): the trial's note says its memory grew through the timed windows; the same
+    workload that keeps nothing has no such note. Six windows: where other tests load the
+    cores, a window holds a few steps."""
     measure = {**FAST_MEASURE, "min_windows": 6, "max_windows": 6, "max_timed_s": 10.0}
     leaks = _run("leaky", {"width": 16384}, {"micro_batch_size": 64}, measure=measure)
     plain = _run("leaky", {"width": 16384, "keep": False}, {"micro_batch_size": 64}, measure=measure)
