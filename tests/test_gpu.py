@@ -112,8 +112,8 @@ def test_device_peak_and_nvml_in_a_trial():
 
 def test_activations_kept_every_step_on_the_gpu_are_named_as_device_memory_that_grows():
     """Each step's hidden activations kept in a list with their graph on the GPU (1 MB a
-    step at this width: a few hundred MB over the windows): the allocator's bytes grow through the windows;
-    the same workload keeping nothing has no such note."""
+    step at this width: a few hundred MB over the windows): the allocator's bytes grow
+    through the windows; the same workload keeping nothing has no such note."""
     def run(keep: bool) -> dict:
         return run_isolated(make_request(workload=ref("leaky"), workload_args={"width": 4096, "keep": keep},
                                          config={"micro_batch_size": 64}, device="cuda", measure=FAST_MEASURE),
