@@ -265,9 +265,9 @@ def _flags(record: dict, c: dict, on_gpu: bool) -> list[str]:
 
 
 # What grew, for each memory read (``records.MEMORY_READ``), and what usually grows it.
-GROWN = {"host": ("the trial process's resident memory", "a list of losses that keep their graphs, a cache filled "
-                  "on every read"),
-         "device": ("the GPU memory its tensors hold", "a list of losses that keep their graphs, tensors kept on "
+GROWN = {"host": ("the trial process's resident memory", "outputs or losses kept without .detach(), a cache "
+                  "filled on every read"),
+         "device": ("the GPU memory its tensors hold", "outputs or losses kept without .detach(), tensors kept on "
                     "the GPU step after step"),
          "workers": ("the DataLoader workers' heaps", "a dataset that keeps what it reads, a list it appends to in "
                      "__getitem__")}
