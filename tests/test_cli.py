@@ -479,7 +479,8 @@ def test_workers_out_of_file_descriptors_are_a_hang_that_names_the_limit(tmp_pat
         pytest.skip(f"the hard limit on open files here is {hard}: no room to show a raise")
     (tmp_path / "space.yaml").write_text(f"name: t\nworkload: {FIXTURES}:detections\n"
                                          "knobs:\n  micro_batch_size: [64]\n  num_workers: [4]\n"
-                                         "  prefetch_factor: [4]\n" + FAST)  # 3,072 descriptors in flight
+                                         "  prefetch_factor: [4]\n"  # 3,072 descriptors in flight
+                                         + space_lines(idle_limit_s=8.0))  # found idle sooner than by default
     r = subprocess.run([sys.executable, "-m", "tuner", "bench", "space.yaml", "--timeout", "120"], cwd=tmp_path,
                        capture_output=True, text=True, timeout=300,
                        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard)))

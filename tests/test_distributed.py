@@ -217,9 +217,11 @@ def test_ranks_that_do_not_fit_are_infeasible_before_ray_train_waits_for_them(ra
 def test_a_rank_that_raises_or_hangs_is_named_and_leaves_no_process(ray_4cpu, tmp_path, fault):
     """A rank that raises names itself. One that hangs before its first step (its peer
     then waits in the all-reduce) is ended once every rank's processes have been idle for
-    20 s (one rank idle alone may be waiting for another's compile); one that hangs after
-    stepping (``stall``) by its progress, as a single-process trial is: both long before
-    the trial's time limit."""
+    ``measure.idle_limit_s`` (one rank idle alone may be waiting for another's compile);
+    one that hangs after stepping (``stall``) by its progress, after
+    ``measure.stall_limit_s``, as a single-process trial is: both long before the trial's
+    time limit. Both limits are set lower than their defaults here: the rule is checked,
+    not the default seconds."""
     import time
 
     import psutil
@@ -228,15 +230,19 @@ def test_a_rank_that_raises_or_hangs_is_named_and_leaves_no_process(ray_4cpu, tm
     args = {"fail_rank": {"fail_rank": 1}, "hang_rank": {"hang_rank": 1},
             "stall": {"hang_rank": 1, "hang_after": 12}}[fault]
     req = make_request(workload=ref("ddp_spy"), workload_args={"out": str(out), **args},
-                       config={"world_size": 2, "micro_batch_size": 8}, device="cpu", measure=FAST_MEASURE)
+                       config={"world_size": 2, "micro_batch_size": 8}, device="cpu",
+                       measure={**FAST_MEASURE, "idle_limit_s": 8.0, "stall_limit_s": 10.0})
     r = run_ranks(req, timeout_s=180 if fault == "fail_rank" else 600)
     assert r["status"] == "infeasible" and "\n" not in r["reason"]
     if fault == "fail_rank":
         assert r["reason"].startswith("rank 1:") and "rank 1 was told to fail" in r["reason"]
     else:
-        said = "every rank's processes idle for 2" if fault == "hang_rank" else "hung: no step for"
+        said = "every rank's processes idle for" if fault == "hang_rank" else "hung: no step for"
         assert r["error_kind"] == "timeout" and r["reason"].startswith("hung: no step") and said in r["reason"], r
         assert r["trial_wall_s"] < 150  # the limit is 600 s
+        # at the limits the request set, not the defaults (20 s idle, 30 s without a step)
+        waited = float(r["reason"].split("idle for " if fault == "hang_rank" else "no step for ")[1].split(" s")[0])
+        assert (8 <= waited < 20) if fault == "hang_rank" else (10 <= waited < 30), r["reason"]
     # both ranks' processes (and so their DataLoader workers) are gone
     pids = {json.loads(line)["pid"] for line in out.read_text().splitlines()}
     assert len(pids) == 2

@@ -15,9 +15,9 @@ from tests.helpers import FAST_MEASURE, ref, running
 from tuner.trial import TrialRequest, classify, make_request, resolve_config, run_isolated
 
 
-def _run(name, args=None, config=None, timeout=120, **kw):
+def _run(name, args=None, config=None, timeout=120, measure=FAST_MEASURE, **kw):
     return run_isolated(make_request(workload=ref(name), workload_args=args or {}, config=config or {},
-                                     device="cpu", measure=FAST_MEASURE, **kw), timeout_s=timeout)
+                                     device="cpu", measure=measure, **kw), timeout_s=timeout)
 
 
 def test_request_is_typed_copied_and_picklable():
@@ -147,22 +147,22 @@ def test_a_trial_launched_at_ray_s_worker_niceness_runs_at_the_users():
 
 
 @pytest.mark.slow
-def test_a_trial_that_stops_stepping_is_hung_by_its_progress_not_the_time_limit(monkeypatch, temp_dir):
+def test_a_trial_that_stops_stepping_is_hung_by_its_progress_not_the_time_limit(temp_dir):
     """Its DataLoader worker blocks for good after a few batches: recorded after
-    max(STALL_MIN_S, 10x its slowest step gap), not at the 300 s limit. The floor is
-    lowered to 5 s here (the parent process applies it): the rule, not the 30 s, is what
-    is checked. The killed worker's multiprocessing temp dir (its listener for handing
-    batches over), which its own exit would have removed, is removed too: the trial has
-    a temp dir of its own here, so that what is left there is the trial's."""
-    from tuner import trial
-    from tuner.trial import STALL_MIN_S, stall_limit
+    max(measure.stall_limit_s, 10x its slowest step gap), not at the 300 s limit. The
+    floor is set to 5 s here: the rule, not the default 30 s, is what is checked. The
+    killed worker's multiprocessing temp dir (its listener for handing batches over),
+    which its own exit would have removed, is removed too: the trial has a temp dir of
+    its own here, so that what is left there is the trial's."""
+    from tuner.settings import MeasureSettings
+    from tuner.trial import stall_limit
 
-    assert stall_limit([]) is None and stall_limit([0.1, 0.2]) == STALL_MIN_S and stall_limit([5.0]) == 50.0
-    monkeypatch.setattr(trial, "STALL_MIN_S", 5.0)
-    assert stall_limit([0.1, 0.2]) == 5.0
+    floor = MeasureSettings().stall_limit_s
+    assert stall_limit([], floor) is None and stall_limit([0.1, 0.2], floor) == floor == 30.0
+    assert stall_limit([5.0], floor) == 50.0 and stall_limit([0.1, 0.2], 5.0) == 5.0
     limit_s = 300
     r = _run("stalls", {"after": 60}, {"micro_batch_size": 8, "num_workers": 1}, timeout=limit_s,
-             env={"TMPDIR": str(temp_dir)})
+             env={"TMPDIR": str(temp_dir)}, measure={**FAST_MEASURE, "stall_limit_s": 5.0})
     assert r["error_kind"] == "timeout" and r["reason"].startswith("hung: no step for"), r.get("reason")
     # the stall is checked to the second; the whole trial, its start included, only against
     # the limit (its start takes what the tests beside it leave of the cores)
@@ -173,11 +173,11 @@ def test_a_trial_that_stops_stepping_is_hung_by_its_progress_not_the_time_limit(
 @pytest.mark.slow
 def test_a_first_step_that_keeps_a_core_busy_longer_than_the_idle_limit_is_no_hang():
     """Before its first step a trial is hung once its processes have done nothing for
-    ``IDLE_S`` (tests/test_search.py: a DataLoader worker blocked at its start). A first
-    step that keeps a core busy for longer (a long compile stands so) is no hang."""
-    from tuner.trial import IDLE_S
-
-    busy = _run("busy_first_step", {"seconds": IDLE_S + 10}, {"micro_batch_size": 8}, timeout=300)
+    ``measure.idle_limit_s`` (tests/test_search.py: a DataLoader worker blocked at its
+    start). A first step that keeps a core busy for longer (a long compile stands so) is
+    no hang. The limit is set to 8 s here (the default, 20 s, is the same rule)."""
+    busy = _run("busy_first_step", {"seconds": 8 + 10}, {"micro_batch_size": 8}, timeout=300,
+                measure={**FAST_MEASURE, "idle_limit_s": 8.0})
     assert busy["status"] == "ok", busy.get("reason")
 
 

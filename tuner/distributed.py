@@ -33,11 +33,11 @@ import uuid
 from tuner import knobs
 from tuner.capacity import cluster_shape
 from tuner.trial import (
-    IDLE_S,
     LOOK_S,
     TrialRequest,
     Vigil,
     classify,
+    hang_limits,
     hung_reason,
     infeasible,
     out_of_descriptors,
@@ -214,8 +214,10 @@ def _rank_main(cfg: dict) -> None:
     # stepped, a hang is no step for max(30 s, 10x its slowest gap), found on every rank
     # alike (the ranks step together). Before its first step, a rank alone idle tells
     # nothing (it may wait in a collective while another compiles): the trial is hung when
-    # every rank's processes have been idle for IDLE_S, as the box hears from all of them.
-    vigil, lock = Vigil(time.perf_counter(), cfg["timeout_s"], None), threading.Lock()
+    # every rank's processes have been idle for measure.idle_limit_s, as the box hears
+    # from all of them.
+    idle_s, stall_s = hang_limits(request)
+    vigil, lock = Vigil(time.perf_counter(), cfg["timeout_s"], None, idle_s, stall_s), threading.Lock()
     activity = TreeActivity(os.getpid(), os.environ.get("CUDA_VISIBLE_DEVICES") if request.device != "cpu" else None,
                             cpu_floor=RANK_CPU_FLOOR)
 
@@ -228,10 +230,10 @@ def _rank_main(cfg: dict) -> None:
             idle = ray.get(cfg["box"].idle.remote(rank, activity.idle_for(now)), timeout=10)
         except Exception:  # the box out of reach: the time limit still holds
             return None
-        if idle < IDLE_S:
+        if idle < idle_s:
             return None
         return infeasible("timeout", f"hung: no step after {now - vigil.t0:.0f} s, every rank's processes idle "
-                          f"for {idle:.0f} s", request)
+                          f"for {idle:.0f} s (limit: measure.idle_limit_s)", request)
 
     def watchdog() -> None:
         # A rank stuck in a collective (or its data) cannot raise: end the process, which

@@ -65,6 +65,15 @@ class MeasureSettings(Strict):
     """A window is disturbed when processes outside the trial (the tuner's own
     included) used more than this share of the machine's cores while no core was
     left idle; it is dropped and measured again (up to max_windows more times)."""
+    idle_limit_s: float = Field(20.0, gt=0)
+    """Before its first step, a trial whose processes do nothing (no CPU, no I/O, its GPU
+    idle) for this long is hung: a DataLoader worker blocked at its start, say. A
+    compile, a dataset being opened and workers starting are all busy; raise it where
+    the first batch waits longer than this on something outside the machine (a data
+    service, a remote store's first byte)."""
+    stall_limit_s: float = Field(30.0, gt=0)
+    """After its first step, a trial with no step for max(this, 10x its slowest gap
+    between steps) is hung: a deadlock in the loss, a worker blocked mid-epoch."""
     max_steal: float = Field(0.25, gt=0, le=1)
     """A window is also disturbed when the hypervisor took more than this share of the
     machine's cores from it (steal time: a neighbour on the host). Less is common on a

@@ -486,16 +486,26 @@ def hung_reason(timeout_s: float) -> str:
     return f"hung: no result within the trial time limit of {timeout_s:.0f} s"
 
 
-STALL_MIN_S = 30.0  # a trial that has stepped is hung after max(this, STALL_FACTOR x its slowest gap)
-STALL_FACTOR = 10.0
+STALL_FACTOR = 10.0  # a trial that has stepped is hung after max(measure.stall_limit_s, this x its slowest gap)
 
 
-def stall_limit(gaps: list[float]) -> float | None:
+def stall_limit(gaps: list[float], floor_s: float) -> float | None:
     """How long a trial may go without a word once it has stepped: ``gaps`` are the times
     between its progress messages (one before each warm-up step, one after each window),
-    so the first gap holds the first step, compile included. None before any step: the
-    trial time limit is the only limit then."""
-    return max(STALL_MIN_S, STALL_FACTOR * max(gaps)) if gaps else None
+    so the first gap holds the first step, compile included; ``floor_s`` is
+    ``measure.stall_limit_s``. None before any step: the trial time limit is the only
+    limit then."""
+    return max(floor_s, STALL_FACTOR * max(gaps)) if gaps else None
+
+
+def hang_limits(request: TrialRequest) -> tuple[float, float]:
+    """(idle, stall): the request's ``measure.idle_limit_s`` and ``measure.stall_limit_s``,
+    their defaults where it sets none."""
+    from tuner.settings import MeasureSettings
+
+    fields = MeasureSettings.model_fields
+    return (float(request.measure.get("idle_limit_s", fields["idle_limit_s"].default)),
+            float(request.measure.get("stall_limit_s", fields["stall_limit_s"].default)))
 
 
 @contextlib.contextmanager
@@ -515,11 +525,10 @@ def _main_left_behind() -> Iterator[None]:
         main.__spec__ = spec
 
 
-# Before its first step is over, a trial whose processes did nothing for this long is
-# hung (a DataLoader worker blocked for good, the process waiting on it): a compile, a
-# dataset being opened, workers starting are all busy. After the first step, its progress
-# says (``stall_limit``).
-IDLE_S = 20.0
+# Before its first step is over, a trial whose processes did nothing for
+# ``measure.idle_limit_s`` is hung (a DataLoader worker blocked for good, the process
+# waiting on it): a compile, a dataset being opened, workers starting are all busy. After
+# the first step, its progress says (``stall_limit``).
 LOOK_S = 2.0  # how often the parent looks at an idle-looking trial before its first step
 
 
@@ -533,6 +542,8 @@ class Vigil:
     t0: float
     timeout_s: float
     activity: Any  # hostload.TreeActivity, or None
+    idle_s: float  # measure.idle_limit_s
+    stall_s: float  # measure.stall_limit_s
     last: float | None = None  # the last progress message
     gaps: list[float] = field(default_factory=list)  # between progress messages
     phase: str = "starting its process"
@@ -540,15 +551,15 @@ class Vigil:
 
     def hung(self, now: float, request: TrialRequest) -> Record | None:
         """The record of a trial found hung at ``now``, or None."""
-        limit = stall_limit(self.gaps)
+        limit = stall_limit(self.gaps, self.stall_s)
         if limit is not None and self.last is not None and now - self.last >= limit:
             # a hang is found by its progress: a DataLoader worker blocked for good, a
             # deadlock in the loss, costs a few times the trial's own step, not the limit
             return infeasible("timeout", f"hung: no step for {now - self.last:.0f} s", request)
-        if not self.gaps and self.activity is not None and (idle := self.activity.idle_for(now)) >= IDLE_S:
+        if not self.gaps and self.activity is not None and (idle := self.activity.idle_for(now)) >= self.idle_s:
             waited = now - (self.phase_at or self.t0)
             return infeasible("timeout", f"hung: no step after {now - self.t0:.0f} s, its processes idle for "
-                              f"{idle:.0f} s ({self.phase}, for {waited:.0f} s)", request,
+                              f"{idle:.0f} s ({self.phase}, for {waited:.0f} s; limit: measure.idle_limit_s)", request,
                               hung_phase=self.phase, hung_wait_s=waited)
         if now - self.t0 >= self.timeout_s:
             return infeasible("timeout", hung_reason(self.timeout_s), request, hung_phase=self.phase,
@@ -558,7 +569,7 @@ class Vigil:
     def wait_s(self, now: float) -> float:
         """How long the parent may block before it has to look again."""
         until = self.t0 + self.timeout_s
-        limit = stall_limit(self.gaps)
+        limit = stall_limit(self.gaps, self.stall_s)
         if limit is not None and self.last is not None:
             until = min(until, self.last + limit)
         if not self.gaps and self.activity is not None:
@@ -621,7 +632,7 @@ def _run_once(request: TrialRequest, timeout_s: float, progress: Callable[[str],
         proc.start()
     send.close()
     vigil = Vigil(t0, timeout_s, TreeActivity(proc.pid, request.env.get("CUDA_VISIBLE_DEVICES")
-                                               if request.device != "cpu" else None))
+                                               if request.device != "cpu" else None), *hang_limits(request))
     result: Record | None = None
     while result is None:
         now = time.perf_counter()
