@@ -44,6 +44,7 @@ BAD_SPACES = [
     ("name: t\nworkload: conv\nknobs:\n  micro_batch_size: [24, 40]\nconstraints:\n"
      "  effective_batch_size: 64\n", r"space.yaml:6: constraints.effective_batch_size: 64 is not a multiple"),
     ("name: t\nworkload: conv\nobjective: {metric: loss}\n", r"objective.metric"),
+    ("name: t\nworkload: conv\nmeasure:\n  idle_limit_s: 0\n", r"space.yaml:4: measure.idle_limit_s: .*greater than 0"),
     ("name: t\nworkload: conv\nknobs: [a\n", r"space.yaml:\d+: not valid YAML: expected"),
     ("name: t\nworkload: conv\nknobs:\n  micro_batch_size: {min: 0, max: 8, log: true}\n",
      r"space.yaml:4: knobs.micro_batch_size.min: .*0 is below the minimum 1"),
