@@ -164,6 +164,7 @@ def test_a_trial_that_stops_stepping_is_hung_by_its_progress_not_the_time_limit(
     r = _run("stalls", {"after": 60}, {"micro_batch_size": 8, "num_workers": 1}, timeout=limit_s,
              env={"TMPDIR": str(temp_dir)}, measure={**FAST_MEASURE, "stall_limit_s": 5.0})
     assert r["error_kind"] == "timeout" and r["reason"].startswith("hung: no step for"), r.get("reason")
+    assert "(limit: measure.stall_limit_s" in r["reason"]  # the setting to raise is named
     # the stall is checked to the second; the whole trial, its start included, only against
     # the limit (its start takes what the tests beside it leave of the cores)
     assert 5.0 <= float(r["reason"].split("for ")[1].split(" s")[0]) < 15 and r["trial_wall_s"] < limit_s / 2

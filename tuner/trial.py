@@ -555,7 +555,8 @@ class Vigil:
         if limit is not None and self.last is not None and now - self.last >= limit:
             # a hang is found by its progress: a DataLoader worker blocked for good, a
             # deadlock in the loss, costs a few times the trial's own step, not the limit
-            return infeasible("timeout", f"hung: no step for {now - self.last:.0f} s", request)
+            return infeasible("timeout", f"hung: no step for {now - self.last:.0f} s (limit: measure.stall_limit_s, "
+                              f"or 10x the slowest gap between steps)", request)
         if not self.gaps and self.activity is not None and (idle := self.activity.idle_for(now)) >= self.idle_s:
             waited = now - (self.phase_at or self.t0)
             return infeasible("timeout", f"hung: no step after {now - self.t0:.0f} s, its processes idle for "
