@@ -211,11 +211,11 @@ def _rank_main(cfg: dict) -> None:
     rank = ctx.get_world_rank()
     done = threading.Event()
     # The rank's progress, read as a single-process trial's parent reads it: once it has
-    # stepped, a hang is no step for max(30 s, 10x its slowest gap), found on every rank
-    # alike (the ranks step together). Before its first step, a rank alone idle tells
-    # nothing (it may wait in a collective while another compiles): the trial is hung when
-    # every rank's processes have been idle for measure.idle_limit_s, as the box hears
-    # from all of them.
+    # stepped, a hang is no step for max(measure.stall_limit_s, 10x its slowest gap),
+    # found on every rank alike (the ranks step together). Before its first step, a rank
+    # alone idle tells nothing (it may wait in a collective while another compiles): the
+    # trial is hung when every rank's processes have been idle for measure.idle_limit_s,
+    # as the box hears from all of them.
     idle_s, stall_s = hang_limits(request)
     vigil, lock = Vigil(time.perf_counter(), cfg["timeout_s"], None, idle_s, stall_s), threading.Lock()
     activity = TreeActivity(os.getpid(), os.environ.get("CUDA_VISIBLE_DEVICES") if request.device != "cpu" else None,

@@ -500,12 +500,11 @@ def stall_limit(gaps: list[float], floor_s: float) -> float | None:
 
 def hang_limits(request: TrialRequest) -> tuple[float, float]:
     """(idle, stall): the request's ``measure.idle_limit_s`` and ``measure.stall_limit_s``,
-    their defaults where it sets none."""
+    read through ``MeasureSettings`` as the trial's own process reads its settings."""
     from tuner.settings import MeasureSettings
 
-    fields = MeasureSettings.model_fields
-    return (float(request.measure.get("idle_limit_s", fields["idle_limit_s"].default)),
-            float(request.measure.get("stall_limit_s", fields["stall_limit_s"].default)))
+    settings = MeasureSettings(**request.measure)
+    return settings.idle_limit_s, settings.stall_limit_s
 
 
 @contextlib.contextmanager
