@@ -46,7 +46,7 @@ def test_workload_reference_errors(tmp_path):
     with pytest.raises(UserError, match="no function 'nope'"):
         load_workload("tuner.workloads.builtin:nope")
     (tmp_path / "w.py").write_text("def make():\n    return 3\n")
-    with pytest.raises(UserError, match="returned int, not tuner.Workload"):
+    with pytest.raises(UserError, match=r"returned int, not tuner.Workload: return Workload\(model=\.\.\., "):
         load_workload(f"{tmp_path}/w.py:make")
     (tmp_path / "r.py").write_text("def make():\n    raise OSError('no data here')\n")
     with pytest.raises(WorkloadError, match="raised: OSError: no data here"):

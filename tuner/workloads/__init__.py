@@ -366,5 +366,7 @@ def load_workload(ref: str, args: dict | None = None, base_dir: Path | None = No
         raise WorkloadError(f"workload '{ref}' raised: {type(exc).__name__}: {exc}{extra_hint(exc)}"
                             f"{field_hint(exc)}") from exc
     if not isinstance(workload, Workload):
-        raise UserError(f"workload '{ref}' returned {type(workload).__name__}, not tuner.Workload")
+        raise UserError(f"workload '{ref}' returned {type(workload).__name__}, not tuner.Workload: return "
+                        "Workload(model=..., dataset=..., loss=...) (from tuner import Workload; the README's "
+                        "'Your workload')")
     return workload
