@@ -140,6 +140,7 @@ def _results_folder(tmp_path):
     (["export", "{results}", "--pick", "fastest-under-memory", "nan"], "must be a number of MB > 0"),
     (["export", "{results}", "-o", "{tmp}/missing-dir/x.yaml"], "does not exist"),
     (["bench", "{tmp}"], "a folder, not a space file"),
+    (["bench", "train.py:make"], "space file train.py:make not found (a workload: `python -m tuner init train.py:make`"),
     # argparse's own refusals: one line naming the flag, not the whole usage
     (["run", "{space}", "--time-budget", "abc"], "--time-budget: invalid float value: 'abc'"),
     (["run", "{space}", "--trials", "many"], "--trials: invalid int value"),

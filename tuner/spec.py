@@ -465,7 +465,10 @@ def load(path: str | Path) -> Space:
         hint = f" (a results folder: `tuner show {p}`)" if (p / "trials.jsonl").is_file() else ""
         raise UserError(f"space file {p}: a folder, not a space file{hint}")
     if not p.is_file():
-        raise UserError(f"space file {p} not found")
+        # `init` takes a workload (file.py:make); `run` and `bench` take the space it writes
+        ref = ":" in p.name and p.name.split(":")[0].endswith(".py")
+        hint = f" (a workload: `python -m tuner init {p}` writes a space file for it)" if ref else ""
+        raise UserError(f"space file {p} not found{hint}")
     text = p.read_text()
     try:
         node = yaml.compose(text)
