@@ -23,9 +23,10 @@ from tuner.scaffold import (
 from tuner.trial import make_request, run_isolated
 
 
-def test_probe_doubles_then_bisects_to_the_largest_that_fits():
+def test_probe_grows_then_bisects_to_the_largest_that_fits():
     # 10 MB per sample against a 300 MB cap: 30 fits, 32 does not (the probe's logic
-    # alone, on a known memory curve).
+    # alone, on a known memory curve). Sizes grow 4x while four times a size's peak is
+    # under half the cap (1: 40 MB), then double (4: 160 MB).
     seen = []
 
     def measure(b):
@@ -33,9 +34,27 @@ def test_probe_doubles_then_bisects_to_the_largest_that_fits():
         return {"status": "ok", "peak_host_memory_mb": 10.0 * b, "step_time_ms": 1.0}
 
     fit = probe_batch(measure, device="cpu", max_memory_mb=300, max_step_s=1.0)
-    assert seen[:6] == [1, 2, 4, 8, 16, 32]
+    assert seen[:5] == [1, 4, 8, 16, 32]
     assert 28 <= fit.largest <= 30 and fit.largest * 10 <= 300
     assert fit.first_too_big.batch * 10 > 300 and fit.first_too_big.batch - fit.largest <= max(1, fit.largest // 8)
+
+
+def test_probe_grows_4x_only_while_the_step_and_the_peak_stay_far_under_their_limits():
+    """The step bounds the growth as the peak does: 4x while four times a size's step
+    is under half ``max_step_s``; on a GPU without a memory cap (nothing to scale the
+    peak against), 2x."""
+    seen: list[int] = []
+
+    def measure(b):
+        seen.append(b)
+        return {"status": "ok", "peak_device_memory_mb": 1.0, "peak_host_memory_mb": 1.0, "step_time_ms": 2.0 * b}
+
+    fit = probe_batch(measure, device="cpu", max_memory_mb=None, max_step_s=1.0)
+    # 64: four times its 128 ms step is over 500 ms; 512 is the first over 1 s
+    assert seen[:6] == [1, 4, 16, 64, 128, 256] and seen[6] == 512 and fit.largest >= 448, seen
+    seen.clear()
+    probe_batch(measure, device="cuda", max_memory_mb=None, max_step_s=1.0)
+    assert seen[:4] == [1, 2, 4, 8], seen
 
 
 def test_probe_treats_a_failed_or_slow_step_as_not_fitting():

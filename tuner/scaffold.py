@@ -1,9 +1,10 @@
 """``tuner init``: a space.yaml fitted to the machine it runs on.
 
-The micro-batch values come from a probe on the real device: batch sizes double from 1
-until one fails to fit (an OOM, a peak above the memory cap, or a step slower than
-``max_step_s``; a size too small for the model is passed over up to ``SMALLEST``), then
-bisect between the last that fit and the first that did not.
+The micro-batch values come from a probe on the real device: batch sizes grow from 1
+(4x while a size's step and peak, scaled, stay far under the limits, else 2x) until one
+fails to fit (an OOM, a peak above the memory cap, or a step slower than ``max_step_s``;
+a size too small for the model is passed over up to ``SMALLEST``), then bisect between
+the last that fit and the first that did not.
 Each probe is a fresh process (``run_isolated``), so an OOM cannot poison the next.
 The knobs are those worth searching on this hardware, each line with its reason.
 """
@@ -104,8 +105,9 @@ class Fit:
 def probe_batch(measure_one: Callable[[int], dict], *, device: str, max_memory_mb: float | None,
                 max_step_s: float, upper: int = 4096,
                 say: Callable[[str], None] = lambda msg: None) -> Fit:
-    """Doubling then bisection over micro-batch sizes, up to ``upper`` and to the largest
-    that leaves ``STEPS_PER_EPOCH`` steps per epoch; ``measure_one(b)`` is a trial result."""
+    """Growth (``_growth``) then bisection over micro-batch sizes, up to ``upper`` and to
+    the largest that leaves ``STEPS_PER_EPOCH`` steps per epoch; ``measure_one(b)`` is a
+    trial result."""
     fit = Fit(largest=None)
 
     def fits(b: int) -> bool:
@@ -144,6 +146,11 @@ def probe_batch(measure_one: Callable[[int], dict], *, device: str, max_memory_m
                                                  f" ({twice[2:]})" if twice else ""))
         return p.fits
 
+    room = max_memory_mb
+    if room is None and device == "cpu":
+        import psutil
+
+        room = psutil.virtual_memory().available / 2**20
     lo, hi = 0, None  # lo fits (0: none yet), hi does not
     b = 1
     while True:
@@ -152,7 +159,7 @@ def probe_batch(measure_one: Callable[[int], dict], *, device: str, max_memory_m
                 break
             b = upper  # the bound itself, between the last power of two and the next
         if fits(b):
-            lo, b = b, b * 2
+            lo, b = b, b * _growth(fit.probes[-1], max_step_s, room)
             if lo >= upper:
                 break
         elif lo == 0 and b < SMALLEST and fit.probes[-1].kind in ("workload", "error"):
@@ -172,6 +179,16 @@ def probe_batch(measure_one: Callable[[int], dict], *, device: str, max_memory_m
                 hi = mid
     fit.largest = lo
     return fit
+
+
+def _growth(p: Probe, max_step_s: float, room_mb: float | None) -> int:
+    """How far the next probed size is from one that fit: 4x where four times its whole
+    step and its whole peak (an overestimate: each holds what a step of any size pays)
+    stay under half of each limit, else 2x. The small sizes every model fits cost a
+    process each (seconds, on a GPU more) and decide nothing."""
+    far = (p.step_ms is not None and 4 * p.step_ms <= max_step_s * 1e3 / 2
+           and p.peak_mb is not None and room_mb is not None and 4 * p.peak_mb <= room_mb / 2)
+    return 4 if far else 2
 
 
 def _slow_by_chance(r: dict, b: int, probes: list[Probe], max_step_s: float) -> bool:
