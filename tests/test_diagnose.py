@@ -135,6 +135,18 @@ def test_precision_is_not_advised_where_the_workload_turns_autocast_on_itself():
     assert advised({**near_cap, "own_autocast": []}) and not advised({**near_cap, "own_autocast": ["x.py:1"]})
 
 
+def test_bf16_is_advised_for_speed_only_on_a_cpu_that_runs_it_natively():
+    """Emulated bf16 can take several times fp32's step: a compute-bound config on a CPU
+    without native bf16 is not told to try it; near the memory cap it is, with the cost."""
+    rec = {"status": "ok", "samples_per_sec": 100.0, "data_wait_fraction": 0.01, "config": {}}
+    recs = lambda cpu_bf16: diagnose({**rec, "hardware": {"cpu_count": 2, "cpu_bf16": cpu_bf16}}).recommendations  # noqa: E731
+    assert any(x.startswith("precision=bf16") for x in recs("avx512_bf16"))
+    assert not any(x.startswith("precision=bf16") for x in recs(None))
+    near_cap = {**rec, "peak_host_memory_mb": 950.0, "hardware": {"host_memory_mb": 1000, "cpu_bf16": None}}
+    said = [x for x in diagnose(near_cap).recommendations if x.startswith("precision=bf16")]
+    assert len(said) == 1 and "emulated on this CPU" in said[0], said
+
+
 def test_a_recommendation_the_search_measured_says_what_it_read():
     """Against a search's rows, the best config's advice to try a value the search already
     measured becomes what that value read: in the best config's twin where there is one,

@@ -135,6 +135,9 @@ def diagnose(record: dict, max_memory_mb: float | None = None) -> Diagnosis:
     # the workload's own autocast, or a model of 16-bit parameters: the precision knob has
     # no effect inside the one, little on the other
     own_autocast = record.get("own_autocast") or record.get("half_params")
+    # a CPU without native bf16 instructions emulates it: a step can take several times
+    # fp32's (init leaves precision out there unless a probe's bf16 step kept near fp32's)
+    emulated = not on_gpu and "cpu_bf16" in hw and not hw["cpu_bf16"]
     mem, cap = _memory(record, max_memory_mb)
     if mem is not None and cap and mem / cap >= MEMORY_NEAR:
         verdict, evidence = "memory-bound", f"peak memory {mem:,.0f} MB is {mem / cap:.0%} of {cap:,.0f} MB"
@@ -145,7 +148,8 @@ def diagnose(record: dict, max_memory_mb: float | None = None) -> Diagnosis:
             advise(f"micro_batch_size={half} with grad_accum_steps={accum} (same effective batch; {evidence})",
                    micro_batch_size=half, grad_accum_steps=accum)
         if c["precision"] == "fp32" and not own_autocast:
-            advise(f"precision=bf16 halves activation memory ({evidence})", precision="bf16")
+            cost = "; emulated on this CPU, its steps can take several times fp32's" if emulated else ""
+            advise(f"precision=bf16 halves activation memory ({evidence}{cost})", precision="bf16")
     elif wait >= INPUT_BOUND:
         verdict, evidence = "input-bound", f"data wait is {wait:.0%} of the step"
         if c["num_workers"] < max(1, cpus - 1):
@@ -201,7 +205,7 @@ def diagnose(record: dict, max_memory_mb: float | None = None) -> Diagnosis:
         evidence = ("data wait under 1%" if wait < 0.01 else f"data wait only {wait:.0%}" if wait < INPUT_BOUND / 2 else
                     f"data wait {wait:.0%}, under the {INPUT_BOUND:.0%} that makes it input-bound") \
             + (f", GPU busy {util:.0f}%" if util is not None else "")
-        if c["precision"] == "fp32" and not own_autocast:
+        if c["precision"] == "fp32" and not own_autocast and not emulated:
             advise(f"precision=bf16 ({evidence}; {GUIDES['compute']})", precision="bf16")
         if c["compile"] == "off":
             advise(f"compile=default (measure: on small CPU models it can be slower; {evidence})", compile="default")
