@@ -384,8 +384,8 @@ def test_submit_gives_up_on_a_head_that_stays_busy(tmp_path, monkeypatch):
         call, address, out, sleep=sleep, **kw))
     stub = _StartingJobApi(busy=10**6)
     try:
-        with pytest.raises(UserError, match="refused the search .*try again later"):
-            cluster.submit(spec.load(tmp_path / "space.yaml"), stub.address, "res", out=open(os.devnull, "w"))
+        with pytest.raises(UserError, match="refused the search .*try again later"), open(os.devnull, "w") as out:
+            cluster.submit(spec.load(tmp_path / "space.yaml"), stub.address, "res", out=out)
     finally:
         stub.close()
     assert 55 <= clock[0] <= 60 and stub.posts > 5

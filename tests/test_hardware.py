@@ -22,7 +22,8 @@ def test_describe_names_the_machine_and_versions():
 
 def test_probes_read_this_machine():
     # the real /proc/cpuinfo and the real NVML: no driver here means a reason, not a crash
-    flags = next((line for line in open("/proc/cpuinfo") if line.startswith("flags")), "")
+    with open("/proc/cpuinfo") as f:
+        flags = next((line for line in f if line.startswith("flags")), "")
     assert cpu_has_bf16() == ("avx512_bf16" in flags or "amx_bf16" in flags)
     # which kind: AMX where the CPU has its tiles, else AVX512-BF16's dot products alone
     assert cpu_bf16() == ("amx" if "amx_bf16" in flags.split() else "avx512_bf16" if "avx512_bf16" in flags.split()
