@@ -73,3 +73,74 @@ def test_the_cpu_time_of_some_cores_is_theirs_alone():
         one = machine_cpu(frozenset({0}))
         assert one[0] + one[1] < 0.75 * (whole[0] + whole[1])
     assert machine_cpu(frozenset({10**6})) is None  # no such CPU: nothing to read
+
+
+def _own_memory_cgroup() -> str | None:
+    """This process's cgroup v1 memory folder, where this user may make a child in it."""
+    try:
+        with open("/proc/self/cgroup") as f:
+            path = next((line.split(":", 2)[2].strip() for line in f if ":memory:" in line), None)
+    except OSError:
+        return None
+    folder = f"/sys/fs/cgroup/memory{path}" if path is not None else None
+    return folder if folder and os.access(folder, os.W_OK) else None
+
+
+@pytest.mark.skipif(_own_memory_cgroup() is None, reason="no cgroup v1 memory folder this user may write")
+def test_a_process_under_a_cgroup_memory_limit_counts_the_limit_as_its_memory(tmp_path):
+    """A real cgroup (v1, as this machine mounts its memory controller) with a 1 GiB
+    limit: a process in it reports 1 GiB of host memory, not the host's RAM, and the
+    dataset cache and init's probe plan within what the limit leaves."""
+    import json
+
+    folder = os.path.join(_own_memory_cgroup(), f"tuner-test-{os.getpid()}")
+    try:
+        os.mkdir(folder)
+    except OSError as exc:  # a folder this user may write, but no child cgroup (a nested container)
+        pytest.skip(f"no child cgroup here: {exc}")
+    try:
+        with open(os.path.join(folder, "memory.limit_in_bytes"), "w") as f:
+            f.write(str(2**30))
+        code = ("import json; from tuner.hardware import describe, available_memory, memory_limit; "
+                "from tuner.apply import cache_room; "
+                "print(json.dumps([describe()['host_memory_mb'], available_memory(), cache_room(), memory_limit()]))")
+        out = subprocess.run(["sh", "-c", f'echo $$ > {folder}/cgroup.procs || exit 77; exec "$0" -c "$1"',
+                              sys.executable, code], capture_output=True, text=True, timeout=120)
+        if out.returncode == 77:
+            pytest.skip(f"a process cannot join a child cgroup here: {out.stderr.strip()}")
+        assert out.returncode == 0, out.stderr
+        host_mb, free, room, (limit, used) = json.loads(out.stdout.strip().splitlines()[-1])
+        assert host_mb == 1024 and limit == 2**30 and 0 < used < 2**30
+        assert free == 2**30 - used and room == int(free * 0.8)
+        doctor = subprocess.run(["sh", "-c", f'echo $$ > {folder}/cgroup.procs && exec "$0" -m tuner doctor',
+                                 sys.executable], capture_output=True, text=True, timeout=120)
+        assert "1,024 MB: this process's cgroup limit" in doctor.stdout, doctor.stdout
+    finally:
+        os.rmdir(folder)
+    assert describe()["host_memory_mb"] > 1024  # this process, outside it, is not limited so
+
+
+def test_a_cgroup_v2_limit_of_the_cgroup_or_a_parent_is_read_and_none_is_no_limit(tmp_path):
+    """cgroup v2's files, written to a folder: this machine binds its memory controller
+    to v1, so no v2 memory limit can exist here. The tightest of the cgroup and its
+    parents counts; `max`, or a path that does not exist (a container's own cgroup is
+    its root), is passed over; the inactive page cache is not counted as in use."""
+    from tuner.hardware import memory_limit
+
+    proc = tmp_path / "cgroup"
+    proc.write_text("0::/job/step\n")
+    root = tmp_path / "fs"
+    for rel, limit, current, inactive in (("", None, None, None), ("job", "8589934592", "4294967296", 2**30),
+                                          ("job/step", "max", "1073741824", 0)):
+        d = root / rel
+        d.mkdir(parents=True, exist_ok=True)
+        if limit is not None:
+            (d / "memory.max").write_text(limit + "\n")
+            (d / "memory.current").write_text(current + "\n")
+            (d / "memory.stat").write_text(f"anon 5\ninactive_file {inactive}\nactive_file 7\n")
+    assert memory_limit(str(proc), str(root)) == (8 * 2**30, 3 * 2**30)
+    (root / "job" / "step" / "memory.max").write_text("2147483648\n")  # the step's own is tighter
+    assert memory_limit(str(proc), str(root)) == (2 * 2**30, 2**30)
+    proc.write_text("0::/elsewhere/deep\n")  # not under this root: only its root counts, which has none
+    assert memory_limit(str(proc), str(root)) is None
+    assert memory_limit(str(tmp_path / "missing"), str(root)) is None

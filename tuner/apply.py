@@ -48,10 +48,10 @@ def apply_dataset_cache(dataset: Any, workers: int) -> Any:
 
 def cache_room() -> int:
     """The bytes a dataset cache may hold: most of the host memory free now (the step's
-    own tensors and the workers need the rest)."""
-    import psutil
+    own tensors and the workers need the rest), within its cgroup's limit."""
+    from tuner.hardware import available_memory
 
-    return int(psutil.virtual_memory().available * 0.8)
+    return int(available_memory() * 0.8)
 
 
 def apply_threads(threads: int | None) -> None:

@@ -334,6 +334,14 @@ def doctor(address: str | None = None, out: Any = None) -> int:
     check("cpus", True, f"{cores} CPUs" if cores == os.cpu_count() else
           f"{cores} of the machine's {os.cpu_count()} CPUs are this process's (its CPU affinity or cgroup quota): "
           "trials plan threads and workers for those")
+    from tuner.hardware import host_memory_mb, memory_limit
+
+    limit = memory_limit()
+    host_mb = host_memory_mb() or 0.0
+    check("memory", True, f"{host_mb:,.0f} MB" + (
+        f": this process's cgroup limit (a container's, a job's), under the host's RAM; peaks and headroom are "
+        f"counted against it ({(limit[0] - limit[1]) / 2**20:,.0f} MB of it free)" if limit and limit[0] / 2**20 <= host_mb
+        else " of host RAM"))
     from tuner.data import workers_refused
 
     refused = workers_refused()

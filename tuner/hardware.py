@@ -28,13 +28,79 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def _host_memory_mb() -> float | None:
+# A cgroup limit at or above this is no limit (cgroup v1 writes 2**63 rounded to a page).
+_NO_LIMIT = 2**60
+
+
+def memory_limit(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> tuple[int, int] | None:
+    """(limit, in use) in bytes of the tightest memory limit over this process's cgroup and
+    its parents (a container's, a Kubernetes pod's, a Slurm job's), or None where none is
+    set. The host's RAM is not what a process in one may use: the kernel ends it at the
+    limit. In use leaves out the inactive page cache, which the kernel reclaims first."""
+    try:
+        with open(proc_cgroup) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    tightest: tuple[int, int] | None = None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":  # cgroup v2: memory.max; hybrid hosts mount it at unified/
+            bases, limit_f, usage_f, inactive = [root, f"{root}/unified"], "memory.max", "memory.current", "inactive_file"
+        elif "memory" in controllers.split(","):
+            bases, limit_f, usage_f, inactive = [f"{root}/memory"], "memory.limit_in_bytes", "memory.usage_in_bytes", \
+                "total_inactive_file"
+        else:
+            continue
+        parts = [p for p in path.split("/") if p]
+        for base in bases:
+            # the cgroup and each parent up to the root; inside a container its own is the
+            # root (a path that does not exist there is passed over)
+            for depth in range(len(parts), -1, -1):
+                folder = os.path.join(base, *parts[:depth])
+                try:
+                    with open(os.path.join(folder, limit_f)) as f:
+                        text = f.read().strip()
+                    with open(os.path.join(folder, usage_f)) as f:
+                        used = int(f.read().strip())
+                except (OSError, ValueError):
+                    continue
+                if not text.isdigit() or int(text) >= _NO_LIMIT:
+                    continue
+                used -= _stat(os.path.join(folder, "memory.stat"), inactive)
+                if tightest is None or int(text) - used < tightest[0] - tightest[1]:
+                    tightest = (int(text), max(0, used))
+    return tightest
+
+
+def _stat(path: str, key: str) -> int:
+    try:
+        with open(path) as f:
+            return next((int(line.split()[1]) for line in f if line.startswith(key + " ")), 0)
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def host_memory_mb() -> float | None:
+    """The host's RAM, or its cgroup's memory limit where that is lower."""
     try:
         import psutil
 
-        return psutil.virtual_memory().total / 2**20
+        total = psutil.virtual_memory().total
     except Exception:
         return None
+    limit = memory_limit()
+    return min(total, limit[0] if limit else total) / 2**20
+
+
+def available_memory() -> int:
+    """Bytes this process may still take: the host's available memory, or what its
+    cgroup's limit leaves where that is less."""
+    import psutil
+
+    free = psutil.virtual_memory().available
+    limit = memory_limit()
+    return min(free, limit[0] - limit[1]) if limit else free
 
 
 @lru_cache(maxsize=1)
@@ -172,7 +238,7 @@ def describe() -> dict:
         "cpu": _cpu_model(),
         "cpu_count": usable_cores(),  # what the trials plan threads and workers for
         "machine_cpu_count": os.cpu_count(),
-        "host_memory_mb": _host_memory_mb(),
+        "host_memory_mb": host_memory_mb(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "cpu_bf16": cpu_bf16(),
         "python": platform.python_version(),

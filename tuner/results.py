@@ -143,7 +143,7 @@ def headroom(row: dict) -> dict:
     if row.get("peak_device_memory_mb") is not None and hw.get("gpu_memory_mb"):
         used, cap, what = row["peak_device_memory_mb"], hw["gpu_memory_mb"], f"GPU ({hw.get('gpu')})"
     else:
-        used, cap, what = row.get("peak_host_memory_mb"), hw.get("host_memory_mb"), "host RAM"
+        used, cap, what = row.get("peak_host_memory_mb"), hw.get("host_memory_mb"), "host memory"
     if used is None or not cap:
         return {"note": "memory capacity unknown", "fraction_free": None}
     free = 1.0 - used / cap

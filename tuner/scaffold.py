@@ -148,9 +148,9 @@ def probe_batch(measure_one: Callable[[int], dict], *, device: str, max_memory_m
 
     room = max_memory_mb
     if room is None and device == "cpu":
-        import psutil
+        from tuner.hardware import available_memory
 
-        room = psutil.virtual_memory().available / 2**20
+        room = available_memory() / 2**20
     lo, hi = 0, None  # lo fits (0: none yet), hi does not
     b = 1
     while True:
