@@ -128,7 +128,7 @@ def test_a_cgroup_v2_limit_of_the_cgroup_or_a_parent_is_read_and_none_is_no_limi
     from tuner.hardware import memory_limit
 
     proc = tmp_path / "cgroup"
-    proc.write_text("0::/job/step\n")
+    proc.write_text("garbled\n0::/job/step\n")
     root = tmp_path / "fs"
     for rel, limit, current, inactive in (("", None, None, None), ("job", "8589934592", "4294967296", 2**30),
                                           ("job/step", "max", "1073741824", 0)):

@@ -44,6 +44,8 @@ def memory_limit(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cg
         return None
     tightest: tuple[int, int] | None = None
     for line in lines:
+        if line.count(":") < 2:
+            continue
         _, controllers, path = line.split(":", 2)
         if controllers == "":  # cgroup v2: memory.max; hybrid hosts mount it at unified/
             bases, limit_f, usage_f, inactive = [root, f"{root}/unified"], "memory.max", "memory.current", "inactive_file"
