@@ -105,3 +105,46 @@ def running(process: Any) -> bool:
         return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def own_memory_cgroup() -> str | None:
+    """This process's cgroup v1 memory folder (as this machine mounts its memory
+    controller), where this user may make a child in it; None elsewhere."""
+    try:
+        with open("/proc/self/cgroup") as f:
+            path = next((line.split(":", 2)[2].strip() for line in f if ":memory:" in line), None)
+    except OSError:
+        return None
+    folder = f"/sys/fs/cgroup/memory{path}" if path is not None else None
+    return folder if folder and os.access(folder, os.W_OK) else None
+
+
+@contextmanager
+def memory_cgroup(limit_bytes: int) -> Iterator[Callable[..., subprocess.CompletedProcess]]:
+    """A real child cgroup of this process's memory cgroup held to ``limit_bytes``; yields
+    ``run(*argv)``, which runs a command inside it (skips the test where a process cannot
+    join one). Removed once its processes are gone."""
+    import pytest
+
+    parent = own_memory_cgroup()
+    if parent is None:
+        pytest.skip("no cgroup v1 memory folder this user may write")
+    folder = os.path.join(parent, f"tuner-test-{os.getpid()}-{time.monotonic_ns()}")
+    try:
+        os.mkdir(folder)
+    except OSError as exc:  # a folder this user may write, but no child cgroup (a nested container)
+        pytest.skip(f"no child cgroup here: {exc}")
+
+    def run(*argv: str, timeout: float = 120, cwd: str | None = None) -> subprocess.CompletedProcess:
+        out = subprocess.run(["sh", "-c", f'echo $$ > {folder}/cgroup.procs || exit 77; exec "$@"', "sh", *argv],
+                             capture_output=True, text=True, timeout=timeout, cwd=cwd)
+        if out.returncode == 77:
+            pytest.skip(f"a process cannot join a child cgroup here: {out.stderr.strip()}")
+        return out
+
+    try:
+        with open(os.path.join(folder, "memory.limit_in_bytes"), "w") as f:
+            f.write(str(limit_bytes))
+        yield run
+    finally:
+        os.rmdir(folder)

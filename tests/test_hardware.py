@@ -7,6 +7,7 @@ import sys
 import pytest
 import torch
 
+from tests.helpers import memory_cgroup
 from tuner.hardware import cpu_bf16, cpu_has_bf16, describe, nvml_status, pick_device, usable_cores
 from tuner.hostload import machine_cpu
 
@@ -75,48 +76,23 @@ def test_the_cpu_time_of_some_cores_is_theirs_alone():
     assert machine_cpu(frozenset({10**6})) is None  # no such CPU: nothing to read
 
 
-def _own_memory_cgroup() -> str | None:
-    """This process's cgroup v1 memory folder, where this user may make a child in it."""
-    try:
-        with open("/proc/self/cgroup") as f:
-            path = next((line.split(":", 2)[2].strip() for line in f if ":memory:" in line), None)
-    except OSError:
-        return None
-    folder = f"/sys/fs/cgroup/memory{path}" if path is not None else None
-    return folder if folder and os.access(folder, os.W_OK) else None
-
-
-@pytest.mark.skipif(_own_memory_cgroup() is None, reason="no cgroup v1 memory folder this user may write")
-def test_a_process_under_a_cgroup_memory_limit_counts_the_limit_as_its_memory(tmp_path):
+def test_a_process_under_a_cgroup_memory_limit_counts_the_limit_as_its_memory():
     """A real cgroup (v1, as this machine mounts its memory controller) with a 1 GiB
-    limit: a process in it reports 1 GiB of host memory, not the host's RAM, and the
-    dataset cache and init's probe plan within what the limit leaves."""
+    limit: a process in it reports 1 GiB of host memory, not the host's RAM, the dataset
+    cache and init's probe plan within what the limit leaves, and doctor says so."""
     import json
 
-    folder = os.path.join(_own_memory_cgroup(), f"tuner-test-{os.getpid()}")
-    try:
-        os.mkdir(folder)
-    except OSError as exc:  # a folder this user may write, but no child cgroup (a nested container)
-        pytest.skip(f"no child cgroup here: {exc}")
-    try:
-        with open(os.path.join(folder, "memory.limit_in_bytes"), "w") as f:
-            f.write(str(2**30))
+    with memory_cgroup(2**30) as run:
         code = ("import json; from tuner.hardware import describe, available_memory, memory_limit; "
                 "from tuner.apply import cache_room; "
                 "print(json.dumps([describe()['host_memory_mb'], available_memory(), cache_room(), memory_limit()]))")
-        out = subprocess.run(["sh", "-c", f'echo $$ > {folder}/cgroup.procs || exit 77; exec "$0" -c "$1"',
-                              sys.executable, code], capture_output=True, text=True, timeout=120)
-        if out.returncode == 77:
-            pytest.skip(f"a process cannot join a child cgroup here: {out.stderr.strip()}")
+        out = run(sys.executable, "-c", code)
         assert out.returncode == 0, out.stderr
         host_mb, free, room, (limit, used) = json.loads(out.stdout.strip().splitlines()[-1])
         assert host_mb == 1024 and limit == 2**30 and 0 < used < 2**30
         assert free == 2**30 - used and room == int(free * 0.8)
-        doctor = subprocess.run(["sh", "-c", f'echo $$ > {folder}/cgroup.procs && exec "$0" -m tuner doctor',
-                                 sys.executable], capture_output=True, text=True, timeout=120)
+        doctor = run(sys.executable, "-m", "tuner", "doctor")
         assert "1,024 MB: this process's cgroup limit" in doctor.stdout, doctor.stdout
-    finally:
-        os.rmdir(folder)
     assert describe()["host_memory_mb"] > 1024  # this process, outside it, is not limited so
 
 

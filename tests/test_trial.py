@@ -221,3 +221,25 @@ def test_kill_tree_leaves_no_child_that_was_forked_while_the_tree_was_killed():
                 p.kill()
         with contextlib.suppress(Exception):
             spawner.kill()
+
+
+@pytest.mark.slow
+def test_a_trial_killed_at_its_cgroup_s_memory_limit_names_the_limit():
+    """A real cgroup held to 1.5 GiB, the driver and its trial in it: a config that holds
+    2 GiB is killed by the kernel at the limit, not at the host's RAM, and its reason
+    names the limit (the host here has room for it)."""
+    from tests.helpers import memory_cgroup
+
+    code = ("import json; from tests.helpers import FAST_MEASURE, ref; "
+            "from tuner.trial import make_request, run_isolated\n"
+            "if __name__ == '__main__':\n"
+            "    r = run_isolated(make_request(workload=ref('ballast'), workload_args={'mb_per_sample': 256, "
+            "'step_s': 0.001}, config={'micro_batch_size': 8}, device='cpu', measure=FAST_MEASURE), "
+            "timeout_s=120, retries=0)\n"
+            "    print(json.dumps([r['status'], r.get('reason')]))")
+    with memory_cgroup(3 * 2**29) as run:
+        out = run(sys.executable, "-c", code, cwd=os.path.dirname(os.path.dirname(__file__)))
+    assert out.returncode == 0, out.stderr
+    status, reason = json.loads(out.stdout.strip().splitlines()[-1])
+    assert status == "infeasible" and "killed by signal 9" in reason, reason
+    assert "cgroup holds it and the trial to 1,536 MB" in reason, reason

@@ -616,6 +616,17 @@ def out_of_descriptors(pid: int) -> str | None:
     return None
 
 
+def out_of_memory_suspect() -> str:
+    """What a trial process killed by SIGKILL most likely met: the kernel's OOM killer,
+    at the host's memory or at its cgroup's limit (a container's, a job's), which is
+    named where there is one: a config that fits the host may not fit the limit."""
+    from tuner.hardware import memory_limit
+
+    limit = memory_limit()
+    return (f"out of memory? this process's cgroup holds it and the trial to {limit[0] / 2**20:,.0f} MB" if limit
+            else "host out of memory?")
+
+
 # A process within this many descriptors of its limit counts as out of them.
 FD_SLACK = 8
 
@@ -653,7 +664,7 @@ def _run_once(request: TrialRequest, timeout_s: float, progress: Callable[[str],
             code = proc.exitcode
             why = (f"killed by signal {-code}" if code is not None and code < 0
                    else f"exit code {code}")
-            hint = " (host out of memory?)" if code == -9 else ""
+            hint = f" ({out_of_memory_suspect()})" if code == -9 else ""
             result = infeasible("died", f"trial process died: {why}{hint}", request)
             break
         if msg[0] in ("progress", "phase"):
