@@ -75,6 +75,16 @@ def memory_limit(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cg
     return tightest
 
 
+def oom_kills() -> int | None:
+    """How many processes the kernel's OOM killer has ended since boot, at any cgroup's
+    limit or at the host's memory (``/proc/vmstat``), or None where it keeps no count."""
+    try:
+        with open("/proc/vmstat") as f:
+            return next((int(line.split()[1]) for line in f if line.startswith("oom_kill ")), None)
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def _stat(path: str, key: str) -> int:
     try:
         with open(path) as f:

@@ -616,15 +616,24 @@ def out_of_descriptors(pid: int) -> str | None:
     return None
 
 
-def out_of_memory_suspect() -> str:
-    """What a trial process killed by SIGKILL most likely met: the kernel's OOM killer,
-    at the host's memory or at its cgroup's limit (a container's, a job's), which is
-    named where there is one: a config that fits the host may not fit the limit."""
-    from tuner.hardware import memory_limit
+def killed(code: int | None, kills_before: int | None) -> tuple[str, str]:
+    """(error kind, reason) of a trial process that ended without a result. Killed by
+    SIGKILL while the kernel's OOM killer ended a process (its count went up), it ran out
+    of memory: at its cgroup's limit (a container's, a job's), named where there is one,
+    since a config that fits the host may not fit it, or at the host's. That is a result
+    of the config, not retried; any other death may be a chance one."""
+    from tuner.hardware import memory_limit, oom_kills
 
-    limit = memory_limit()
-    return (f"out of memory? this process's cgroup holds it and the trial to {limit[0] / 2**20:,.0f} MB" if limit
-            else "host out of memory?")
+    if code == -9:
+        limit = memory_limit()
+        where = (f"this process's cgroup holds it and the trial to {limit[0] / 2**20:,.0f} MB" if limit
+                 else "the host's memory")
+        after = oom_kills()
+        if kills_before is not None and after is not None and after > kills_before:
+            return "oom", f"out of memory: the kernel's OOM killer ended the trial's process ({where})"
+        return "died", f"trial process died: killed by signal 9 (out of memory? {where})"
+    why = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+    return "died", f"trial process died: {why}"
 
 
 # A process within this many descriptors of its limit counts as out of them.
@@ -633,8 +642,10 @@ FD_SLACK = 8
 
 def _run_once(request: TrialRequest, timeout_s: float, progress: Callable[[str], None] | None,
               output: str | None = None) -> Record:
+    from tuner.hardware import oom_kills
     from tuner.hostload import TreeActivity
 
+    kills = oom_kills()
     ctx = mp.get_context("spawn")
     recv, send = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_child, args=(send, request, output), daemon=False)
@@ -661,11 +672,7 @@ def _run_once(request: TrialRequest, timeout_s: float, progress: Callable[[str],
             msg = recv.recv()
         except (EOFError, OSError):
             proc.join(5)
-            code = proc.exitcode
-            why = (f"killed by signal {-code}" if code is not None and code < 0
-                   else f"exit code {code}")
-            hint = f" ({out_of_memory_suspect()})" if code == -9 else ""
-            result = infeasible("died", f"trial process died: {why}{hint}", request)
+            result = infeasible(*killed(proc.exitcode, kills), request)
             break
         if msg[0] in ("progress", "phase"):
             vigil.heard(msg, time.perf_counter(), progress)
@@ -686,7 +693,8 @@ def run_isolated(request: TrialRequest, timeout_s: float = 600.0,
                  output: str | None = None) -> Record:
     """Measure ``request`` in a fresh process; never raises for a failing trial.
 
-    A process that dies (a signal, not an exception) is retried ``retries`` times.
+    A process that dies (a signal, not an exception) is retried ``retries`` times; one
+    the kernel's OOM killer ended is out of memory, not retried (``killed``).
     ``output``: a file the process's stdout and stderr are appended to (the workload's
     own prints, warnings and progress bars), instead of this process's.
     """
