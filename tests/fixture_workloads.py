@@ -1045,3 +1045,22 @@ def dies(how: str = "kill") -> Workload:
         return _mse(model, batch)
 
     return Workload(model=lambda: nn.Linear(8, 1), dataset=lambda: Numbers(64), loss=loss)
+
+
+class _Hoarder(Numbers):
+    """Each item read in a DataLoader worker adds ``mb`` MB the worker keeps (an
+    augmentation's buffers never let go of); read in the trial's own process, nothing."""
+
+    def __init__(self, mb: int):
+        super().__init__(256)
+        self.mb, self.kept = mb, []
+
+    def __getitem__(self, i: int):
+        if get_worker_info() is not None:
+            self.kept.append(np.ones(self.mb * 2**20, dtype=np.uint8))
+        return super().__getitem__(i)
+
+
+def hoarding_workers(mb: int = 64) -> Workload:
+    """A DataLoader worker that holds more with every item, until something stops it."""
+    return Workload(model=lambda: nn.Linear(8, 1), dataset=lambda: _Hoarder(mb), loss=_mse)

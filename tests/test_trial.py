@@ -262,3 +262,25 @@ def test_a_trial_killed_at_its_cgroup_s_memory_limit_names_the_limit():
     assert (status, kind, attempts) == ("infeasible", "oom", 1), reason
     assert reason == ("out of memory: the kernel's OOM killer ended the trial's process (this process's cgroup "
                       "holds it and the trial to 1,536 MB)"), reason
+
+
+@pytest.mark.slow
+def test_a_dataloader_worker_killed_at_its_cgroup_s_memory_limit_is_out_of_memory():
+    """The same limit, met by a DataLoader worker that keeps what it reads: PyTorch says
+    only that the worker was killed; the trial's reason says it ran out of memory, and
+    at which limit."""
+    from tests.helpers import memory_cgroup
+
+    code = ("import json; from tests.helpers import FAST_MEASURE, ref; "
+            "from tuner.trial import make_request, run_isolated\n"
+            "if __name__ == '__main__':\n"
+            "    r = run_isolated(make_request(workload=ref('hoarding_workers'), workload_args={'mb': 64}, "
+            "config={'micro_batch_size': 8, 'num_workers': 1}, device='cpu', measure=FAST_MEASURE), timeout_s=120)\n"
+            "    print(json.dumps([r['status'], r['error_kind'], r.get('reason')]))")
+    with memory_cgroup(3 * 2**29) as run:
+        out = run(sys.executable, "-c", code, cwd=os.path.dirname(os.path.dirname(__file__)))
+    assert out.returncode == 0, out.stderr
+    status, kind, reason = json.loads(out.stdout.strip().splitlines()[-1])
+    assert (status, kind) == ("infeasible", "oom"), reason
+    assert reason.startswith("out of memory: the kernel's OOM killer ended a DataLoader worker (this process's "
+                             "cgroup holds it and the trial to 1,536 MB): "), reason

@@ -379,12 +379,15 @@ def _child(conn: Any, request: TrialRequest, output: str | None = None) -> None:
         threads = max(1, min(request.threads_cap, users))
         os.environ["OMP_NUM_THREADS"] = str(threads)
         torch.set_num_threads(threads)
+    from tuner.hardware import oom_kills
+
+    kills = oom_kills()
     try:
         result = execute(request, progress=lambda msg: conn.send(("progress", msg)),
                          phase=lambda name: conn.send(("phase", name)))
         conn.send(("result", result))
     except BaseException as exc:  # every failure is a result
-        kind, reason = classify(exc)
+        kind, reason = worker_killed(exc, *classify(exc), kills)
         # a knob's value refused whatever the other knobs: the search runs no other config with it
         conn.send(("error", kind, reason, traceback.format_exc(), exc.refusal if isinstance(exc, KnobRefused) else None))
     finally:
@@ -622,18 +625,42 @@ def killed(code: int | None, kills_before: int | None) -> tuple[str, str]:
     of memory: at its cgroup's limit (a container's, a job's), named where there is one,
     since a config that fits the host may not fit it, or at the host's. That is a result
     of the config, not retried; any other death may be a chance one."""
-    from tuner.hardware import memory_limit, oom_kills
-
     if code == -9:
-        limit = memory_limit()
-        where = (f"this process's cgroup holds it and the trial to {limit[0] / 2**20:,.0f} MB" if limit
-                 else "the host's memory")
-        after = oom_kills()
-        if kills_before is not None and after is not None and after > kills_before:
-            return "oom", f"out of memory: the kernel's OOM killer ended the trial's process ({where})"
-        return "died", f"trial process died: killed by signal 9 (out of memory? {where})"
+        if _oom_killed_since(kills_before):
+            return "oom", f"out of memory: the kernel's OOM killer ended the trial's process ({_memory_held()})"
+        return "died", f"trial process died: killed by signal 9 (out of memory? {_memory_held()})"
     why = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
     return "died", f"trial process died: {why}"
+
+
+def _oom_killed_since(kills_before: int | None) -> bool:
+    from tuner.hardware import oom_kills
+
+    after = oom_kills()
+    return kills_before is not None and after is not None and after > kills_before
+
+
+def _memory_held() -> str:
+    """The memory a trial is held to: its cgroup's limit where there is one, else the host's."""
+    from tuner.hardware import memory_limit
+
+    limit = memory_limit()
+    return f"this process's cgroup holds it and the trial to {limit[0] / 2**20:,.0f} MB" if limit else "the host's memory"
+
+
+def worker_killed(exc: BaseException, kind: str, reason: str, kills_before: int | None) -> tuple[str, str]:
+    """(kind, reason) of a trial whose DataLoader worker ended without a word (PyTorch
+    raises "DataLoader worker (pid(s) N) exited unexpectedly", from "... is killed by
+    signal: Killed."): out of memory where the kernel's OOM killer ended a process
+    meanwhile, as the trial's own process would be."""
+    chain, seen = [], exc
+    while seen is not None and len(chain) < 8:
+        chain.append(str(seen).lower())
+        seen = seen.__cause__ or seen.__context__
+    worker = any("dataloader worker" in t and ("exited unexpectedly" in t or "killed by signal" in t) for t in chain)
+    if kind != "oom" and worker and _oom_killed_since(kills_before):
+        return "oom", f"out of memory: the kernel's OOM killer ended a DataLoader worker ({_memory_held()}): {reason}"
+    return kind, reason
 
 
 # A process within this many descriptors of its limit counts as out of them.
