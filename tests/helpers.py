@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing as mp
 import os
@@ -147,4 +148,30 @@ def memory_cgroup(limit_bytes: int) -> Iterator[Callable[..., subprocess.Complet
             f.write(str(limit_bytes))
         yield run
     finally:
-        os.rmdir(folder)
+        _remove_cgroup(folder)
+
+
+def _remove_cgroup(folder: str, grace_s: float = 15.0) -> None:
+    """Remove a test's cgroup once the processes in it are gone. A command's own
+    processes outlive it by a moment (multiprocessing's resource tracker exits once its
+    last client has); any still there after ``grace_s`` are this test's, ended by id."""
+    import signal
+
+    deadline = time.monotonic() + grace_s
+    while True:
+        with open(os.path.join(folder, "cgroup.procs")) as f:
+            left = [int(pid) for pid in f.read().split()]
+        if not left:
+            try:
+                os.rmdir(folder)
+                return
+            except OSError:  # its last process is still being torn down
+                pass
+        elif time.monotonic() > deadline:
+            for pid in left:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        if time.monotonic() > deadline + grace_s:
+            os.rmdir(folder)  # raises, naming the folder left behind
+            return
+        time.sleep(0.1)
