@@ -241,27 +241,32 @@ def test_a_trial_process_that_dies_is_named_and_tried_once_more():
     assert (r["error_kind"], r["reason"], r["attempts"]) == ("died", "trial process died: exit code 3", 2)
 
 
-@pytest.mark.slow
-def test_a_trial_killed_at_its_cgroup_s_memory_limit_names_the_limit():
-    """A real cgroup held to 1.5 GiB, the driver and its trial in it: a config that holds
-    2 GiB is ended by the kernel's OOM killer at the limit, not at the host's RAM: out of
-    memory, said with the limit (the host here has room for it), and not tried again."""
+def _in_cgroup(limit_bytes: int, workload: str, args: dict, config: dict) -> dict:
+    """One trial run by a driver inside a real cgroup held to ``limit_bytes``, both of them
+    in it (tests.helpers.memory_cgroup): its record's status, kind, reason and attempts."""
     from tests.helpers import memory_cgroup
 
     code = ("import json; from tests.helpers import FAST_MEASURE, ref; "
             "from tuner.trial import make_request, run_isolated\n"
             "if __name__ == '__main__':\n"
-            "    r = run_isolated(make_request(workload=ref('ballast'), workload_args={'mb_per_sample': 256, "
-            "'step_s': 0.001}, config={'micro_batch_size': 8}, device='cpu', measure=FAST_MEASURE), "
-            "timeout_s=120)\n"
-            "    print(json.dumps([r['status'], r['error_kind'], r.get('reason'), r['attempts']]))")
-    with memory_cgroup(3 * 2**29) as run:
+            f"    r = run_isolated(make_request(workload=ref({workload!r}), workload_args={args!r}, "
+            f"config={config!r}, device='cpu', measure=FAST_MEASURE), timeout_s=120)\n"
+            "    print(json.dumps({k: r.get(k) for k in ('status', 'error_kind', 'reason', 'attempts')}))")
+    with memory_cgroup(limit_bytes) as run:
         out = run(sys.executable, "-c", code, cwd=os.path.dirname(os.path.dirname(__file__)))
     assert out.returncode == 0, out.stderr
-    status, kind, reason, attempts = json.loads(out.stdout.strip().splitlines()[-1])
-    assert (status, kind, attempts) == ("infeasible", "oom", 1), reason
-    assert reason == ("out of memory: the kernel's OOM killer ended the trial's process (this process's cgroup "
-                      "holds it and the trial to 1,536 MB)"), reason
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_a_trial_killed_at_its_cgroup_s_memory_limit_names_the_limit():
+    """A real cgroup held to 1.5 GiB, the driver and its trial in it: a config that holds
+    2 GiB is ended by the kernel's OOM killer at the limit, not at the host's RAM: out of
+    memory, said with the limit (the host here has room for it), and not tried again."""
+    r = _in_cgroup(3 * 2**29, "ballast", {"mb_per_sample": 256, "step_s": 0.001}, {"micro_batch_size": 8})
+    assert (r["status"], r["error_kind"], r["attempts"]) == ("infeasible", "oom", 1), r
+    assert r["reason"] == ("out of memory: the kernel's OOM killer ended the trial's process (this process's "
+                           "cgroup holds it and the trial to 1,536 MB)"), r
 
 
 @pytest.mark.slow
@@ -269,18 +274,7 @@ def test_a_dataloader_worker_killed_at_its_cgroup_s_memory_limit_is_out_of_memor
     """The same limit, met by a DataLoader worker that keeps what it reads: PyTorch says
     only that the worker was killed; the trial's reason says it ran out of memory, and
     at which limit."""
-    from tests.helpers import memory_cgroup
-
-    code = ("import json; from tests.helpers import FAST_MEASURE, ref; "
-            "from tuner.trial import make_request, run_isolated\n"
-            "if __name__ == '__main__':\n"
-            "    r = run_isolated(make_request(workload=ref('hoarding_workers'), workload_args={'mb': 64}, "
-            "config={'micro_batch_size': 8, 'num_workers': 1}, device='cpu', measure=FAST_MEASURE), timeout_s=120)\n"
-            "    print(json.dumps([r['status'], r['error_kind'], r.get('reason')]))")
-    with memory_cgroup(3 * 2**29) as run:
-        out = run(sys.executable, "-c", code, cwd=os.path.dirname(os.path.dirname(__file__)))
-    assert out.returncode == 0, out.stderr
-    status, kind, reason = json.loads(out.stdout.strip().splitlines()[-1])
-    assert (status, kind) == ("infeasible", "oom"), reason
-    assert reason.startswith("out of memory: the kernel's OOM killer ended a DataLoader worker (this process's "
-                             "cgroup holds it and the trial to 1,536 MB): "), reason
+    r = _in_cgroup(3 * 2**29, "hoarding_workers", {"mb": 64}, {"micro_batch_size": 8, "num_workers": 1})
+    assert (r["status"], r["error_kind"]) == ("infeasible", "oom"), r
+    assert r["reason"].startswith("out of memory: the kernel's OOM killer ended a DataLoader worker (this "
+                                  "process's cgroup holds it and the trial to 1,536 MB): "), r
