@@ -808,11 +808,14 @@ class _Unused(nn.Module):
 
 
 def ddp_spy(out: str, size: int = 256, step_s: float = 0.0, unused_layer: bool = False,
-            fail_rank: int = -1, hang_rank: int = -1, hang_after: int = 0) -> Workload:
+            fail_rank: int = -1, hang_rank: int = -1, hang_after: int = 0,
+            hoard_rank: int = -1, hoard_pause_s: float = 0.0, hoard_cap_mb: int = 8192) -> Workload:
     """What DDP each rank's loss sees, appended as JSON lines to ``out``: the rank, the
     DDP settings, whether this backward all-reduces. ``fail_rank`` raises there;
     ``hang_rank`` hangs there once DDP wraps the model, after ``hang_after`` steps of it
-    (the other rank then waits in the all-reduce)."""
+    (the other rank then waits in the all-reduce); ``hoard_rank`` keeps 64 MB more every
+    ``hoard_pause_s`` there once DDP wraps the model, until the OOM killer ends it (or it
+    holds ``hoard_cap_mb``, and waits)."""
     import json
     import os
 
@@ -846,6 +849,12 @@ def ddp_spy(out: str, size: int = 256, step_s: float = 0.0, unused_layer: bool =
         if type(ddp).__name__ == "DistributedDataParallel":
             wrapped.append(1)
             if rank == hang_rank and len(wrapped) > hang_after:
+                time.sleep(3600)
+            if rank == hoard_rank:
+                held = []
+                while len(held) < hoard_cap_mb // 64:
+                    held.append(torch.ones(2**24))  # 64 MB of float32
+                    time.sleep(hoard_pause_s)
                 time.sleep(3600)
         if step_s:
             time.sleep(step_s)

@@ -75,6 +75,33 @@ def test_a_rank_s_own_error_is_named_before_what_ray_says_of_its_peers():
     assert (kind, reason) == ("oom", f"rank 1: {on_its_node[1]}")
 
 
+def test_a_rank_whose_process_died_is_named_before_its_peers_lost_connection():
+    """A rank whose process dies (the OOM killer, a segfault) leaves its peer's collective
+    to raise that the connection went ("Connection closed by peer", gloo's words): the rank
+    that died is named, out of memory where its node's OOM count went up meanwhile
+    (``oom_killed``), and Ray's memory monitor says so itself."""
+    from types import SimpleNamespace
+
+    from ray.train.v2._internal.exceptions import WorkerHealthCheckFailedError
+
+    from tuner.distributed import _failure
+
+    checked = WorkerHealthCheckFailedError("A worker health check failed.", RuntimeError("gone"))
+    lost = RuntimeError("[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+                        "[127.0.0.1]:33166. This is typically caused by a remote worker crashing.")
+    assert _failure(SimpleNamespace(worker_failures={0: lost, 1: checked})) == (
+        "died", "rank 1 died: A worker health check failed.")
+    assert _failure(SimpleNamespace(worker_failures={0: lost, 1: checked}), None, {1: "its node's memory"}) == (
+        "oom", "rank 1: out of memory: the kernel's OOM killer ended its process (its node's memory)")
+    # where no rank died, as Ray saw it, the error is still the rank's own
+    kind, reason = _failure(SimpleNamespace(worker_failures={0: lost}))
+    assert kind == "error" and reason.startswith("rank 0: raised RuntimeError: ") and "closed by peer" in reason
+    # a rank's own error that is not about its peer comes first, whichever rank it is
+    own = ValueError("rank 1 was told to fail")
+    assert _failure(SimpleNamespace(worker_failures={0: checked, 1: own}))[1].startswith("rank 1: raised ValueError")
+    assert _failure(SimpleNamespace(worker_failures={0: lost, 1: own}))[1].startswith("rank 1: raised ValueError")
+
+
 def test_scaling_efficiency_pairs_equal_configs():
     rows = [{"feasible": True, "config": {"world_size": 1, "micro_batch_size": 8, "ddp_bucket_cap_mb": 25},
              "samples_per_sec": 100.0},
@@ -367,3 +394,60 @@ def test_a_search_over_world_size_reports_scaling_efficiency(ray_4cpu, tmp_path)
     with contextlib.redirect_stdout(shown):
         assert main(["show", str(tmp_path / "r" / "ddp")]) == 0
     assert f"scaling: {two['scaling_efficiency']:.0%} of 2x one rank" in shown.getvalue()
+
+
+def _ranks_alone(tmp_path, args: dict, run=None, env: dict | None = None) -> dict:
+    """A two-rank trial of ``ddp_spy`` with ``args``, run by a driver in a fresh process
+    that starts its own Ray (in ``run``: a command runner, tests.helpers.memory_cgroup's;
+    else a plain subprocess with ``env``): its record's status, kind and reason."""
+    import os
+    import subprocess
+    import sys
+
+    args = {"out": str(tmp_path / "spy.jsonl"), **args}
+    code = ("import json; from tests.helpers import FAST_MEASURE, ref; from tuner.localray import start_local_ray; "
+            "from tuner.distributed import run_ranks; from tuner.trial import make_request\n"
+            "if __name__ == '__main__':\n"
+            "    start_local_ray(num_cpus=4, configure_logging=False)\n"
+            f"    r = run_ranks(make_request(workload=ref('ddp_spy'), workload_args={args!r}, "
+            "config={'world_size': 2, 'micro_batch_size': 8}, device='cpu', measure=FAST_MEASURE), timeout_s=180)\n"
+            "    print(json.dumps({k: r.get(k) for k in ('status', 'error_kind', 'reason')}))")
+    root = os.path.dirname(os.path.dirname(__file__))
+    argv = (sys.executable, "-c", code)
+    out = run(*argv, timeout=300, cwd=root) if run else subprocess.run(
+        argv, capture_output=True, text=True, timeout=300, cwd=root, env={**os.environ, **(env or {})})
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+@pytest.mark.alone  # two ranks on two cores: beside another test, Ray Train saw a rank's health check fail first
+@pytest.mark.parametrize("killer", ["kernel", "ray"])
+def test_a_rank_ended_by_an_oom_killer_is_named_out_of_memory(tmp_path, killer):
+    """A rank that keeps taking memory, ended by the kernel's OOM killer at a real cgroup's
+    limit (the driver and its whole Ray in it), or by Ray's memory monitor (its threshold
+    set just above what this machine uses now, as a node near full would be). Its peer's
+    all-reduce then raises that the connection went, and Ray sees only that the rank's
+    process died: the trial says the rank ran out of memory, and what held it."""
+    import re
+
+    import psutil
+
+    from tests.helpers import memory_cgroup
+
+    if killer == "kernel":
+        with memory_cgroup(3 * 2**30) as run:
+            r = _ranks_alone(tmp_path, {"hoard_rank": 1}, run=run)
+        assert (r["status"], r["error_kind"]) == ("infeasible", "oom"), r
+        assert r["reason"] == "rank 1: out of memory: the kernel's OOM killer ended its process (its cgroup holds it to 3,072 MB)"
+        return
+    memory = psutil.virtual_memory()
+    if memory.available < 10 * 2**30:
+        pytest.skip("Ray's memory monitor is set 3 GB above what is in use, and the hoarding rank needs room past it")
+    threshold = (memory.total - memory.available + 3 * 2**30) / memory.total
+    r = _ranks_alone(tmp_path, {"hoard_rank": 1, "hoard_pause_s": 0.05, "hoard_cap_mb": 6144},
+                     env={"RAY_memory_usage_threshold": f"{threshold:.3f}"})
+    assert (r["status"], r["error_kind"]) == ("infeasible", "oom"), r
+    # Ray's monitor chooses which of the trial's processes to end
+    assert re.fullmatch(r"rank [01]: out of memory: Ray's memory monitor ended its process \(the node's memory was "
+                        r"[\d.]+GB used / [\d.]+GB limit, past RAY_memory_usage_threshold\)", r["reason"]), r

@@ -10,7 +10,9 @@ edge (``tuner.ranks.Agree``). Rank 0 reports the record.
 
 The ranks of one trial stay on one node (``STRICT_PACK``) unless the space asks for
 ``resources.spread_ranks``. A rank that raises fails the Train run, and the error
-becomes the trial's one-line reason. A rank that hangs (a collective that never
+becomes the trial's one-line reason. A rank whose process dies is named, and as out of
+memory where the kernel's OOM killer (counted on its node) or Ray's memory monitor ended
+it, not the peers whose collectives then lost it. A rank that hangs (a collective that never
 completes, a DataLoader that never delivers) ends its own process once it has made no
 step for max(30 s, 10x its slowest step gap), as a single-process trial's parent finds
 it; before the first step, once every rank's processes have been idle for 20 s (a rank
@@ -24,6 +26,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import re
 import shutil
 import tempfile
 import threading
@@ -118,15 +121,15 @@ def run_ranks(request: TrialRequest, *, timeout_s: float = 600.0, spread: bool =
         record = json.loads(ray.get(box.get.remote()))
     except TrainingFailedError as exc:
         try:
-            hung, said = ray.get(box.why.remote(), timeout=10)
+            hung, said, started = ray.get(box.why.remote(), timeout=10)
         except Exception:  # the box's node lost with the ranks: Ray's own reasons below
-            hung, said = None, {}
+            hung, said, started = None, {}, {}
         if hung:  # the ranks' watchdogs ended them: a collective (or the user's code) hung
             kind, reason = "timeout", hung
         elif time.perf_counter() - t0 >= timeout_s:
             kind, reason = "timeout", hung_reason(timeout_s)
         else:
-            kind, reason = _failure(exc, said)
+            kind, reason = _failure(exc, said, _oom_killed(exc, started))
         record = infeasible(kind, reason, request)
     finally:
         ray.kill(box)
@@ -137,23 +140,92 @@ def run_ranks(request: TrialRequest, *, timeout_s: float = 600.0, spread: bool =
     return record
 
 
-def _failure(exc: BaseException, said: dict[int, tuple[str, str]] | None = None) -> tuple[str, str]:
-    """(kind, one-line reason) of a failed Train run: the lowest rank's own error, as the
-    rank classified it on its own node (``said``: what its machine lacked, /dev/shm say,
-    is that node's), else as classified here. A rank's failure also fails its peers, as
-    Ray sees them (their processes end, or their health checks fail on a loaded machine):
-    those name the rank only where no rank raised an error of its own."""
+def _failure(exc: BaseException, said: dict[int, tuple[str, str]] | None = None,
+             oom_killed: dict[int, str] | None = None) -> tuple[str, str]:
+    """(kind, one-line reason) of a failed Train run. A rank whose process the OOM killer
+    ended (the kernel's, seen on its node: ``oom_killed``, rank -> the memory it was held
+    to; or Ray's memory monitor, which says so) is named first: its peers' errors follow
+    from it. Then the lowest rank's own error, as the rank classified it on its own node
+    (``said``: what its machine lacked, /dev/shm say, is that node's), else as classified
+    here; an error that says only that a collective's peer went away (gloo's "Connection
+    reset by peer") comes after any other, and after a rank whose process died. A rank's failure
+    also fails its peers, as Ray sees them (their processes end, or their health checks
+    fail on a loaded machine): those name the rank only where no rank raised an error of
+    its own."""
     failures: dict[int, BaseException] = getattr(exc, "worker_failures", None) or {}
     if not failures:
         cause = getattr(exc, "controller_failure", exc)
         return "error", f"Ray Train failed: {str(cause).strip().splitlines()[0][:300] if str(cause).strip() else type(cause).__name__}"
     own = {rank: err for rank in sorted(failures) if (err := _own_error(failures[rank])) is not None}
-    if own:
-        rank = min(own)
-        kind, reason = (said or {}).get(rank) or classify(own[rank])
-        return kind, f"rank {rank}: {reason}"
-    rank = min(failures)
-    return "died", f"rank {rank} died: {str(failures[rank]).strip().splitlines()[0][:200]}"
+    died = sorted(set(failures) - set(own))
+    for rank in died:
+        if rank in (oom_killed or {}):
+            return "oom", f"rank {rank}: out of memory: the kernel's OOM killer ended its process ({oom_killed[rank]})"
+        if (use := _ray_memory_kill(str(failures[rank]))) is not None:
+            return "oom", (f"rank {rank}: out of memory: Ray's memory monitor ended its process ({use}, past "
+                           "RAY_memory_usage_threshold)")
+    caused = {rank: err for rank, err in own.items() if not _peer_lost(err)}
+    if died and not caused:
+        rank = min(died)
+        return "died", f"rank {rank} died: {str(failures[rank]).strip().splitlines()[0][:200]}"
+    rank = min(caused or own)
+    kind, reason = (said or {}).get(rank) or classify(own[rank])
+    return kind, f"rank {rank}: {reason}"
+
+
+# What a collective raises on a rank whose peer's process went away (gloo's TCP pairs,
+# NCCL's abort after a peer's exit): the peer's death is the cause.
+PEER_LOST = ("connection reset by peer", "connection closed by peer", "broken pipe",
+             "remote process exited", "nccl communicator was aborted")
+
+
+def _peer_lost(err: BaseException) -> bool:
+    said = str(err).lower()
+    return any(s in said for s in PEER_LOST)
+
+
+def _ray_memory_kill(text: str) -> str | None:
+    """What Ray's memory monitor said of the node's memory, where it ended the process
+    ("... killed due to the node running low on memory. Memory on the node (...) was
+    4.76GB used / 23.54GB limit ..."); None where it did not."""
+    if "running low on memory" not in text:
+        return None
+    use = re.search(r"was ([\d.]+ ?[KMGT]?B used / [\d.]+ ?[KMGT]?B limit)", text)
+    return f"the node's memory was {use.group(1)}" if use else "the node's memory ran low"
+
+
+def _node_memory() -> tuple[int | None, int | None]:
+    """On one node: the kernel's count of OOM kills, and the memory limit of the cgroup
+    that holds its Ray workers (None: none)."""
+    from tuner.hardware import memory_limit, oom_kills
+
+    limit = memory_limit()
+    return oom_kills(), limit[0] if limit else None
+
+
+def _oom_killed(exc: BaseException, started: dict[int, tuple[str, int | None]]) -> dict[int, str]:
+    """The ranks of a failed run whose process died while the kernel's OOM killer ended a
+    process on their node, each with the memory it was held to. ``started``: each rank's
+    node and that count when it started. Read on each such node by a task pinned there;
+    a node that is gone or slow to answer (10 s) tells nothing."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    failures: dict[int, BaseException] = getattr(exc, "worker_failures", None) or {}
+    died = [r for r in sorted(failures) if _own_error(failures[r]) is None and started.get(r, (None, None))[1] is not None]
+    read = ray.remote(_node_memory)
+    asked = {r: read.options(num_cpus=0, max_retries=0,
+                             scheduling_strategy=NodeAffinitySchedulingStrategy(started[r][0], soft=False)).remote()
+             for r in died}
+    killed = {}
+    for rank, ref in asked.items():
+        try:
+            kills, limit = ray.get(ref, timeout=10)
+        except Exception:
+            continue
+        if kills is not None and kills > started[rank][1]:
+            killed[rank] = f"its cgroup holds it to {limit / 2**20:,.0f} MB" if limit else "its node's memory"
+    return killed
 
 
 def _own_error(err: BaseException) -> BaseException | None:
@@ -177,6 +249,7 @@ class _Box:
         self.record: str | None = None
         self.hang: str | None = None  # why the first rank to find the trial hung ended it
         self.said: dict[int, tuple[str, str]] = {}  # each failed rank's (kind, reason), from its own node
+        self.started: dict[int, tuple[str, int | None]] = {}  # each rank's node, and its OOM kills then
 
     def put(self, record: str) -> None:
         self.record = record
@@ -195,8 +268,11 @@ class _Box:
     def failed(self, rank: int, kind: str, reason: str) -> None:
         self.said[rank] = (kind, reason)
 
-    def why(self) -> tuple[str | None, dict[int, tuple[str, str]]]:
-        return self.hang, self.said
+    def start(self, rank: int, node: str, oom_kills: int | None) -> None:
+        self.started[rank] = (node, oom_kills)
+
+    def why(self) -> tuple[str | None, dict[int, tuple[str, str]], dict[int, tuple[str, int | None]]]:
+        return self.hang, self.said, self.started
 
 
 def _rank_main(cfg: dict) -> None:
@@ -260,7 +336,13 @@ def _rank_main(cfg: dict) -> None:
     try:
         import ray as _ray
 
+        from tuner.hardware import oom_kills
+
         node = _ray.get_runtime_context().get_node_id()
+        # the kernel's count before the rank's work: the driver reads it again on this node
+        # if the rank's process dies (_oom_killed)
+        with contextlib.suppress(Exception):
+            _ray.get(cfg["box"].start.remote(rank, node, oom_kills()), timeout=10)
         record = execute(request, progress=heard,
                          rank_info={"node": node, "node_ip": _ray.util.get_node_ip_address(),
                                     "gpu_ids": [str(g) for g in _ray.get_gpu_ids()]})
