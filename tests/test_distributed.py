@@ -396,10 +396,11 @@ def test_a_search_over_world_size_reports_scaling_efficiency(ray_4cpu, tmp_path)
     assert f"scaling: {two['scaling_efficiency']:.0%} of 2x one rank" in shown.getvalue()
 
 
-def _ranks_alone(tmp_path, args: dict, run=None, env: dict | None = None) -> dict:
+def _ranks_alone(tmp_path, args: dict, run=None, env: dict | None = None, system: dict | None = None) -> dict:
     """A two-rank trial of ``ddp_spy`` with ``args``, run by a driver in a fresh process
     that starts its own Ray (in ``run``: a command runner, tests.helpers.memory_cgroup's;
-    else a plain subprocess with ``env``): its record's status, kind and reason."""
+    else a plain subprocess with ``env``; ``system``: Ray's settings over the tuner's local
+    ones): its record's status, kind and reason."""
     import os
     import subprocess
     import sys
@@ -408,7 +409,7 @@ def _ranks_alone(tmp_path, args: dict, run=None, env: dict | None = None) -> dic
     code = ("import json; from tests.helpers import FAST_MEASURE, ref; from tuner.localray import start_local_ray; "
             "from tuner.distributed import run_ranks; from tuner.trial import make_request\n"
             "if __name__ == '__main__':\n"
-            "    start_local_ray(num_cpus=4, configure_logging=False)\n"
+            f"    start_local_ray(num_cpus=4, configure_logging=False, _system_config={system or {}!r})\n"
             f"    r = run_ranks(make_request(workload=ref('ddp_spy'), workload_args={args!r}, "
             "config={'world_size': 2, 'micro_batch_size': 8}, device='cpu', measure=FAST_MEASURE), timeout_s=180)\n"
             "    print(json.dumps({k: r.get(k) for k in ('status', 'error_kind', 'reason')}))")
@@ -445,8 +446,9 @@ def test_a_rank_ended_by_an_oom_killer_is_named_out_of_memory(tmp_path, killer):
     if memory.available < 10 * 2**30:
         pytest.skip("Ray's memory monitor is set 3 GB above what is in use, and the hoarding rank needs room past it")
     threshold = (memory.total - memory.available + 3 * 2**30) / memory.total
+    # as a cluster's nodes run it: the tuner's own local Ray runs without the monitor
     r = _ranks_alone(tmp_path, {"hoard_rank": 1, "hoard_pause_s": 0.05, "hoard_cap_mb": 6144},
-                     env={"RAY_memory_usage_threshold": f"{threshold:.3f}"})
+                     env={"RAY_memory_usage_threshold": f"{threshold:.3f}"}, system={"memory_monitor_refresh_ms": 250})
     assert (r["status"], r["error_kind"]) == ("infeasible", "oom"), r
     # Ray's monitor chooses which of the trial's processes to end
     assert re.fullmatch(r"rank [01]: out of memory: Ray's memory monitor ended its process \(the node's memory was "

@@ -4,6 +4,7 @@ while they are idle, and until no node a trial fits on is left."""
 
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 from pathlib import Path
@@ -149,3 +150,61 @@ def test_nodes_lost_during_a_search_idle_mid_trial_and_all_of_them(tmp_path, mon
     finally:
         ray.shutdown()
         cluster.shutdown()
+
+
+def test_a_trial_ray_s_memory_monitor_ends_stops_the_search_in_one_line_and_a_local_ray_has_no_monitor(tmp_path):
+    """A cluster whose nodes run Ray's memory monitor (its threshold just above what this
+    machine uses now) meets a config that holds 4 GB: the monitor ends the trial's workers,
+    and Ray Tune stops on that error. The search says so in one line (exit 5) with what to
+    do, keeps what it measured, and records the config as out of memory, so that
+    ``resume`` does not run it again. The tuner's own local Ray runs without the monitor:
+    the same config, under the same threshold, is measured."""
+    import os
+
+    import psutil
+    from ray.cluster_utils import Cluster
+
+    memory = psutil.virtual_memory()
+    if memory.available < 10 * 2**30:
+        pytest.skip("the monitor is set 3 GB above what is in use, and the config needs room past it")
+    threshold = (memory.total - memory.available + 3 * 2**30) / memory.total  # Ray and a trial: ~1.5 GB
+
+    def space(name: str) -> Path:
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(textwrap.dedent(f"""\
+            name: {name}
+            workload: {FIXTURES}:ballast
+            workload_args: {{mb_per_sample: 256, step_s: 0.01}}
+            knobs:
+              micro_batch_size: [1, 16]
+            sampler: grid
+            confirm: {{top: 0}}
+            resources: {{max_concurrent: 1}}
+            budget: {{trials: 2, trial_timeout_s: 120}}
+            """) + space_lines(window_s=0.2, min_windows=3, max_windows=3))
+        return path
+
+    cluster = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 2, "_system_config": {"memory_usage_threshold": threshold, "memory_monitor_refresh_ms": 250}})
+    try:
+        run = subprocess.run([sys.executable, "-m", "tuner", "run", str(space("monitored")), "--results",
+                              str(tmp_path / "r"), "--address", cluster.address], capture_output=True, text=True,
+                             timeout=300)
+    finally:
+        cluster.shutdown()
+    out = tmp_path / "r" / "monitored"
+    said = run.stderr.strip().splitlines()[-1]
+    assert run.returncode == 5 and said.startswith("error: Ray's memory monitor ended the trial of micro_batch_size=16 "
+                                                   "(recorded as out of memory): the node's memory was "), run.stderr
+    assert f"python -m tuner resume {out}" in said and "RAY_memory_monitor_refresh_ms=0" in said
+    records = _records(out)
+    [killed] = [r for r in records if r["config"].get("micro_batch_size") == 16]
+    assert (killed["status"], killed["error_kind"]) == ("infeasible", "oom"), killed
+    assert any(r["status"] == "ok" for r in records)  # the baseline, measured before, is kept
+
+    env = {**os.environ, "RAY_memory_usage_threshold": f"{threshold:.3f}"}
+    local = subprocess.run([sys.executable, "-m", "tuner", "run", str(space("local")), "--results",
+                            str(tmp_path / "r")], capture_output=True, text=True, timeout=300, env=env)
+    assert local.returncode == 0, local.stderr
+    assert [r["status"] for r in _records(tmp_path / "r" / "local")
+            if r["config"].get("micro_batch_size") == 16] == ["ok"]

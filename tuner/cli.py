@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
-from tuner.errors import NoWinner, Stopped, UserError, WorkloadError
+from tuner.errors import ClusterFault, NoWinner, Stopped, UserError, WorkloadError
 
 
 def _parse_sets(items: list[str]) -> dict[str, Any]:
@@ -748,6 +748,11 @@ def main(argv: list[str] | None = None) -> int:
     except NoWinner as exc:
         print(f"no winner: {exc}", file=sys.stderr)
         return 4
+    except ClusterFault as exc:
+        if args.debug:
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        return 5
     except KeyboardInterrupt as exc:
         signum = Stopped.signal_of(exc)
         print(f"stopped ({signal.Signals(signum).name})", file=sys.stderr)

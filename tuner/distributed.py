@@ -26,7 +26,6 @@ import contextlib
 import dataclasses
 import json
 import os
-import re
 import shutil
 import tempfile
 import threading
@@ -35,6 +34,7 @@ import uuid
 
 from tuner import knobs
 from tuner.capacity import cluster_shape
+from tuner.errors import ray_memory_kill
 from tuner.trial import (
     LOOK_S,
     TrialRequest,
@@ -161,7 +161,7 @@ def _failure(exc: BaseException, said: dict[int, tuple[str, str]] | None = None,
     for rank in died:
         if rank in (oom_killed or {}):
             return "oom", f"rank {rank}: out of memory: the kernel's OOM killer ended its process ({oom_killed[rank]})"
-        if (use := _ray_memory_kill(str(failures[rank]))) is not None:
+        if (use := ray_memory_kill(str(failures[rank]))) is not None:
             return "oom", (f"rank {rank}: out of memory: Ray's memory monitor ended its process ({use}, past "
                            "RAY_memory_usage_threshold)")
     caused = {rank: err for rank, err in own.items() if not _peer_lost(err)}
@@ -182,16 +182,6 @@ PEER_LOST = ("connection reset by peer", "connection closed by peer", "broken pi
 def _peer_lost(err: BaseException) -> bool:
     said = str(err).lower()
     return any(s in said for s in PEER_LOST)
-
-
-def _ray_memory_kill(text: str) -> str | None:
-    """What Ray's memory monitor said of the node's memory, where it ended the process
-    ("... killed due to the node running low on memory. Memory on the node (...) was
-    4.76GB used / 23.54GB limit ..."); None where it did not."""
-    if "running low on memory" not in text:
-        return None
-    use = re.search(r"was ([\d.]+ ?[KMGT]?B used / [\d.]+ ?[KMGT]?B limit)", text)
-    return f"the node's memory was {use.group(1)}" if use else "the node's memory ran low"
 
 
 def _node_memory() -> tuple[int | None, int | None]:

@@ -3,6 +3,7 @@ folder that cannot be written), 4 (no winner), 5 (the Ray cluster can no longer 
 trial), 130 or 143 (a search stopped by Ctrl-C or SIGTERM)."""
 
 import difflib
+import re
 import signal
 from collections.abc import Iterable
 
@@ -90,7 +91,29 @@ class ResultsUnwritable(UserError):
     names the file and says what is kept."""
 
 
-class ClusterShrunk(RuntimeError):
+class ClusterFault(RuntimeError):
+    """The Ray cluster can no longer run the search's trials (exit 5): the message says
+    why, and the ``resume`` that goes on once it can."""
+
+
+class ClusterShrunk(ClusterFault):
     """No node left in the Ray cluster can hold a trial's resources (the nodes that could
     were lost), and none came back in time. The message says what a trial needs, what is
     left, and that ``resume`` plans its trials for the cluster it then finds."""
+
+
+class RayMemoryKill(ClusterFault):
+    """Ray's memory monitor ended a trial's workers on a node past its memory threshold,
+    and Ray Tune stops on that error (it takes it for neither a lost actor nor a task's
+    error). The tuner's own local Ray runs without the monitor (``localray``); a
+    cluster's nodes run it unless started without."""
+
+
+def ray_memory_kill(text: str) -> str | None:
+    """What Ray's memory monitor said of the node's memory, where it ended a process
+    ("... killed due to the node running low on memory. Memory on the node (...) was
+    4.76GB used / 23.54GB limit ..."); None where it did not."""
+    if "running low on memory" not in text:
+        return None
+    use = re.search(r"was ([\d.]+ ?[KMGT]?B used / [\d.]+ ?[KMGT]?B limit)", text)
+    return f"the node's memory was {use.group(1)}" if use else "the node's memory ran low"

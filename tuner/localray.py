@@ -147,6 +147,11 @@ QUIET_RAY_CONFIG: dict[str, Any] = {
     # and the confirm rounds paid a new worker's start. Kept an hour, the confirm rounds
     # run where the baseline ran.
     "idle_worker_killing_time_threshold_ms": 3_600_000,
+    # Ray's memory monitor ends Ray workers (a trial's actor and task) once the node's
+    # memory passes its threshold, and Ray Tune stops the whole search on that error.
+    # Without it, the kernel's OOM killer ends the process that holds the memory (the
+    # trial's own, or a rank's), which the search records as out of memory and goes past.
+    "memory_monitor_refresh_ms": 0,
 }
 
 

@@ -18,13 +18,13 @@ from ray import tune
 from ray.tune.search import Searcher
 
 from tuner.capacity import Watch
-from tuner.errors import ResultsUnwritable, UserError
+from tuner.errors import RayMemoryKill, ResultsUnwritable, UserError, ray_memory_kill
 from tuner.localray import ray_internal_replaced
 from tuner.policy import Done, SearchPolicy, Task, Wait
 from tuner.records import Phase, baseline_of
 from tuner.remote import TrialJob, driver_bundle, task_config, trainable
 from tuner.study import JOURNAL, Recorder, cannot_write
-from tuner.tables import Progress
+from tuner.tables import Progress, diff_from_default
 
 
 class PolicySearcher(Searcher):
@@ -75,6 +75,25 @@ class PolicySearcher(Searcher):
             self.progress.best = leader.get(metric) if leader else None
             self.progress.best_disturbed = bool(leader and leader.get("disturbed"))
             self.progress.update(rec)
+
+    def memory_killed(self, use: str, out: Path) -> RayMemoryKill:
+        """Ray's memory monitor ended a trial's workers, and Tune stopped on it: the one
+        trial in flight is recorded as out of memory (``resume`` does not run it again);
+        with several in flight Ray does not say whose, and none is. The error says what
+        happened, what is kept, and how to go on."""
+        reason = f"out of memory: Ray's memory monitor ended the trial's workers ({use}, past RAY_memory_usage_threshold)"
+        if len(self.tasks) == 1:
+            [(trial_id, task)] = self.tasks.items()
+            self.land(trial_id, {"status": "infeasible", "error_kind": "oom", "reason": reason, "config": task.config,
+                                 "samples_per_sec": None})
+            which = f"the trial of {diff_from_default(task.config) or 'the defaults'} (recorded as out of memory)"
+        else:
+            which = f"one of the {len(self.tasks)} trials in flight (Ray does not say which: none is recorded)"
+        return RayMemoryKill(
+            f"Ray's memory monitor ended {which}: {use}, past RAY_memory_usage_threshold, and Ray Tune stops on "
+            f"it; what was measured is kept in {out}; start the cluster's nodes with RAY_memory_monitor_refresh_ms=0 "
+            f"(the kernel's OOM killer then ends only the trial's process, which the search records and goes past), "
+            f"or set constraints.max_memory_mb, then: python -m tuner resume {out}")
 
     def lost(self, trial_id: str, reason: str, retried: bool) -> None:
         task = self.tasks.get(trial_id) if retried else self.tasks.pop(trial_id, None)
@@ -168,11 +187,23 @@ def drive(policy: SearchPolicy, job: TrialJob, *, recorder: Recorder, progress: 
     try:
         with _callbacks_uncounted(), _actors_in_the_job_env():
             tuner.fit()
-    except Exception:
+    except Exception as exc:
         if searcher.failure is None:
+            use = next((u for e in _chain(exc) if (u := ray_memory_kill(str(e))) is not None), None)
+            if use is not None:
+                raise searcher.memory_killed(use, out) from None
             raise
     if searcher.failure is not None:
         raise searcher.failure from None
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and the exceptions it was raised from or during."""
+    chain: list[BaseException] = []
+    while exc is not None and exc not in chain and len(chain) < 8:
+        chain.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    return chain
 
 
 def _placement(job: TrialJob, config: dict) -> Any:
