@@ -109,6 +109,16 @@ class RayMemoryKill(ClusterFault):
     cluster's nodes run it unless started without."""
 
 
+def exception_chain(exc: BaseException | None, most: int = 8) -> list[BaseException]:
+    """``exc`` and the exceptions it was raised from or during, outermost first (at most
+    ``most``: a chain can loop)."""
+    chain: list[BaseException] = []
+    while exc is not None and exc not in chain and len(chain) < most:
+        chain.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    return chain
+
+
 def ray_memory_kill(text: str) -> str | None:
     """What Ray's memory monitor said of the node's memory, where it ended a process
     ("... killed due to the node running low on memory. Memory on the node (...) was

@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 
 import psutil
 
-from tuner.errors import KnobRefused, UserError, WorkloadError
+from tuner.errors import KnobRefused, UserError, WorkloadError, exception_chain
 from tuner.records import Record, Status
 
 # Imported by the trial's process before its clock starts: torch, and torch._dynamo, which
@@ -653,10 +653,7 @@ def worker_killed(exc: BaseException, kind: str, reason: str, kills_before: int 
     raises "DataLoader worker (pid(s) N) exited unexpectedly", from "... is killed by
     signal: Killed."): out of memory where the kernel's OOM killer ended a process
     meanwhile, as the trial's own process would be."""
-    chain, seen = [], exc
-    while seen is not None and len(chain) < 8:
-        chain.append(str(seen).lower())
-        seen = seen.__cause__ or seen.__context__
+    chain = [str(e).lower() for e in exception_chain(exc)]
     worker = any("dataloader worker" in t and ("exited unexpectedly" in t or "killed by signal" in t) for t in chain)
     if kind != "oom" and worker and _oom_killed_since(kills_before):
         return "oom", f"out of memory: the kernel's OOM killer ended a DataLoader worker ({_memory_held()}): {reason}"

@@ -18,7 +18,13 @@ from ray import tune
 from ray.tune.search import Searcher
 
 from tuner.capacity import Watch
-from tuner.errors import RayMemoryKill, ResultsUnwritable, UserError, ray_memory_kill
+from tuner.errors import (
+    RayMemoryKill,
+    ResultsUnwritable,
+    UserError,
+    exception_chain,
+    ray_memory_kill,
+)
 from tuner.localray import ray_internal_replaced
 from tuner.policy import Done, SearchPolicy, Task, Wait
 from tuner.records import Phase, baseline_of
@@ -88,7 +94,8 @@ class PolicySearcher(Searcher):
                                  "samples_per_sec": None})
             which = f"the trial of {diff_from_default(task.config) or 'the defaults'} (recorded as out of memory)"
         else:
-            which = f"one of the {len(self.tasks)} trials in flight (Ray does not say which: none is recorded)"
+            which = (f"one of the {len(self.tasks)} trials in flight (Ray does not say which: none is recorded)"
+                     if self.tasks else "a trial's workers")
         return RayMemoryKill(
             f"Ray's memory monitor ended {which}: {use}, past RAY_memory_usage_threshold, and Ray Tune stops on "
             f"it; what was measured is kept in {out}; start the cluster's nodes with RAY_memory_monitor_refresh_ms=0 "
@@ -189,21 +196,12 @@ def drive(policy: SearchPolicy, job: TrialJob, *, recorder: Recorder, progress: 
             tuner.fit()
     except Exception as exc:
         if searcher.failure is None:
-            use = next((u for e in _chain(exc) if (u := ray_memory_kill(str(e))) is not None), None)
+            use = next((u for e in exception_chain(exc) if (u := ray_memory_kill(str(e))) is not None), None)
             if use is not None:
                 raise searcher.memory_killed(use, out) from None
             raise
     if searcher.failure is not None:
         raise searcher.failure from None
-
-
-def _chain(exc: BaseException) -> list[BaseException]:
-    """``exc`` and the exceptions it was raised from or during."""
-    chain: list[BaseException] = []
-    while exc is not None and exc not in chain and len(chain) < 8:
-        chain.append(exc)
-        exc = exc.__cause__ or exc.__context__
-    return chain
 
 
 def _placement(job: TrialJob, config: dict) -> Any:
